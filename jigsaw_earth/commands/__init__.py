@@ -1,0 +1,1 @@
+"""Subcommands of the ``jigsaw-earth`` CLI; each module has ``add_parser`` and ``run``."""

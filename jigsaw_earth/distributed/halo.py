@@ -1,0 +1,286 @@
+"""Halo exchange for 2-D tiles on the sphere, with its exact adjoint.
+
+Every cell of a rank's padded tile is mapped to the global cell it copies (or to nothing, for
+zero padding). Longitude is periodic; beyond a pole the choices are ``"zeros"``, ``"replicate"``
+(the edge row repeated) or ``"pole"`` (across the pole: the row ``k`` steps beyond a pole is the
+row ``k - 1`` steps inside it at the longitude 180° away). The mapped cells are grouped into
+rectangular blocks per owning rank, so each neighbour pair exchanges one message, corners
+included, and a halo wider than a neighbour's tile simply draws on further ranks. Backward
+sends halo gradients back to their owners, where they are added (``index_add``), so repeated
+sources (replicate, narrow grids) get every contribution.
+
+``pad_reference`` is the serial definition in plain torch, written independently of the plan.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Literal
+
+import torch
+import torch.nn.functional as F
+
+from .comm import exchange
+from .mesh import Axis
+from .tiles import TileGrid
+
+__all__ = ["Halo", "LatMode", "LonMode", "halo_exchange", "pad_reference"]
+
+LatMode = Literal["zeros", "replicate", "pole"]
+LonMode = Literal["periodic", "zeros"]
+
+
+@dataclass(frozen=True)
+class Halo:
+    """Halo widths ``lat=(before, after)`` rows and ``lon=(before, after)`` columns, and modes."""
+
+    lat: tuple[int, int] = (0, 0)
+    lon: tuple[int, int] = (0, 0)
+    lat_mode: LatMode = "zeros"
+    lon_mode: LonMode = "periodic"
+
+    @classmethod
+    def uniform(cls, width: int, lat_mode: LatMode = "zeros", lon_mode: LonMode = "periodic") -> Halo:
+        return cls((width, width), (width, width), lat_mode, lon_mode)
+
+    def check(self, grid: TileGrid) -> None:
+        if min(*self.lat, *self.lon) < 0:
+            raise ValueError(f"halo widths must be >= 0, got lat={self.lat} lon={self.lon}")
+        if self.lat_mode not in ("zeros", "replicate", "pole"):
+            raise ValueError(f"lat_mode {self.lat_mode!r}: use 'zeros', 'replicate' or 'pole'")
+        if self.lon_mode not in ("periodic", "zeros"):
+            raise ValueError(f"lon_mode {self.lon_mode!r}: use 'periodic' or 'zeros'")
+        if self.lat_mode == "pole":
+            if self.lon_mode != "periodic" or grid.n_lon % 2:
+                raise ValueError(
+                    f"lat_mode='pole' needs periodic longitude with an even number of columns "
+                    f"(got lon_mode={self.lon_mode!r}, n_lon={grid.n_lon}); use 'replicate' instead"
+                )
+            if max(self.lat) > grid.n_lat:
+                raise ValueError(
+                    f"a pole halo of {max(self.lat)} rows is wider than the grid's {grid.n_lat} rows"
+                )
+
+
+@dataclass(frozen=True)
+class _Block:
+    src: int  # domain index of the rank owning the source cells
+    dst_rows: slice
+    dst_cols: slice
+    src_rows: torch.Tensor  # rows local to the source tile
+    src_cols: torch.Tensor
+
+    @property
+    def numel(self) -> int:
+        return len(self.src_rows) * len(self.src_cols)
+
+
+def _row_sources(grid: TileGrid, lo: int, hi: int, halo: Halo) -> list[tuple[int, bool]]:
+    """(global source row or -1, across-the-pole) for padded rows of a tile spanning [lo, hi)."""
+    n = grid.n_lat
+    out = []
+    for g in range(lo - halo.lat[0], hi + halo.lat[1]):
+        if 0 <= g < n:
+            out.append((g, False))
+        elif halo.lat_mode == "zeros":
+            out.append((-1, False))
+        elif halo.lat_mode == "replicate":
+            out.append((0 if g < 0 else n - 1, False))
+        else:
+            out.append((-g - 1 if g < 0 else 2 * n - 1 - g, True))
+    return out
+
+
+def _col_sources(grid: TileGrid, lo: int, hi: int, halo: Halo, shift: int) -> list[int]:
+    n = grid.n_lon
+    out = []
+    for c in range(lo - halo.lon[0], hi + halo.lon[1]):
+        if halo.lon_mode == "periodic":
+            out.append((c + shift) % n)
+        else:
+            out.append(c if 0 <= c < n else -1)
+    return out
+
+
+def _runs(keys: list) -> list[tuple[int, int]]:
+    """Maximal runs ``[start, stop)`` of equal consecutive keys."""
+    runs, start = [], 0
+    for k in range(1, len(keys) + 1):
+        if k == len(keys) or keys[k] != keys[start]:
+            runs.append((start, k))
+            start = k
+    return runs
+
+
+@lru_cache(maxsize=512)
+def _receive_plan(grid: TileGrid, halo: Halo, me: int) -> tuple[_Block, ...]:
+    """Blocks that make up the padded tile of domain rank ``me``, in a fixed order."""
+    tile = grid.tile_of(me)
+    rows = _row_sources(grid, tile.lat_start, tile.lat_stop, halo)
+    row_keys = [(grid.lat_owner(g) if g >= 0 else -1, flip) for g, flip in rows]
+    cols_by_flip = {
+        flip: _col_sources(grid, tile.lon_start, tile.lon_stop, halo, grid.n_lon // 2 if flip else 0)
+        for flip in {f for _, f in rows}
+    }
+    blocks = []
+    for r0, r1 in _runs(row_keys):
+        owner_i, flip = row_keys[r0]
+        if owner_i < 0:
+            continue
+        cols = cols_by_flip[flip]
+        col_keys = [grid.lon_owner(c) if c >= 0 else -1 for c in cols]
+        lat_off = grid.lat_offsets[owner_i]
+        for c0, c1 in _runs(col_keys):
+            owner_j = col_keys[c0]
+            if owner_j < 0:
+                continue
+            lon_off = grid.lon_offsets[owner_j]
+            blocks.append(
+                _Block(
+                    src=owner_i * grid.mesh_lon + owner_j,
+                    dst_rows=slice(r0, r1),
+                    dst_cols=slice(c0, c1),
+                    src_rows=torch.tensor([rows[p][0] - lat_off for p in range(r0, r1)]),
+                    src_cols=torch.tensor([cols[q] - lon_off for q in range(c0, c1)]),
+                )
+            )
+    return tuple(blocks)
+
+
+@lru_cache(maxsize=512)
+def _plan(grid: TileGrid, halo: Halo, me: int) -> tuple[dict[int, list[_Block]], dict[int, list[_Block]]]:
+    """(blocks this rank receives, by source; blocks this rank sends, by destination)."""
+    recv: dict[int, list[_Block]] = {}
+    for b in _receive_plan(grid, halo, me):
+        recv.setdefault(b.src, []).append(b)
+    send: dict[int, list[_Block]] = {}
+    for k in range(grid.n_tiles):
+        if k != me:
+            blocks = [b for b in _receive_plan(grid, halo, k) if b.src == me]
+            if blocks:
+                send[k] = blocks
+    return recv, send
+
+
+def _pack(x: torch.Tensor, blocks: list[_Block]) -> torch.Tensor:
+    dev = x.device
+    parts = [
+        x.index_select(-2, b.src_rows.to(dev)).index_select(-1, b.src_cols.to(dev)).flatten(-2)
+        for b in blocks
+    ]
+    return torch.cat(parts, dim=-1)
+
+
+def _unpack(out: torch.Tensor, flat: torch.Tensor, blocks: list[_Block]) -> None:
+    start = 0
+    for b in blocks:
+        piece = flat[..., start : start + b.numel]
+        start += b.numel
+        out[..., b.dst_rows, b.dst_cols] = piece.unflatten(-1, (len(b.src_rows), len(b.src_cols)))
+
+
+def _add_back(grad_x: torch.Tensor, flat: torch.Tensor, blocks: list[_Block]) -> None:
+    """Adjoint of ``_pack``: add packed gradients into the source cells."""
+    start = 0
+    dev = grad_x.device
+    for b in blocks:
+        piece = flat[..., start : start + b.numel].unflatten(-1, (len(b.src_rows), len(b.src_cols)))
+        start += b.numel
+        width = grad_x.new_zeros(*piece.shape[:-1], grad_x.shape[-1])
+        width.index_add_(-1, b.src_cols.to(dev), piece)
+        grad_x.index_add_(-2, b.src_rows.to(dev), width)
+
+
+def _lead(x: torch.Tensor) -> tuple[int, ...]:
+    return tuple(x.shape[:-2])
+
+
+class _HaloExchange(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, grid, halo, axis):  # type: ignore[override]
+        me = axis.index
+        recv, send = _plan(grid, halo, me)
+        ctx.args = (grid, halo, axis, tuple(x.shape))
+        h, w = grid.tile_of(me).shape
+        lead = _lead(x)
+        out = x.new_zeros(*lead, h + sum(halo.lat), w + sum(halo.lon))
+        pending = exchange(
+            axis,
+            [(axis.ranks[k], _pack(x, blocks)) for k, blocks in send.items()],
+            [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in recv.items() if k != me],
+            op="halo_exchange",
+            dtype=x.dtype,
+            device=x.device,
+        )
+        if me in recv:
+            _unpack(out, _pack(x, recv[me]), recv[me])
+        peers = [k for k in recv if k != me]
+        for k, flat in zip(peers, pending.wait()):
+            _unpack(out, flat, recv[k])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        grid, halo, axis, x_shape = ctx.args
+        me = axis.index
+        recv, send = _plan(grid, halo, me)
+        lead = x_shape[:-2]
+        grad = grad.contiguous()
+
+        def gather_dst(blocks: list[_Block]) -> torch.Tensor:
+            return torch.cat([grad[..., b.dst_rows, b.dst_cols].flatten(-2) for b in blocks], dim=-1)
+
+        peers = [k for k in recv if k != me]
+        pending = exchange(
+            axis,
+            [(axis.ranks[k], gather_dst(recv[k])) for k in peers],
+            [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in send.items()],
+            op="halo_exchange.backward",
+            dtype=grad.dtype,
+            device=grad.device,
+        )
+        grad_x = grad.new_zeros(x_shape)
+        if me in recv:
+            _add_back(grad_x, gather_dst(recv[me]), recv[me])
+        for (_, blocks), flat in zip(send.items(), pending.wait()):
+            _add_back(grad_x, flat, blocks)
+        return grad_x, None, None, None
+
+
+def halo_exchange(x: torch.Tensor, grid: TileGrid, halo: Halo, axis: Axis) -> torch.Tensor:
+    """Pad this rank's tile ``x`` (``(..., h, w)``) with its halo from the neighbouring tiles.
+
+    ``axis`` is the mesh's domain axis (lat-major, matching ``grid``). The result has shape
+    ``(..., h + sum(halo.lat), w + sum(halo.lon))`` and equals the same window of
+    ``pad_reference`` applied to the global field.
+    """
+    halo.check(grid)
+    if axis.size != grid.n_tiles:
+        raise ValueError(f"grid has {grid.n_tiles} tiles but the axis has {axis.size} ranks")
+    expected = grid.tile_of(axis.index).shape
+    if tuple(x.shape[-2:]) != expected:
+        raise ValueError(f"tile has shape {tuple(x.shape[-2:])}, the grid expects {expected}")
+    return _HaloExchange.apply(x, grid, halo, axis)
+
+
+def pad_reference(x: torch.Tensor, halo: Halo) -> torch.Tensor:
+    """Serial padding of a global field ``(..., n_lat, n_lon)``, the definition of the halo."""
+    n_lat, n_lon = x.shape[-2:]
+    halo.check(TileGrid(n_lat, n_lon))
+    top, bottom = halo.lat
+    if halo.lat_mode == "zeros":
+        x = F.pad(x, (0, 0, top, bottom))
+    elif halo.lat_mode == "replicate":
+        x = torch.cat(
+            [x[..., :1, :].expand(*x.shape[:-2], top, n_lon), x,
+             x[..., -1:, :].expand(*x.shape[:-2], bottom, n_lon)], dim=-2
+        )
+    else:
+        above = x[..., :top, :].flip(-2).roll(n_lon // 2, dims=-1)
+        below = x[..., n_lat - bottom :, :].flip(-2).roll(n_lon // 2, dims=-1)
+        x = torch.cat([above, x, below], dim=-2)
+    left, right = halo.lon
+    if halo.lon_mode == "zeros":
+        return F.pad(x, (left, right))
+    return x[..., torch.arange(-left, n_lon + right) % n_lon]

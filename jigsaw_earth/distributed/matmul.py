@@ -1,0 +1,373 @@
+"""Jigsaw's distributed matmul: activations sharded by tokens, weights sharded over the same ranks.
+
+Two forms, both with forward and backward distributed (custom autograd):
+
+* **channel form** ``Y = X·W + b``: rank ``q`` holds token rows ``X_q`` (``N_q × Cin``) and the
+  column block ``W[:, cols_q]`` (``Cin × Cout_q``) with ``b[cols_q]``; it returns ``Y_q``
+  (``N_q × Cout``).
+* **token form** ``Y = A·X + b``: contraction over the sharded token dimension (WeatherMixer's
+  token mixing). Rank ``q`` holds ``X_q`` (``N_q × C``) and the row block ``A[rows_q, :]``
+  (``M_q × N``, columns in rank order) with ``b[rows_q]``; it returns ``Y_q`` (``M_q × C``).
+
+Strategies (no rank ever holds the full weight):
+
+* ``"weights"`` — move weight shards. Channel form: the shards circulate in a ring, each transfer
+  overlapped with the GEMM on the shard in hand; backward re-circulates them for ``dX`` and
+  accumulates ``dW`` in a ring reduce-scatter. Token form: each rank sends the block of ``A``
+  that multiplies a peer's tokens to that peer, which returns the partial product.
+* ``"activations"`` — move activation blocks (Jigsaw's exchange). Channel form: each rank sends
+  its tokens to every peer, which returns ``X_q·W_k``. Token form: token blocks circulate in a
+  ring and ``dX`` is accumulated in a ring reduce-scatter.
+
+``"auto"`` picks the cheaper by the byte counts of ``channel_bytes``/``token_bytes``, which are
+exact: the ledger in ``comm`` measures the same numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Literal
+
+import torch
+
+from .comm import exchange
+from .mesh import Axis
+from .tiles import split_offsets
+
+__all__ = ["Strategy", "channel_bytes", "choose", "matmul_channels", "matmul_tokens", "token_bytes"]
+
+Strategy = Literal["auto", "weights", "activations"]
+_RING, _ACC = 1, 2  # message tags: circulating operands, accumulating partial sums
+
+
+def _send_recv(axis: Axis, to: int, tensor: torch.Tensor, frm: int, shape, *, op: str, tag: int):
+    """Send to the rank ``to`` steps ahead, receive from ``frm`` steps ahead; no wait."""
+    return exchange(
+        axis, [(axis.peer(to), tensor)], [(axis.peer(frm), tuple(shape))],
+        op=op, dtype=tensor.dtype, device=tensor.device, tag=tag,
+    )
+
+
+def _with_bias(w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    return w if b is None else torch.cat([w, b.unsqueeze(0)], dim=0)
+
+
+def _affine(x: torch.Tensor, wb: torch.Tensor, cin: int, bias: bool) -> torch.Tensor:
+    return x @ wb[:cin] + wb[cin] if bias else x @ wb
+
+
+# ---------------------------------------------------------------- channel form, moving weights
+class _ChannelWeights(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, axis, out_sizes):  # type: ignore[override]
+        P, q = axis.size, axis.index
+        cin, bias = w.shape[0], b is not None
+        ctx.save_for_backward(x, w, b)
+        ctx.args = (axis, out_sizes)
+        cur = _with_bias(w, b)
+        outs: list[torch.Tensor] = [x] * P
+        for s in range(P):
+            k = (q + s) % P
+            nxt = None
+            if s < P - 1:
+                shape = (cur.shape[0], out_sizes[(k + 1) % P])
+                nxt = _send_recv(axis, -1, cur, 1, shape, op="matmul.weights", tag=_RING)
+            outs[k] = _affine(x, cur, cin, bias)
+            if nxt is not None:
+                cur = nxt.wait()[0]
+        return torch.cat(outs, dim=-1)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, w, b = ctx.saved_tensors
+        axis, out_sizes = ctx.args
+        P, q = axis.size, axis.index
+        cin, bias = w.shape[0], b is not None
+        dys = dy.split(list(out_sizes), dim=-1)
+        dx = torch.zeros_like(x)
+        cur = _with_bias(w, b)
+        acc_in = None
+        grad_wb = cur
+        for s in range(P):
+            kw, kg = (q + s) % P, (q - 1 - s) % P
+            w_next = None
+            if s < P - 1:
+                shape = (cur.shape[0], out_sizes[(kw + 1) % P])
+                w_next = _send_recv(axis, -1, cur, 1, shape, op="matmul.weights.backward", tag=_RING)
+            dx += dys[kw] @ cur[:cin].T
+            part = _with_bias(x.T @ dys[kg], dys[kg].sum(0) if bias else None)
+            if acc_in is not None:
+                part = part + acc_in.wait()[0]
+            if s < P - 1:
+                shape = (part.shape[0], out_sizes[(kg - 1) % P])
+                acc_in = _send_recv(axis, 1, part, -1, shape, op="matmul.weights.backward", tag=_ACC)
+            else:
+                grad_wb = part
+            if w_next is not None:
+                cur = w_next.wait()[0]
+        gw, gb = (grad_wb[:cin], grad_wb[cin]) if bias else (grad_wb, None)
+        return dx, gw, gb, None, None
+
+
+# ------------------------------------------------------------ channel form, moving activations
+class _ChannelActivations(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, axis, out_sizes, counts):  # type: ignore[override]
+        P, q = axis.size, axis.index
+        ctx.save_for_backward(x, w, b)
+        ctx.args = (axis, out_sizes, counts)
+        wb, cin, bias = _with_bias(w, b), w.shape[0], b is not None
+        outs: list = [None] * P
+        outs[q] = _affine(x, wb, cin, bias)
+        x_in = _send_recv(axis, 1, x, -1, (counts[(q - 1) % P], cin), op="matmul.activations", tag=_RING)
+        y_in = []
+        for s in range(1, P):
+            xr = x_in.wait()[0]
+            if s < P - 1:
+                shape = (counts[(q - s - 1) % P], cin)
+                x_in = _send_recv(axis, s + 1, x, -(s + 1), shape, op="matmul.activations", tag=_RING)
+            z = _affine(xr, wb, cin, bias)
+            shape = (x.shape[0], out_sizes[(q + s) % P])
+            y_in.append(_send_recv(axis, -s, z, s, shape, op="matmul.activations", tag=_ACC))
+        for s, pending in enumerate(y_in, start=1):
+            outs[(q + s) % P] = pending.wait()[0]
+        return torch.cat(outs, dim=-1)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, w, b = ctx.saved_tensors
+        axis, out_sizes, counts = ctx.args
+        P, q = axis.size, axis.index
+        cin = w.shape[0]
+        dys = dy.to(x.dtype).split(list(out_sizes), dim=-1)
+        dx = dys[q] @ w.T
+        dw = x.T @ dys[q]
+        db = dys[q].sum(0) if b is not None else None
+        op = "matmul.activations.backward"
+
+        def post(s: int):
+            send = torch.cat([x, dys[(q + s) % P]], dim=1)
+            shape = (counts[(q - s) % P], cin + out_sizes[q])
+            return _send_recv(axis, s, send, -s, shape, op=op, tag=_RING)
+
+        dx_in = []
+        incoming = post(1) if P > 1 else None
+        for s in range(1, P):
+            buf = incoming.wait()[0]
+            if s < P - 1:
+                incoming = post(s + 1)
+            xr, dyr = buf.split([cin, out_sizes[q]], dim=1)
+            dw += xr.T @ dyr
+            if db is not None:
+                db += dyr.sum(0)
+            dx_in.append(_send_recv(axis, -s, dyr @ w.T, s, x.shape, op=op, tag=_ACC))
+        for pending in dx_in:
+            dx += pending.wait()[0]
+        return dx, dw, db, None, None, None
+
+
+# -------------------------------------------------------------- token form, moving activations
+class _TokenActivations(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, a, b, axis, counts):  # type: ignore[override]
+        P, q = axis.size, axis.index
+        ctx.save_for_backward(x, a, b)
+        ctx.args = (axis, counts)
+        off = split_offsets(counts)
+        y = a[:, off[q] : off[q + 1]] @ x
+        if b is not None:
+            y = y + b.unsqueeze(-1)
+        cur = x
+        for s in range(1, P):
+            k = (q + s) % P
+            nxt = _send_recv(axis, -1, cur, 1, (counts[k], x.shape[1]), op="matmul.tokens", tag=_RING)
+            cur = nxt.wait()[0]
+            y = y + a[:, off[k] : off[k + 1]] @ cur
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, a, b = ctx.saved_tensors
+        axis, counts = ctx.args
+        P, q = axis.size, axis.index
+        off = split_offsets(counts)
+        op = "matmul.tokens.backward"
+        da = torch.empty_like(a)
+        cur, acc_in, dx = x, None, x
+        for s in range(P):
+            kx, kg = (q + s) % P, (q - 1 - s) % P
+            x_next = None
+            if s < P - 1:
+                shape = (counts[(kx + 1) % P], x.shape[1])
+                x_next = _send_recv(axis, -1, cur, 1, shape, op=op, tag=_RING)
+            da[:, off[kx] : off[kx + 1]] = dy @ cur.T
+            part = a[:, off[kg] : off[kg + 1]].T @ dy
+            if acc_in is not None:
+                part = part + acc_in.wait()[0]
+            if s < P - 1:
+                shape = (counts[(kg - 1) % P], x.shape[1])
+                acc_in = _send_recv(axis, 1, part, -1, shape, op=op, tag=_ACC)
+            else:
+                dx = part
+            if x_next is not None:
+                cur = x_next.wait()[0]
+        db = dy.sum(-1) if b is not None else None
+        return dx, da, db, None, None
+
+
+# ------------------------------------------------------------------ token form, moving weights
+class _TokenWeights(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, a, b, axis, in_counts, out_counts):  # type: ignore[override]
+        P, q = axis.size, axis.index
+        off = split_offsets(in_counts)
+        col_blocks: list = [None] * P  # A_k[:, cols_q] for every k: 1/P of A
+        col_blocks[q] = a[:, off[q] : off[q + 1]]
+        y = col_blocks[q] @ x
+        if b is not None:
+            y = y + b.unsqueeze(-1)
+        partials = []
+        for s in range(1, P):
+            k_to, k_from = (q + s) % P, (q - s) % P
+            blk = a[:, off[k_to] : off[k_to + 1]].contiguous()
+            got = _send_recv(axis, s, blk, -s, (out_counts[k_from], in_counts[q]),
+                             op="matmul.tokens.weights", tag=_RING)
+            col_blocks[k_from] = got.wait()[0]
+            z = col_blocks[k_from] @ x
+            partials.append(_send_recv(axis, -s, z, s, (a.shape[0], x.shape[1]),
+                                       op="matmul.tokens.weights", tag=_ACC))
+        for pending in partials:
+            y = y + pending.wait()[0]
+        ctx.save_for_backward(x, b, *col_blocks)
+        ctx.args = (axis, in_counts, out_counts, a.shape)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, b, *col_blocks = ctx.saved_tensors
+        axis, in_counts, out_counts, a_shape = ctx.args
+        P, q = axis.size, axis.index
+        off = split_offsets(in_counts)
+        op = "matmul.tokens.weights.backward"
+        dy = dy.contiguous()
+        dx = col_blocks[q].T @ dy
+        da = dy.new_empty(a_shape)
+        da[:, off[q] : off[q + 1]] = dy @ x.T
+        returns = []
+        for s in range(1, P):
+            k_from = (q - s) % P
+            got = _send_recv(axis, s, dy, -s, (out_counts[k_from], dy.shape[1]), op=op, tag=_RING)
+            dyk = got.wait()[0]
+            dx = dx + col_blocks[k_from].T @ dyk
+            returns.append(_send_recv(axis, -s, dyk @ x.T, s, (a_shape[0], in_counts[(q + s) % P]),
+                                      op=op, tag=_ACC))
+        for s, pending in enumerate(returns, start=1):
+            k = (q + s) % P
+            da[:, off[k] : off[k + 1]] = pending.wait()[0]
+        db = dy.sum(-1) if b is not None else None
+        return dx, da, db, None, None, None
+
+
+# ------------------------------------------------------------------------------ cost and API
+def channel_bytes(
+    strategy: str, counts: Sequence[int], cin: int, out_sizes: Sequence[int], bias: bool, elsize: int = 4
+) -> tuple[int, int]:
+    """Bytes sent over all ranks by ``matmul_channels``: (forward, backward)."""
+    P, N, cout = len(counts), sum(counts), sum(out_sizes)
+    if P == 1:
+        return 0, 0
+    rows = cin + (1 if bias else 0)
+    if strategy == "weights":
+        return (P - 1) * rows * cout * elsize, 2 * (P - 1) * rows * cout * elsize
+    fwd = (P - 1) * N * cin + sum((N - counts[q]) * out_sizes[q] for q in range(P))
+    bwd = (P - 1) * N * cin + sum(counts[q] * (cout - out_sizes[q]) for q in range(P))
+    bwd += (P - 1) * N * cin
+    return fwd * elsize, bwd * elsize
+
+
+def token_bytes(
+    strategy: str, in_counts: Sequence[int], out_counts: Sequence[int], channels: int, elsize: int = 4
+) -> tuple[int, int]:
+    """Bytes sent over all ranks by ``matmul_tokens``: (forward, backward)."""
+    P, N, M = len(in_counts), sum(in_counts), sum(out_counts)
+    if P == 1:
+        return 0, 0
+    if strategy == "activations":
+        return (P - 1) * N * channels * elsize, 2 * (P - 1) * N * channels * elsize
+    a_moved = sum(out_counts[q] * (N - in_counts[q]) for q in range(P))
+    y_moved = (P - 1) * M * channels
+    return (a_moved + y_moved) * elsize, (a_moved + y_moved) * elsize
+
+
+def choose(costs: dict[str, tuple[int, int]], training: bool) -> str:
+    """The strategy with the fewest bytes (forward, plus backward when training)."""
+    return min(costs, key=lambda s: costs[s][0] + (costs[s][1] if training else 0))
+
+
+def _check_strategy(strategy: str) -> None:
+    if strategy not in ("auto", "weights", "activations"):
+        raise ValueError(f"strategy {strategy!r}: use 'auto', 'weights' or 'activations'")
+
+
+def _training(*tensors: torch.Tensor | None) -> bool:
+    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def matmul_channels(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    axis: Axis,
+    out_sizes: Sequence[int],
+    counts: Sequence[int],
+    strategy: Strategy = "auto",
+) -> torch.Tensor:
+    """``X·W + b`` for token rows ``x`` (``N_q × Cin``) and the column shard ``w`` (``Cin × Cout_q``).
+
+    ``out_sizes[k]`` is rank ``k``'s number of output columns, ``counts[k]`` its number of rows.
+    """
+    _check_strategy(strategy)
+    if w.shape[1] != out_sizes[axis.index] or x.shape[0] != counts[axis.index]:
+        raise ValueError(
+            f"matmul_channels: rank {axis.index} holds x {tuple(x.shape)} and w {tuple(w.shape)}, "
+            f"but counts={tuple(counts)} and out_sizes={tuple(out_sizes)}"
+        )
+    if axis.size == 1:
+        return x @ w + b if b is not None else x @ w
+    if strategy == "auto":
+        costs = {s: channel_bytes(s, counts, w.shape[0], out_sizes, b is not None) for s in ("weights", "activations")}
+        strategy = choose(costs, _training(x, w, b))  # type: ignore[assignment]
+    if strategy == "weights":
+        return _ChannelWeights.apply(x, w, b, axis, tuple(out_sizes))
+    return _ChannelActivations.apply(x, w, b, axis, tuple(out_sizes), tuple(counts))
+
+
+def matmul_tokens(
+    x: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor | None,
+    axis: Axis,
+    in_counts: Sequence[int],
+    out_counts: Sequence[int],
+    strategy: Strategy = "auto",
+) -> torch.Tensor:
+    """``A·X + b`` contracting the sharded token dimension; ``a`` is this rank's row block.
+
+    ``x`` is ``N_q × C`` with ``in_counts[q] = N_q``; ``a`` is ``M_q × sum(in_counts)`` with its
+    columns in rank order; ``b`` is ``M_q``. Returns ``M_q × C``.
+    """
+    _check_strategy(strategy)
+    q = axis.index
+    if x.shape[0] != in_counts[q] or tuple(a.shape) != (out_counts[q], sum(in_counts)):
+        raise ValueError(
+            f"matmul_tokens: rank {q} holds x {tuple(x.shape)} and a {tuple(a.shape)}, but "
+            f"in_counts={tuple(in_counts)} and out_counts={tuple(out_counts)}"
+        )
+    if axis.size == 1:
+        return a @ x + b.unsqueeze(-1) if b is not None else a @ x
+    if strategy == "auto":
+        costs = {s: token_bytes(s, in_counts, out_counts, x.shape[1]) for s in ("weights", "activations")}
+        strategy = choose(costs, _training(x, a, b))  # type: ignore[assignment]
+    if strategy == "activations":
+        return _TokenActivations.apply(x, a, b, axis, tuple(in_counts))
+    return _TokenWeights.apply(x, a, b, axis, tuple(in_counts), tuple(out_counts))

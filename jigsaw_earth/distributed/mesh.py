@@ -1,0 +1,249 @@
+"""The domain mesh: named axes ``data × lat × lon`` over the ranks of a job.
+
+A ``DomainMesh`` is the one object that knows how ranks are arranged. Layers receive it (or one
+of its ``Axis`` objects) explicitly. With world size 1 and no launcher it needs no process group
+at all, so the same model code runs in a notebook, under ``torchrun`` and under Slurm ``srun``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+__all__ = ["Axis", "DomainMesh", "MeshShape", "init_mesh", "parse_mesh", "slurm_environment"]
+
+log = logging.getLogger(__name__)
+AXES = ("data", "lat", "lon")
+
+
+@dataclass(frozen=True)
+class MeshShape:
+    """Sizes of the three mesh axes. The domain group is ``lat × lon``."""
+
+    data: int = 1
+    lat: int = 1
+    lon: int = 1
+
+    def __post_init__(self) -> None:
+        for name in AXES:
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"mesh axis {name!r} must be a positive integer, got {value!r}")
+
+    @property
+    def world_size(self) -> int:
+        return self.data * self.lat * self.lon
+
+    @property
+    def domain_size(self) -> int:
+        return self.lat * self.lon
+
+    def __str__(self) -> str:
+        return f"{self.data}x{self.lat}x{self.lon}"
+
+
+def parse_mesh(text: str) -> MeshShape:
+    """Parse ``"2x2"`` (lat × lon) or ``"2x2x2"`` (data × lat × lon)."""
+    parts = text.lower().replace("×", "x").split("x")
+    try:
+        sizes = [int(p) for p in parts]
+    except ValueError:
+        sizes = []
+    if len(sizes) == 2:
+        return MeshShape(1, sizes[0], sizes[1])
+    if len(sizes) == 3:
+        return MeshShape(*sizes)
+    raise ValueError(
+        f"cannot read mesh {text!r}: write LATxLON (e.g. 2x2) or DATAxLATxLON (e.g. 2x2x2)"
+    )
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One communication axis as seen from this rank.
+
+    ``ranks`` are the global ranks along the axis in axis order, ``index`` is this rank's
+    position. ``group`` is ``None`` when the axis has size 1 (nothing to communicate).
+    """
+
+    name: str
+    ranks: tuple[int, ...]
+    index: int
+    group: dist.ProcessGroup | None
+
+    @property
+    def size(self) -> int:
+        return len(self.ranks)
+
+    def peer(self, offset: int) -> int:
+        """Global rank ``offset`` steps along the axis (cyclically)."""
+        return self.ranks[(self.index + offset) % self.size]
+
+
+class DomainMesh:
+    """Ranks arranged as ``data × lat × lon``; rank order is row-major over that shape."""
+
+    def __init__(self, shape: MeshShape, rank: int = 0, device: torch.device | None = None):
+        self.shape = shape
+        self.rank = rank
+        self.device = device or torch.device("cpu")
+        self.coord = (
+            rank // shape.domain_size,
+            (rank // shape.lon) % shape.lat,
+            rank % shape.lon,
+        )
+        self.device_mesh: DeviceMesh | None = None
+        d, i, j = self.coord
+        self._axes = {
+            "data": self._axis("data", [self.global_rank(k, i, j) for k in range(shape.data)], d),
+            "lat": self._axis("lat", [self.global_rank(d, k, j) for k in range(shape.lat)], i),
+            "lon": self._axis("lon", [self.global_rank(d, i, k) for k in range(shape.lon)], j),
+            "domain": self._axis(
+                "domain",
+                [self.global_rank(d, a, b) for a in range(shape.lat) for b in range(shape.lon)],
+                i * shape.lon + j,
+            ),
+        }
+
+    @staticmethod
+    def _axis(name: str, ranks: list[int], index: int) -> Axis:
+        return Axis(name, tuple(ranks), index, None)
+
+    def global_rank(self, data: int, lat: int, lon: int) -> int:
+        return (data * self.shape.lat + lat) * self.shape.lon + lon
+
+    def axis(self, name: str) -> Axis:
+        """``"data"``, ``"lat"``, ``"lon"`` or ``"domain"`` (lat × lon, lat-major)."""
+        try:
+            return self._axes[name]
+        except KeyError:
+            raise ValueError(f"unknown mesh axis {name!r}; use one of {sorted(self._axes)}") from None
+
+    @property
+    def domain(self) -> Axis:
+        return self._axes["domain"]
+
+    @property
+    def lat_index(self) -> int:
+        return self.coord[1]
+
+    @property
+    def lon_index(self) -> int:
+        return self.coord[2]
+
+    @property
+    def is_distributed(self) -> bool:
+        return self.shape.world_size > 1
+
+    def _build_groups(self) -> None:
+        """Create process groups; every rank must call this in the same order."""
+        shape = self.shape
+        self.device_mesh = init_device_mesh(
+            self.device.type, (shape.data, shape.lat, shape.lon), mesh_dim_names=AXES
+        )
+        for name in AXES:
+            if getattr(shape, name) > 1:
+                axis = self._axes[name]
+                self._axes[name] = Axis(name, axis.ranks, axis.index, self.device_mesh[name].get_group())
+        # One domain group per data replica. new_group must be called by all ranks for all groups.
+        for d in range(shape.data):
+            ranks = [self.global_rank(d, a, b) for a in range(shape.lat) for b in range(shape.lon)]
+            group = dist.new_group(ranks) if shape.domain_size > 1 else None
+            if d == self.coord[0]:
+                axis = self._axes["domain"]
+                self._axes["domain"] = Axis("domain", axis.ranks, axis.index, group)
+
+    def __repr__(self) -> str:
+        return f"DomainMesh(shape={self.shape}, rank={self.rank}, coord={self.coord})"
+
+
+def _expand_nodelist(nodelist: str) -> list[str]:
+    """Expand the first host of a Slurm node list such as ``gpu[003-004,007],cpu01``."""
+    hosts: list[str] = []
+    for prefix, ranges, plain in re.findall(r"([^,\[]+)\[([^\]]+)\]|([^,\[\]]+)", nodelist):
+        if plain:
+            hosts.append(plain)
+            continue
+        for part in ranges.split(","):
+            lo, _, hi = part.partition("-")
+            for n in range(int(lo), int(hi or lo) + 1):
+                hosts.append(f"{prefix}{n:0{len(lo)}d}")
+    return hosts
+
+
+def slurm_environment(env: dict[str, str] | None = None) -> dict[str, str]:
+    """torch.distributed's env:// variables derived from Slurm's, for a job started by ``srun``.
+
+    Returns an empty dict outside Slurm or when the launcher (torchrun) already set ``RANK``.
+    """
+    env = dict(os.environ if env is None else env)
+    if "RANK" in env or "SLURM_PROCID" not in env or "SLURM_NTASKS" not in env:
+        return {}
+    master = env.get("MASTER_ADDR")
+    if not master:
+        hosts = _expand_nodelist(env.get("SLURM_JOB_NODELIST", env.get("SLURM_NODELIST", "")))
+        master = hosts[0] if hosts else "127.0.0.1"
+    port = env.get("MASTER_PORT") or str(20000 + int(env.get("SLURM_JOB_ID", "0")) % 20000)
+    return {
+        "RANK": env["SLURM_PROCID"],
+        "WORLD_SIZE": env["SLURM_NTASKS"],
+        "LOCAL_RANK": env.get("SLURM_LOCALID", "0"),
+        "MASTER_ADDR": master,
+        "MASTER_PORT": port,
+    }
+
+
+def _check_world(shape: MeshShape, world_size: int) -> None:
+    if shape.world_size != world_size:
+        raise ValueError(
+            f"mesh data={shape.data} × lat={shape.lat} × lon={shape.lon} = {shape.world_size} ranks, "
+            f"but the job has world size {world_size}; choose mesh factors whose product is "
+            f"{world_size} or launch {shape.world_size} processes"
+        )
+
+
+def init_mesh(
+    shape: MeshShape | None = None,
+    *,
+    backend: str | None = None,
+    timeout_s: float = 600.0,
+) -> DomainMesh:
+    """Build the mesh for this process: single process, torchrun, or Slurm srun.
+
+    With no launcher variables and a world size of 1 no process group is created. ``shape``
+    defaults to ``1 × 1 × world_size`` (all ranks split longitude).
+    """
+    os.environ.update(slurm_environment())
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    shape = shape or MeshShape(1, 1, world_size)
+    _check_world(shape, world_size)
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    if use_cuda:
+        local = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(local)
+        device = torch.device("cuda", local)
+    else:
+        device = torch.device("cpu")
+    mesh = DomainMesh(shape, rank, device)
+    if world_size == 1 and not dist.is_initialized():
+        return mesh
+    if not dist.is_initialized():
+        dist.init_process_group(
+            backend or ("nccl" if use_cuda else "gloo"),
+            rank=rank,
+            world_size=world_size,
+            timeout=timedelta(seconds=timeout_s),
+            device_id=device if use_cuda else None,
+        )
+    _check_world(shape, dist.get_world_size())
+    mesh._build_groups()
+    log.debug("rank %d: %r", rank, mesh)
+    return mesh
