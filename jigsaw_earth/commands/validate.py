@@ -22,10 +22,18 @@ DEFAULT_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3"]
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("validate", help="check every distributed op against its serial counterpart")
-    p.add_argument("--mesh", action="append", metavar="LATxLON",
-                   help=f"mesh to check (repeatable; default {' '.join(DEFAULT_MESHES)})")
-    p.add_argument("--op", action="append", metavar="NAME",
-                   help="only ops whose registered name starts with NAME (repeatable)")
+    p.add_argument(
+        "--mesh",
+        action="append",
+        metavar="LATxLON",
+        help=f"mesh to check (repeatable; default {' '.join(DEFAULT_MESHES)})",
+    )
+    p.add_argument(
+        "--op",
+        action="append",
+        metavar="NAME",
+        help="only ops whose registered name starts with NAME (repeatable)",
+    )
     p.add_argument("--json", type=Path, metavar="PATH", help="write all records as a JSON list")
     p.add_argument("--list", action="store_true", help="list the registered ops and exit")
     p.set_defaults(run=run)
@@ -34,8 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _row(r: dict) -> str:
     expected = "-" if r["expected_bytes"] is None else str(r["expected_bytes"])
     verdict = "PASS" if r["passed"] else "FAIL"
-    return (f"{r['op']:<30} {r['mesh']:>5} {r['shape']:<44} {r['error_forward']:>9.2e} "
-            f"{r['error_backward']:>9.2e} {r['comm_bytes']:>10} {expected:>10} {verdict}")
+    return (
+        f"{r['op']:<30} {r['mesh']:>5} {r['shape']:<44} {r['error_forward']:>9.2e} "
+        f"{r['error_backward']:>9.2e} {r['comm_bytes']:>10} {expected:>10} {verdict}"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -46,8 +56,10 @@ def run(args: argparse.Namespace) -> int:
     for shape in meshes:
         if shape.data != 1:
             raise ValueError(f"validate checks domain meshes LATxLON; got data axis {shape.data}")
-    header = (f"{'op':<30} {'mesh':>5} {'shape':<44} {'err fwd':>9} {'err bwd':>9} "
-              f"{'comm B':>10} {'expected':>10} result")
+    header = (
+        f"{'op':<30} {'mesh':>5} {'shape':<44} {'err fwd':>9} {'err bwd':>9} "
+        f"{'comm B':>10} {'expected':>10} result"
+    )
     print(header)
     print("-" * len(header))
     records: list[dict] = []
@@ -60,8 +72,10 @@ def run(args: argparse.Namespace) -> int:
         log.info("mesh %sx%s: %d cases in %.1f s", shape.lat, shape.lon, len(rows), time.perf_counter() - t0)
         records.extend(rows)
     failed = [r for r in records if not r["passed"]]
-    print(f"{len(records) - len(failed)} passed, {len(failed)} failed "
-          f"({len(meshes)} meshes, {time.perf_counter() - start:.1f} s)")
+    print(
+        f"{len(records) - len(failed)} passed, {len(failed)} failed "
+        f"({len(meshes)} meshes, {time.perf_counter() - start:.1f} s)"
+    )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         tmp = args.json.with_suffix(args.json.suffix + ".tmp")

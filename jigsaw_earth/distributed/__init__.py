@@ -8,7 +8,22 @@ from .mesh import Axis, DomainMesh, MeshShape, init_mesh, parse_mesh
 from .tiles import Tile, TileGrid, split_sizes
 
 __all__ = [
-    "Axis", "DomainMesh", "Halo", "MeshShape", "Tile", "TileGrid", "all_gather", "all_reduce",
-    "comm_site", "halo_exchange", "init_mesh", "ledger", "matmul_channels", "matmul_tokens",
-    "pad_reference", "parse_mesh", "reduce_scatter", "split_sizes",
+    "Axis",
+    "DomainMesh",
+    "Halo",
+    "MeshShape",
+    "Tile",
+    "TileGrid",
+    "all_gather",
+    "all_reduce",
+    "comm_site",
+    "halo_exchange",
+    "init_mesh",
+    "ledger",
+    "matmul_channels",
+    "matmul_tokens",
+    "pad_reference",
+    "parse_mesh",
+    "reduce_scatter",
+    "split_sizes",
 ]

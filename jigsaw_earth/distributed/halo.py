@@ -9,6 +9,9 @@ included, and a halo wider than a neighbour's tile simply draws on further ranks
 sends halo gradients back to their owners, where they are added (``index_add``), so repeated
 sources (replicate, narrow grids) get every contribution.
 
+The same machinery gathers any per-rank window of the global grid (``gather_windows``): patch
+embedding, strided convolution and resampling use it to fetch exactly their receptive field.
+
 ``pad_reference`` is the serial definition in plain torch, written independently of the plan.
 """
 
@@ -25,10 +28,20 @@ from .comm import exchange
 from .mesh import Axis
 from .tiles import TileGrid
 
-__all__ = ["Halo", "LatMode", "LonMode", "halo_exchange", "pad_reference"]
+__all__ = [
+    "Halo",
+    "LatMode",
+    "LonMode",
+    "Window",
+    "gather_windows",
+    "halo_exchange",
+    "pad_reference",
+    "window_reference",
+]
 
 LatMode = Literal["zeros", "replicate", "pole"]
 LonMode = Literal["periodic", "zeros"]
+Window = tuple[int, int, int, int]  # global rows [lat_lo, lat_hi) and columns [lon_lo, lon_hi)
 
 
 @dataclass(frozen=True)
@@ -47,20 +60,34 @@ class Halo:
     def check(self, grid: TileGrid) -> None:
         if min(*self.lat, *self.lon) < 0:
             raise ValueError(f"halo widths must be >= 0, got lat={self.lat} lon={self.lon}")
-        if self.lat_mode not in ("zeros", "replicate", "pole"):
-            raise ValueError(f"lat_mode {self.lat_mode!r}: use 'zeros', 'replicate' or 'pole'")
-        if self.lon_mode not in ("periodic", "zeros"):
-            raise ValueError(f"lon_mode {self.lon_mode!r}: use 'periodic' or 'zeros'")
-        if self.lat_mode == "pole":
-            if self.lon_mode != "periodic" or grid.n_lon % 2:
-                raise ValueError(
-                    f"lat_mode='pole' needs periodic longitude with an even number of columns "
-                    f"(got lon_mode={self.lon_mode!r}, n_lon={grid.n_lon}); use 'replicate' instead"
-                )
-            if max(self.lat) > grid.n_lat:
-                raise ValueError(
-                    f"a pole halo of {max(self.lat)} rows is wider than the grid's {grid.n_lat} rows"
-                )
+        _check_modes(grid, self.lat_mode, self.lon_mode, max(self.lat))
+
+    def windows(self, grid: TileGrid) -> tuple[Window, ...]:
+        """Each rank's padded tile as a global window, in domain-axis order."""
+        (top, bottom), (left, right) = self.lat, self.lon
+        return tuple(
+            (t.lat_start - top, t.lat_stop + bottom, t.lon_start - left, t.lon_stop + right)
+            for t in grid.tiles()
+        )
+
+
+def _check_modes(grid: TileGrid, lat_mode: str, lon_mode: str, overhang: int) -> None:
+    """``overhang``: the most rows any window reaches beyond a pole."""
+    if lat_mode not in ("zeros", "replicate", "pole"):
+        raise ValueError(f"lat_mode {lat_mode!r}: use 'zeros', 'replicate' or 'pole'")
+    if lon_mode not in ("periodic", "zeros"):
+        raise ValueError(f"lon_mode {lon_mode!r}: use 'periodic' or 'zeros'")
+    if lat_mode == "pole":
+        if lon_mode != "periodic" or grid.n_lon % 2:
+            raise ValueError(
+                f"lat_mode='pole' needs periodic longitude with an even number of columns "
+                f"(got lon_mode={lon_mode!r}, n_lon={grid.n_lon}); use 'replicate' instead"
+            )
+        if overhang > grid.n_lat:
+            raise ValueError(
+                f"a window reaching {overhang} rows beyond a pole is wider than the grid's "
+                f"{grid.n_lat} rows; use 'replicate' or 'zeros' beyond the poles"
+            )
 
 
 @dataclass(frozen=True)
@@ -76,27 +103,27 @@ class _Block:
         return len(self.src_rows) * len(self.src_cols)
 
 
-def _row_sources(grid: TileGrid, lo: int, hi: int, halo: Halo) -> list[tuple[int, bool]]:
-    """(global source row or -1, across-the-pole) for padded rows of a tile spanning [lo, hi)."""
+def _row_sources(grid: TileGrid, lo: int, hi: int, lat_mode: str) -> list[tuple[int, bool]]:
+    """(global source row or -1, across-the-pole) for the window rows [lo, hi)."""
     n = grid.n_lat
     out = []
-    for g in range(lo - halo.lat[0], hi + halo.lat[1]):
+    for g in range(lo, hi):
         if 0 <= g < n:
             out.append((g, False))
-        elif halo.lat_mode == "zeros":
+        elif lat_mode == "zeros":
             out.append((-1, False))
-        elif halo.lat_mode == "replicate":
+        elif lat_mode == "replicate":
             out.append((0 if g < 0 else n - 1, False))
         else:
             out.append((-g - 1 if g < 0 else 2 * n - 1 - g, True))
     return out
 
 
-def _col_sources(grid: TileGrid, lo: int, hi: int, halo: Halo, shift: int) -> list[int]:
+def _col_sources(grid: TileGrid, lo: int, hi: int, lon_mode: str, shift: int) -> list[int]:
     n = grid.n_lon
     out = []
-    for c in range(lo - halo.lon[0], hi + halo.lon[1]):
-        if halo.lon_mode == "periodic":
+    for c in range(lo, hi):
+        if lon_mode == "periodic":
             out.append((c + shift) % n)
         else:
             out.append(c if 0 <= c < n else -1)
@@ -114,13 +141,13 @@ def _runs(keys: list) -> list[tuple[int, int]]:
 
 
 @lru_cache(maxsize=512)
-def _receive_plan(grid: TileGrid, halo: Halo, me: int) -> tuple[_Block, ...]:
-    """Blocks that make up the padded tile of domain rank ``me``, in a fixed order."""
-    tile = grid.tile_of(me)
-    rows = _row_sources(grid, tile.lat_start, tile.lat_stop, halo)
+def _receive_plan(grid: TileGrid, window: Window, lat_mode: str, lon_mode: str) -> tuple[_Block, ...]:
+    """Blocks that make up one window, in a fixed order."""
+    lat_lo, lat_hi, lon_lo, lon_hi = window
+    rows = _row_sources(grid, lat_lo, lat_hi, lat_mode)
     row_keys = [(grid.lat_owner(g) if g >= 0 else -1, flip) for g, flip in rows]
     cols_by_flip = {
-        flip: _col_sources(grid, tile.lon_start, tile.lon_stop, halo, grid.n_lon // 2 if flip else 0)
+        flip: _col_sources(grid, lon_lo, lon_hi, lon_mode, grid.n_lon // 2 if flip else 0)
         for flip in {f for _, f in rows}
     }
     blocks = []
@@ -149,15 +176,17 @@ def _receive_plan(grid: TileGrid, halo: Halo, me: int) -> tuple[_Block, ...]:
 
 
 @lru_cache(maxsize=512)
-def _plan(grid: TileGrid, halo: Halo, me: int) -> tuple[dict[int, list[_Block]], dict[int, list[_Block]]]:
+def _plan(
+    grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, lon_mode: str, me: int
+) -> tuple[dict[int, list[_Block]], dict[int, list[_Block]]]:
     """(blocks this rank receives, by source; blocks this rank sends, by destination)."""
     recv: dict[int, list[_Block]] = {}
-    for b in _receive_plan(grid, halo, me):
+    for b in _receive_plan(grid, windows[me], lat_mode, lon_mode):
         recv.setdefault(b.src, []).append(b)
     send: dict[int, list[_Block]] = {}
     for k in range(grid.n_tiles):
         if k != me:
-            blocks = [b for b in _receive_plan(grid, halo, k) if b.src == me]
+            blocks = [b for b in _receive_plan(grid, windows[k], lat_mode, lon_mode) if b.src == me]
             if blocks:
                 send[k] = blocks
     return recv, send
@@ -196,20 +225,20 @@ def _lead(x: torch.Tensor) -> tuple[int, ...]:
     return tuple(x.shape[:-2])
 
 
-class _HaloExchange(torch.autograd.Function):
+class _WindowExchange(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, grid, halo, axis):  # type: ignore[override]
+    def forward(ctx, x, grid, windows, lat_mode, lon_mode, axis, op):  # type: ignore[override]
         me = axis.index
-        recv, send = _plan(grid, halo, me)
-        ctx.args = (grid, halo, axis, tuple(x.shape))
-        h, w = grid.tile_of(me).shape
+        recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
+        ctx.args = (grid, windows, lat_mode, lon_mode, axis, op, tuple(x.shape))
+        lat_lo, lat_hi, lon_lo, lon_hi = windows[me]
         lead = _lead(x)
-        out = x.new_zeros(*lead, h + sum(halo.lat), w + sum(halo.lon))
+        out = x.new_zeros(*lead, lat_hi - lat_lo, lon_hi - lon_lo)
         pending = exchange(
             axis,
             [(axis.ranks[k], _pack(x, blocks)) for k, blocks in send.items()],
             [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in recv.items() if k != me],
-            op="halo_exchange",
+            op=op,
             dtype=x.dtype,
             device=x.device,
         )
@@ -222,9 +251,9 @@ class _HaloExchange(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        grid, halo, axis, x_shape = ctx.args
+        grid, windows, lat_mode, lon_mode, axis, op, x_shape = ctx.args
         me = axis.index
-        recv, send = _plan(grid, halo, me)
+        recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
         lead = x_shape[:-2]
         grad = grad.contiguous()
 
@@ -236,7 +265,7 @@ class _HaloExchange(torch.autograd.Function):
             axis,
             [(axis.ranks[k], gather_dst(recv[k])) for k in peers],
             [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in send.items()],
-            op="halo_exchange.backward",
+            op=op + ".backward",
             dtype=grad.dtype,
             device=grad.device,
         )
@@ -245,7 +274,37 @@ class _HaloExchange(torch.autograd.Function):
             _add_back(grad_x, gather_dst(recv[me]), recv[me])
         for (_, blocks), flat in zip(send.items(), pending.wait()):
             _add_back(grad_x, flat, blocks)
-        return grad_x, None, None, None
+        return grad_x, None, None, None, None, None, None
+
+
+def _check_tile(x: torch.Tensor, grid: TileGrid, axis: Axis) -> None:
+    if axis.size != grid.n_tiles:
+        raise ValueError(f"grid has {grid.n_tiles} tiles but the axis has {axis.size} ranks")
+    expected = grid.tile_of(axis.index).shape
+    if tuple(x.shape[-2:]) != expected:
+        raise ValueError(f"tile has shape {tuple(x.shape[-2:])}, the grid expects {expected}")
+
+
+def gather_windows(
+    x: torch.Tensor,
+    grid: TileGrid,
+    windows: tuple[Window, ...],
+    axis: Axis,
+    lat_mode: LatMode = "zeros",
+    lon_mode: LonMode = "periodic",
+    op: str = "gather_windows",
+) -> torch.Tensor:
+    """Rank ``k`` receives the global window ``windows[k]`` of the field whose tiles are ``x``.
+
+    Windows may reach beyond the grid; cells there follow the boundary modes as in
+    ``pad_reference``. Every rank passes the same ``windows`` (one per domain rank).
+    """
+    _check_tile(x, grid, axis)
+    if len(windows) != grid.n_tiles:
+        raise ValueError(f"{len(windows)} windows given for {grid.n_tiles} tiles")
+    overhang = max(max(-w[0], w[1] - grid.n_lat, 0) for w in windows)
+    _check_modes(grid, lat_mode, lon_mode, overhang)
+    return _WindowExchange.apply(x, grid, tuple(windows), lat_mode, lon_mode, axis, op)
 
 
 def halo_exchange(x: torch.Tensor, grid: TileGrid, halo: Halo, axis: Axis) -> torch.Tensor:
@@ -256,12 +315,10 @@ def halo_exchange(x: torch.Tensor, grid: TileGrid, halo: Halo, axis: Axis) -> to
     ``pad_reference`` applied to the global field.
     """
     halo.check(grid)
-    if axis.size != grid.n_tiles:
-        raise ValueError(f"grid has {grid.n_tiles} tiles but the axis has {axis.size} ranks")
-    expected = grid.tile_of(axis.index).shape
-    if tuple(x.shape[-2:]) != expected:
-        raise ValueError(f"tile has shape {tuple(x.shape[-2:])}, the grid expects {expected}")
-    return _HaloExchange.apply(x, grid, halo, axis)
+    _check_tile(x, grid, axis)
+    return _WindowExchange.apply(
+        x, grid, halo.windows(grid), halo.lat_mode, halo.lon_mode, axis, "halo_exchange"
+    )
 
 
 def pad_reference(x: torch.Tensor, halo: Halo) -> torch.Tensor:
@@ -273,8 +330,12 @@ def pad_reference(x: torch.Tensor, halo: Halo) -> torch.Tensor:
         x = F.pad(x, (0, 0, top, bottom))
     elif halo.lat_mode == "replicate":
         x = torch.cat(
-            [x[..., :1, :].expand(*x.shape[:-2], top, n_lon), x,
-             x[..., -1:, :].expand(*x.shape[:-2], bottom, n_lon)], dim=-2
+            [
+                x[..., :1, :].expand(*x.shape[:-2], top, n_lon),
+                x,
+                x[..., -1:, :].expand(*x.shape[:-2], bottom, n_lon),
+            ],
+            dim=-2,
         )
     else:
         above = x[..., :top, :].flip(-2).roll(n_lon // 2, dims=-1)
@@ -284,3 +345,13 @@ def pad_reference(x: torch.Tensor, halo: Halo) -> torch.Tensor:
     if halo.lon_mode == "zeros":
         return F.pad(x, (left, right))
     return x[..., torch.arange(-left, n_lon + right) % n_lon]
+
+
+def window_reference(x: torch.Tensor, window: Window, lat_mode: LatMode, lon_mode: LonMode) -> torch.Tensor:
+    """Serial counterpart of ``gather_windows`` for one window of a global field."""
+    n_lat, n_lon = x.shape[-2:]
+    lat_lo, lat_hi, lon_lo, lon_hi = window
+    top, bottom = max(0, -lat_lo), max(0, lat_hi - n_lat)
+    left, right = max(0, -lon_lo), max(0, lon_hi - n_lon)
+    padded = pad_reference(x, Halo((top, bottom), (left, right), lat_mode, lon_mode))
+    return padded[..., lat_lo + top : lat_hi + top, lon_lo + left : lon_hi + left]

@@ -43,8 +43,13 @@ _RING, _ACC = 1, 2  # message tags: circulating operands, accumulating partial s
 def _send_recv(axis: Axis, to: int, tensor: torch.Tensor, frm: int, shape, *, op: str, tag: int):
     """Send to the rank ``to`` steps ahead, receive from ``frm`` steps ahead; no wait."""
     return exchange(
-        axis, [(axis.peer(to), tensor)], [(axis.peer(frm), tuple(shape))],
-        op=op, dtype=tensor.dtype, device=tensor.device, tag=tag,
+        axis,
+        [(axis.peer(to), tensor)],
+        [(axis.peer(frm), tuple(shape))],
+        op=op,
+        dtype=tensor.dtype,
+        device=tensor.device,
+        tag=tag,
     )
 
 
@@ -230,12 +235,14 @@ class _TokenWeights(torch.autograd.Function):
         for s in range(1, P):
             k_to, k_from = (q + s) % P, (q - s) % P
             blk = a[:, off[k_to] : off[k_to + 1]].contiguous()
-            got = _send_recv(axis, s, blk, -s, (out_counts[k_from], in_counts[q]),
-                             op="matmul.tokens.weights", tag=_RING)
+            got = _send_recv(
+                axis, s, blk, -s, (out_counts[k_from], in_counts[q]), op="matmul.tokens.weights", tag=_RING
+            )
             col_blocks[k_from] = got.wait()[0]
             z = col_blocks[k_from] @ x
-            partials.append(_send_recv(axis, -s, z, s, (a.shape[0], x.shape[1]),
-                                       op="matmul.tokens.weights", tag=_ACC))
+            partials.append(
+                _send_recv(axis, -s, z, s, (a.shape[0], x.shape[1]), op="matmul.tokens.weights", tag=_ACC)
+            )
         for pending in partials:
             y = y + pending.wait()[0]
         ctx.save_for_backward(x, b, *col_blocks)
@@ -259,8 +266,9 @@ class _TokenWeights(torch.autograd.Function):
             got = _send_recv(axis, s, dy, -s, (out_counts[k_from], dy.shape[1]), op=op, tag=_RING)
             dyk = got.wait()[0]
             dx = dx + col_blocks[k_from].T @ dyk
-            returns.append(_send_recv(axis, -s, dyk @ x.T, s, (a_shape[0], in_counts[(q + s) % P]),
-                                      op=op, tag=_ACC))
+            returns.append(
+                _send_recv(axis, -s, dyk @ x.T, s, (a_shape[0], in_counts[(q + s) % P]), op=op, tag=_ACC)
+            )
         for s, pending in enumerate(returns, start=1):
             k = (q + s) % P
             da[:, off[k] : off[k + 1]] = pending.wait()[0]
@@ -335,7 +343,10 @@ def matmul_channels(
     if axis.size == 1:
         return x @ w + b if b is not None else x @ w
     if strategy == "auto":
-        costs = {s: channel_bytes(s, counts, w.shape[0], out_sizes, b is not None) for s in ("weights", "activations")}
+        costs = {
+            s: channel_bytes(s, counts, w.shape[0], out_sizes, b is not None)
+            for s in ("weights", "activations")
+        }
         strategy = choose(costs, _training(x, w, b))  # type: ignore[assignment]
     if strategy == "weights":
         return _ChannelWeights.apply(x, w, b, axis, tuple(out_sizes))

@@ -60,9 +60,7 @@ def parse_mesh(text: str) -> MeshShape:
         return MeshShape(1, sizes[0], sizes[1])
     if len(sizes) == 3:
         return MeshShape(*sizes)
-    raise ValueError(
-        f"cannot read mesh {text!r}: write LATxLON (e.g. 2x2) or DATAxLATxLON (e.g. 2x2x2)"
-    )
+    raise ValueError(f"cannot read mesh {text!r}: write LATxLON (e.g. 2x2) or DATAxLATxLON (e.g. 2x2x2)")
 
 
 @dataclass(frozen=True)

@@ -31,8 +31,11 @@ def free_port() -> int:
 
 def _worker(rank: int, shape: MeshShape, port: int, fn: Callable, args: tuple, out_dir: str) -> None:
     os.environ.update(
-        RANK=str(rank), WORLD_SIZE=str(shape.world_size), LOCAL_RANK=str(rank),
-        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE=str(shape.world_size),
+        LOCAL_RANK=str(rank),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
     mesh = init_mesh(shape, backend="gloo", timeout_s=300)

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 import torch
 
 from ..distributed.comm import ledger
-from ..distributed.halo import Halo, halo_exchange, pad_reference
+from ..distributed.halo import Halo, gather_windows, halo_exchange, pad_reference, window_reference
 from ..distributed.matmul import channel_bytes, matmul_channels, matmul_tokens, token_bytes
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import TileGrid, split_offsets, split_sizes
@@ -72,15 +72,67 @@ def check_halo(mesh: DomainMesh) -> Iterator[Record]:
             err_b = rel_error(local.grad, grid.scatter(x.grad, me))
             lead_bytes = 2 * 3
             rec = Record(
-                "halo_exchange", _mesh_name(mesh),
+                "halo_exchange",
+                _mesh_name(mesh),
                 f"{n_lat}x{n_lon} lat{halo.lat}/{halo.lat_mode} lon{halo.lon}",
                 expected_bytes=2 * _expected_halo_bytes(grid, halo, lead_bytes, 4),
             )
             yield measure(rec, [err_f], [err_b], ledger.bytes_sent)
 
 
-def _channel_case(mesh: DomainMesh, grid: TileGrid, batch: int, cin: int, cout: int, strategy: str,
-                  bias: bool) -> Record:
+def _patch_windows(grid: TileGrid, out: TileGrid, patch: int, stride: int, pad: int):
+    """Receptive fields of each rank's output tile for a patch/stride layer (as patch embed uses)."""
+    wins = []
+    for t in out.tiles():
+        wins.append(
+            (
+                t.lat_start * stride - pad,
+                (t.lat_stop - 1) * stride - pad + patch,
+                t.lon_start * stride - pad,
+                (t.lon_stop - 1) * stride - pad + patch,
+            )
+        )
+    return tuple(wins)
+
+
+@register("gather_windows")
+def check_windows(mesh: DomainMesh) -> Iterator[Record]:
+    axis, lat, lon = mesh.domain, mesh.shape.lat, mesh.shape.lon
+    for (n_lat, n_lon), patch, stride, pad, mode in [
+        ((13, 18), 4, 4, 1, "pole"),
+        ((21, 16), 3, 2, 1, "replicate"),
+        ((9, 12), 5, 3, 2, "zeros"),
+    ]:
+        grid = TileGrid(n_lat, n_lon, lat, lon)
+        n_out = ((n_lat + 2 * pad - patch) // stride + 1, (n_lon + 2 * pad - patch) // stride + 1)
+        if n_out[0] < lat or n_out[1] < lon:
+            continue
+        out = TileGrid(*n_out, lat, lon)
+        windows = _patch_windows(grid, out, patch, stride, pad)
+        gen = torch.Generator().manual_seed(n_lat + n_lon)
+        x = torch.randn(2, n_lat, n_lon, generator=gen, requires_grad=True)
+        refs = [window_reference(x, w, mode, "periodic") for w in windows]
+        cot = [torch.randn(r.shape, generator=gen) for r in refs]
+        sum((r * c).sum() for r, c in zip(refs, cot)).backward()
+        me = axis.index
+        local = grid.scatter(x.detach(), me).requires_grad_(True)
+        ledger.reset()
+        got = gather_windows(local, grid, windows, axis, mode, "periodic")
+        got.backward(cot[me])
+        rec = Record(
+            "gather_windows", _mesh_name(mesh), f"{n_lat}x{n_lon} p{patch} s{stride} pad{pad} {mode}"
+        )
+        yield measure(
+            rec,
+            [rel_error(got, refs[me])],
+            [rel_error(local.grad, grid.scatter(x.grad, me))],
+            ledger.bytes_sent,
+        )
+
+
+def _channel_case(
+    mesh: DomainMesh, grid: TileGrid, batch: int, cin: int, cout: int, strategy: str, bias: bool
+) -> Record:
     axis = mesh.domain
     P, q = axis.size, axis.index
     counts = [batch * t.shape[0] * t.shape[1] for t in grid.tiles()]
@@ -109,7 +161,8 @@ def _channel_case(mesh: DomainMesh, grid: TileGrid, batch: int, cin: int, cout: 
         errs_b.append(rel_error(bl.grad, b.grad[cols[q] : cols[q + 1]]))
     expected = channel_bytes(strategy, counts, cin, out_sizes, bias)
     rec = Record(
-        f"matmul_channels.{strategy}", _mesh_name(mesh),
+        f"matmul_channels.{strategy}",
+        _mesh_name(mesh),
         f"grid{grid.n_lat}x{grid.n_lon} b{batch} {cin}->{cout}{' +bias' if bias else ''}",
         expected_bytes=sum(expected),
         extra={"forward_bytes": expected[0], "backward_bytes": expected[1]},
@@ -122,8 +175,9 @@ def _channel_case(mesh: DomainMesh, grid: TileGrid, batch: int, cin: int, cout: 
     return rec
 
 
-def _token_case(mesh: DomainMesh, grid: TileGrid, out_grid: TileGrid, channels: int, strategy: str,
-                bias: bool) -> Record:
+def _token_case(
+    mesh: DomainMesh, grid: TileGrid, out_grid: TileGrid, channels: int, strategy: str, bias: bool
+) -> Record:
     axis = mesh.domain
     q = axis.index
     in_counts = [t.shape[0] * t.shape[1] for t in grid.tiles()]
@@ -149,7 +203,8 @@ def _token_case(mesh: DomainMesh, grid: TileGrid, out_grid: TileGrid, channels: 
         errs_b.append(rel_error(bl.grad, b.grad[sl_out]))
     expected = token_bytes(strategy, in_counts, out_counts, channels)
     rec = Record(
-        f"matmul_tokens.{strategy}", _mesh_name(mesh),
+        f"matmul_tokens.{strategy}",
+        _mesh_name(mesh),
         f"tokens {grid.n_lat}x{grid.n_lon}->{out_grid.n_lat}x{out_grid.n_lon} c{channels}"
         f"{' +bias' if bias else ''}",
         expected_bytes=sum(expected),

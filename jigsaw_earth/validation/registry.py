@@ -87,9 +87,7 @@ def _world_reduce(values: list[float], op: dist.ReduceOp) -> list[float]:
     return t.tolist()
 
 
-def measure(
-    record: Record, errors_fwd: list[float], errors_bwd: list[float], bytes_sent: int
-) -> Record:
+def measure(record: Record, errors_fwd: list[float], errors_bwd: list[float], bytes_sent: int) -> Record:
     """Fill a record from this rank's figures, reduced over all ranks (max errors, summed bytes)."""
     fwd, bwd = _world_reduce([max(errors_fwd, default=0.0), max(errors_bwd, default=0.0)], dist.ReduceOp.MAX)
     (total,) = _world_reduce([float(bytes_sent)], dist.ReduceOp.SUM)
