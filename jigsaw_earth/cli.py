@@ -21,7 +21,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for name, module in COMMANDS.items():
+    for module in COMMANDS.values():
         importlib.import_module(module).add_parser(sub)
     return parser
 

@@ -23,6 +23,7 @@ __all__ = ["CHECK_MODULES", "Record", "checks", "measure", "register", "rel_erro
 
 CHECK_MODULES = [
     "jigsaw_earth.validation.core_checks",
+    "jigsaw_earth.validation.layer_checks",
 ]
 
 TOLERANCE = 1e-5

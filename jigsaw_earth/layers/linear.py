@@ -1,0 +1,66 @@
+"""Distributed linear layer over token tiles, on Jigsaw's distributed matmul."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..distributed.matmul import Strategy, matmul_channels
+from .base import Domain, fill_uniform_, sharded_parameter
+
+__all__ = ["Linear"]
+
+
+class Linear(nn.Module):
+    """``y = x·W + b`` on a token tile ``(B, h, w, in_features)`` → ``(B, h, w, out_features)``.
+
+    The canonical weight is ``W`` of shape ``(in_features, out_features)`` (note: the transpose
+    of ``torch.nn.Linear.weight``); each rank holds the column block ``domain.split(out_features)``
+    and the matching bias block, so no rank holds the full matrix.
+    """
+
+    jigsaw_layer = True
+
+    def __init__(
+        self,
+        domain: Domain,
+        in_features: int,
+        out_features: int,
+        bias: bool = True,
+        strategy: Strategy = "auto",
+    ):
+        super().__init__()
+        self.domain, self.in_features, self.out_features = domain, in_features, out_features
+        self.strategy: Strategy = strategy
+        start, stop = domain.split(out_features)
+        self.out_sizes = domain.split_sizes(out_features)
+        self.weight = sharded_parameter((in_features, out_features), 1, start, stop)
+        self.bias = sharded_parameter((out_features,), 0, start, stop) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self, seed: int = 0, key: str = "linear") -> None:
+        """``torch.nn.Linear``'s default: uniform in ±1/sqrt(in_features)."""
+        bound = 1.0 / math.sqrt(self.in_features)
+        fill_uniform_(self.weight, seed, f"{key}.weight", -bound, bound)
+        if self.bias is not None:
+            fill_uniform_(self.bias, seed, f"{key}.bias", -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != self.in_features:
+            raise ValueError(f"Linear expects {self.in_features} input features, got {x.shape[-1]}")
+        counts = self.domain.counts(batch=x.numel() // (x.shape[-1] * _area(self.domain)))
+        flat = x.reshape(-1, self.in_features)
+        y = matmul_channels(
+            flat, self.weight, self.bias, self.domain.axis, self.out_sizes, counts, self.strategy
+        )
+        return y.reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"{self.in_features} -> {self.out_features}, shards {self.out_sizes}, {self.strategy}"
+
+
+def _area(domain: Domain) -> int:
+    h, w = domain.tile.shape
+    return h * w
