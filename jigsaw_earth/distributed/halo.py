@@ -36,6 +36,7 @@ __all__ = [
     "gather_windows",
     "halo_exchange",
     "pad_reference",
+    "scatter_add_windows",
     "window_reference",
 ]
 
@@ -225,56 +226,76 @@ def _lead(x: torch.Tensor) -> tuple[int, ...]:
     return tuple(x.shape[:-2])
 
 
-class _WindowExchange(torch.autograd.Function):
+def _gather(x, grid, windows, lat_mode, lon_mode, axis, op):
+    """Each rank's window of the global field whose tiles are ``x``."""
+    me = axis.index
+    recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
+    lat_lo, lat_hi, lon_lo, lon_hi = windows[me]
+    lead = _lead(x)
+    out = x.new_zeros(*lead, lat_hi - lat_lo, lon_hi - lon_lo)
+    pending = exchange(
+        axis,
+        [(axis.ranks[k], _pack(x, blocks)) for k, blocks in send.items()],
+        [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in recv.items() if k != me],
+        op=op,
+        dtype=x.dtype,
+        device=x.device,
+    )
+    if me in recv:
+        _unpack(out, _pack(x, recv[me]), recv[me])
+    peers = [k for k in recv if k != me]
+    for k, flat in zip(peers, pending.wait()):
+        _unpack(out, flat, recv[k])
+    return out
+
+
+def _scatter_add(y, grid, windows, lat_mode, lon_mode, axis, op):
+    """Adjoint of ``_gather``: every window cell is added into the tile cell it came from."""
+    me = axis.index
+    recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
+    y = y.contiguous()
+    lead = _lead(y)
+
+    def gather_dst(blocks: list[_Block]) -> torch.Tensor:
+        return torch.cat([y[..., b.dst_rows, b.dst_cols].flatten(-2) for b in blocks], dim=-1)
+
+    peers = [k for k in recv if k != me]
+    pending = exchange(
+        axis,
+        [(axis.ranks[k], gather_dst(recv[k])) for k in peers],
+        [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in send.items()],
+        op=op,
+        dtype=y.dtype,
+        device=y.device,
+    )
+    out = y.new_zeros(*lead, *grid.tile_of(me).shape)
+    if me in recv:
+        _add_back(out, gather_dst(recv[me]), recv[me])
+    for (_, blocks), flat in zip(send.items(), pending.wait()):
+        _add_back(out, flat, blocks)
+    return out
+
+
+class _WindowGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, grid, windows, lat_mode, lon_mode, axis, op):  # type: ignore[override]
-        me = axis.index
-        recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
-        ctx.args = (grid, windows, lat_mode, lon_mode, axis, op, tuple(x.shape))
-        lat_lo, lat_hi, lon_lo, lon_hi = windows[me]
-        lead = _lead(x)
-        out = x.new_zeros(*lead, lat_hi - lat_lo, lon_hi - lon_lo)
-        pending = exchange(
-            axis,
-            [(axis.ranks[k], _pack(x, blocks)) for k, blocks in send.items()],
-            [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in recv.items() if k != me],
-            op=op,
-            dtype=x.dtype,
-            device=x.device,
-        )
-        if me in recv:
-            _unpack(out, _pack(x, recv[me]), recv[me])
-        peers = [k for k in recv if k != me]
-        for k, flat in zip(peers, pending.wait()):
-            _unpack(out, flat, recv[k])
-        return out
+        ctx.args = (grid, windows, lat_mode, lon_mode, axis, op + ".backward")
+        return _gather(x, grid, windows, lat_mode, lon_mode, axis, op)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        grid, windows, lat_mode, lon_mode, axis, op, x_shape = ctx.args
-        me = axis.index
-        recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
-        lead = x_shape[:-2]
-        grad = grad.contiguous()
+        return _scatter_add(grad, *ctx.args), None, None, None, None, None, None
 
-        def gather_dst(blocks: list[_Block]) -> torch.Tensor:
-            return torch.cat([grad[..., b.dst_rows, b.dst_cols].flatten(-2) for b in blocks], dim=-1)
 
-        peers = [k for k in recv if k != me]
-        pending = exchange(
-            axis,
-            [(axis.ranks[k], gather_dst(recv[k])) for k in peers],
-            [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in send.items()],
-            op=op + ".backward",
-            dtype=grad.dtype,
-            device=grad.device,
-        )
-        grad_x = grad.new_zeros(x_shape)
-        if me in recv:
-            _add_back(grad_x, gather_dst(recv[me]), recv[me])
-        for (_, blocks), flat in zip(send.items(), pending.wait()):
-            _add_back(grad_x, flat, blocks)
-        return grad_x, None, None, None, None, None, None
+class _WindowScatterAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, y, grid, windows, lat_mode, lon_mode, axis, op):  # type: ignore[override]
+        ctx.args = (grid, windows, lat_mode, lon_mode, axis, op + ".backward")
+        return _scatter_add(y, grid, windows, lat_mode, lon_mode, axis, op)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return _gather(grad.contiguous(), *ctx.args), None, None, None, None, None, None
 
 
 def _check_tile(x: torch.Tensor, grid: TileGrid, axis: Axis) -> None:
@@ -304,7 +325,31 @@ def gather_windows(
         raise ValueError(f"{len(windows)} windows given for {grid.n_tiles} tiles")
     overhang = max(max(-w[0], w[1] - grid.n_lat, 0) for w in windows)
     _check_modes(grid, lat_mode, lon_mode, overhang)
-    return _WindowExchange.apply(x, grid, tuple(windows), lat_mode, lon_mode, axis, op)
+    return _WindowGather.apply(x, grid, tuple(windows), lat_mode, lon_mode, axis, op)
+
+
+def scatter_add_windows(
+    y: torch.Tensor,
+    grid: TileGrid,
+    windows: tuple[Window, ...],
+    axis: Axis,
+    lat_mode: LatMode = "zeros",
+    lon_mode: LonMode = "periodic",
+    op: str = "scatter_add_windows",
+) -> torch.Tensor:
+    """Adjoint of ``gather_windows``: rank ``k`` holds ``y`` shaped like ``windows[k]``; every
+    cell is added into the tile cell it maps to (cells beyond a 'zeros' border are dropped).
+
+    Overlapping patch recovery and transposed convolution sum their contributions with this.
+    """
+    if len(windows) != grid.n_tiles:
+        raise ValueError(f"{len(windows)} windows given for {grid.n_tiles} tiles")
+    lat_lo, lat_hi, lon_lo, lon_hi = windows[axis.index]
+    if tuple(y.shape[-2:]) != (lat_hi - lat_lo, lon_hi - lon_lo):
+        raise ValueError(f"window data has shape {tuple(y.shape[-2:])}, its window is {windows[axis.index]}")
+    overhang = max(max(-w[0], w[1] - grid.n_lat, 0) for w in windows)
+    _check_modes(grid, lat_mode, lon_mode, overhang)
+    return _WindowScatterAdd.apply(y, grid, tuple(windows), lat_mode, lon_mode, axis, op)
 
 
 def halo_exchange(x: torch.Tensor, grid: TileGrid, halo: Halo, axis: Axis) -> torch.Tensor:
@@ -316,7 +361,7 @@ def halo_exchange(x: torch.Tensor, grid: TileGrid, halo: Halo, axis: Axis) -> to
     """
     halo.check(grid)
     _check_tile(x, grid, axis)
-    return _WindowExchange.apply(
+    return _WindowGather.apply(
         x, grid, halo.windows(grid), halo.lat_mode, halo.lon_mode, axis, "halo_exchange"
     )
 

@@ -13,7 +13,14 @@ from collections.abc import Iterator
 import torch
 
 from ..distributed.comm import ledger
-from ..distributed.halo import Halo, gather_windows, halo_exchange, pad_reference, window_reference
+from ..distributed.halo import (
+    Halo,
+    gather_windows,
+    halo_exchange,
+    pad_reference,
+    scatter_add_windows,
+    window_reference,
+)
 from ..distributed.matmul import channel_bytes, matmul_channels, matmul_tokens, token_bytes
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import TileGrid, split_offsets, split_sizes
@@ -119,13 +126,27 @@ def check_windows(mesh: DomainMesh) -> Iterator[Record]:
         ledger.reset()
         got = gather_windows(local, grid, windows, axis, mode, "periodic")
         got.backward(cot[me])
-        rec = Record(
-            "gather_windows", _mesh_name(mesh), f"{n_lat}x{n_lon} p{patch} s{stride} pad{pad} {mode}"
-        )
+        shape = f"{n_lat}x{n_lon} p{patch} s{stride} pad{pad} {mode}"
+        rec = Record("gather_windows", _mesh_name(mesh), shape)
         yield measure(
             rec,
             [rel_error(got, refs[me])],
             [rel_error(local.grad, grid.scatter(x.grad, me))],
+            ledger.bytes_sent,
+        )
+        # the adjoint: scatter-add of per-rank window data, against autograd of the reference
+        z = torch.zeros(2, n_lat, n_lon, requires_grad=True)
+        sum((window_reference(z, w, mode, "periodic") * c).sum() for w, c in zip(windows, cot)).backward()
+        y = cot[me].clone().requires_grad_(True)
+        ledger.reset()
+        got = scatter_add_windows(y, grid, windows, axis, mode, "periodic")
+        cot2 = torch.randn(2, n_lat, n_lon, generator=gen)
+        got.backward(grid.scatter(cot2, me))
+        rec = Record("scatter_add_windows", _mesh_name(mesh), shape)
+        yield measure(
+            rec,
+            [rel_error(got, grid.scatter(z.grad, me))],
+            [rel_error(y.grad, window_reference(cot2, windows[me], mode, "periodic"))],
             ledger.bytes_sent,
         )
 
