@@ -24,6 +24,9 @@ __all__ = ["CHECK_MODULES", "Record", "checks", "measure", "register", "rel_erro
 CHECK_MODULES = [
     "jigsaw_earth.validation.core_checks",
     "jigsaw_earth.validation.layer_checks",
+    "jigsaw_earth.validation.checks_attention",
+    "jigsaw_earth.validation.checks_conv",
+    "jigsaw_earth.validation.checks_dense",
 ]
 
 TOLERANCE = 1e-5

@@ -1,0 +1,203 @@
+"""Distributed 2-D convolution on field tiles, exact on any mesh and any uneven split.
+
+Each output tile is computed from exactly its receptive field: for a layer with kernel ``k``,
+stride ``s``, dilation ``d`` and padding ``p_before`` (per dimension), output rows ``[o0, o1)``
+read input rows ``[o0*s - p_before, (o1-1)*s - p_before + d*(k-1) + 1)``. ``gather_windows``
+fetches that window (boundary cells follow ``lat_mode``/``lon_mode`` as in ``pad_reference``),
+and the rank then computes a plain unpadded convolution on it as im2col (``F.unfold``) times the
+weight, through Jigsaw's ``matmul_channels``. The output grid is split with the same uneven rule
+as every grid, independently of the input grid, so odd tile sizes and strides need no care.
+
+Weights: the canonical weight is torch's ``(out_ch, in_ch, kh, kw)``. Rank ``q`` holds the
+block ``weight[out_q]`` with ``out_q = domain.split(out_ch)`` (and the bias block). Viewed as a
+matrix ``weight[out_q].reshape(out_q, in_ch*kh*kw).T`` it is the column block ``q`` of the
+``(in_ch*kh*kw, out_ch)`` matrix that multiplies ``F.unfold``'s columns (rows ordered
+``(c, i, j)``), which is exactly what ``matmul_channels`` expects.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed.comm import comm_site
+from ..distributed.halo import LatMode, LonMode, Window, gather_windows
+from ..distributed.matmul import Strategy, matmul_channels
+from ..distributed.tiles import TileGrid
+from .base import Domain, fill_uniform_, sharded_parameter
+
+__all__ = ["Conv2d", "Padding", "conv_out_size", "conv_windows", "resolve_padding"]
+
+Pair = tuple[int, int]
+Padding = str | int | tuple[int, int] | tuple[Pair, Pair]
+
+
+def _pair(v: int | Sequence[int], name: str) -> Pair:
+    if isinstance(v, int):
+        v = (v, v)
+    v = tuple(int(a) for a in v)
+    if len(v) != 2 or min(v) < 1:
+        raise ValueError(f"{name} must be a positive int or a (lat, lon) pair of them, got {v!r}")
+    return v  # type: ignore[return-value]
+
+
+def resolve_padding(padding: Padding, kernel: Pair, dilation: Pair) -> tuple[Pair, Pair]:
+    """``((top, bottom), (left, right))`` from ``"same"``, an int, ``(lat, lon)`` or explicit pairs.
+
+    ``"same"`` pads ``d*(k-1)`` per dimension, ``d*(k-1)//2`` before and the rest after, so a
+    stride-``s`` layer returns ``ceil(n / s)`` points (``n`` at stride 1).
+    """
+    if padding == "same":
+        return tuple((d * (k - 1) // 2, d * (k - 1) - d * (k - 1) // 2) for k, d in zip(kernel, dilation))  # type: ignore[return-value]
+    if isinstance(padding, int):
+        padding = (padding, padding)
+    if isinstance(padding, tuple) and len(padding) == 2:
+        out = tuple((p, p) if isinstance(p, int) else tuple(p) for p in padding)
+        if all(len(p) == 2 and min(p) >= 0 for p in out):
+            return out  # type: ignore[return-value]
+    raise ValueError(
+        f"padding {padding!r}: use 'same', an int >= 0, (lat, lon) ints or ((top, bottom), (left, right))"
+    )
+
+
+def conv_out_size(n: int, kernel: int, stride: int, dilation: int, pad: Pair) -> int:
+    """Output points of a convolution over ``n`` points padded by ``pad`` (torch's formula)."""
+    span = n + pad[0] + pad[1] - dilation * (kernel - 1)
+    if span < 1:
+        raise ValueError(
+            f"kernel {kernel} (dilation {dilation}) does not fit in {n} points padded by {pad}; "
+            f"use a smaller kernel or more padding"
+        )
+    return (span - 1) // stride + 1
+
+
+def conv_windows(
+    out_grid: TileGrid, kernel: Pair, stride: Pair, dilation: Pair, pad_before: Pair
+) -> tuple[Window, ...]:
+    """Input window (receptive field) of every output tile, in domain-axis order."""
+    wins = []
+    for t in out_grid.tiles():
+        lat = _span(t.lat_start, t.lat_stop, kernel[0], stride[0], dilation[0], pad_before[0])
+        lon = _span(t.lon_start, t.lon_stop, kernel[1], stride[1], dilation[1], pad_before[1])
+        wins.append((*lat, *lon))
+    return tuple(wins)
+
+
+def _span(o0: int, o1: int, k: int, s: int, d: int, p: int) -> Pair:
+    return o0 * s - p, (o1 - 1) * s - p + d * (k - 1) + 1
+
+
+def unfold_matmul(
+    x: torch.Tensor,
+    domain: Domain,
+    out_domain: Domain,
+    windows: tuple[Window, ...],
+    kernel: Pair,
+    stride: Pair,
+    dilation: Pair,
+    modes: tuple[LatMode, LonMode],
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    out_sizes: Sequence[int],
+    strategy: Strategy,
+) -> torch.Tensor:
+    """Gather each rank's receptive field, im2col it and multiply by the column-sharded weight.
+
+    ``weight`` is this rank's ``(in_ch*kh*kw, out_q)`` column block. Returns this rank's output
+    tile as token rows ``(B*h_out*w_out, out_ch)`` in ``(b, i, j)`` order.
+    """
+    win = gather_windows(x, domain.grid, windows, domain.axis, *modes, op="gather_windows")
+    cols = F.unfold(win, kernel, dilation=dilation, stride=stride)  # (B, C*kh*kw, L)
+    tokens = cols.transpose(1, 2).reshape(-1, cols.shape[1])
+    counts = out_domain.counts(batch=x.shape[0])
+    return matmul_channels(tokens, weight, bias, domain.axis, out_sizes, counts, strategy)
+
+
+def check_field(x: torch.Tensor, domain: Domain, channels: int, layer: str) -> None:
+    """Raise a clear error unless ``x`` is this rank's ``(B, channels, h, w)`` tile."""
+    tile = domain.tile.shape
+    if x.dim() != 4 or x.shape[1] != channels or tuple(x.shape[-2:]) != tile:
+        raise ValueError(
+            f"{layer} expects this rank's field tile (B, {channels}, {tile[0]}, {tile[1]}) of the "
+            f"{domain.grid.n_lat}x{domain.grid.n_lon} grid, got {tuple(x.shape)}"
+        )
+
+
+class Conv2d(nn.Module):
+    """``torch.nn.Conv2d`` on a field tile ``(B, in_ch, h, w)`` → ``(B, out_ch, h', w')``.
+
+    Padding follows the sphere: longitude ``lon_mode`` (``"periodic"`` or ``"zeros"``), latitude
+    ``lat_mode`` (``"zeros"``, ``"replicate"`` or ``"pole"``). The output grid is
+    ``self.out_domain`` (``conv_out_size`` per dimension). Serial definition:
+    ``F.conv2d(pad_reference(x, Halo(pad_lat, pad_lon, lat_mode, lon_mode)), weight, bias,
+    stride, dilation=dilation)``.
+    """
+
+    jigsaw_layer = True
+
+    def __init__(
+        self,
+        domain: Domain,
+        in_ch: int,
+        out_ch: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int] = 1,
+        dilation: int | Sequence[int] = 1,
+        padding: Padding = "same",
+        lat_mode: LatMode = "zeros",
+        lon_mode: LonMode = "periodic",
+        bias: bool = True,
+        strategy: Strategy = "auto",
+    ):
+        super().__init__()
+        self.domain, self.in_ch, self.out_ch = domain, in_ch, out_ch
+        self.kernel = _pair(kernel_size, "kernel_size")
+        self.stride = _pair(stride, "stride")
+        self.dilation = _pair(dilation, "dilation")
+        self.padding = resolve_padding(padding, self.kernel, self.dilation)
+        self.modes: tuple[LatMode, LonMode] = (lat_mode, lon_mode)
+        self.strategy: Strategy = strategy
+        grid = domain.grid
+        n_out = [
+            conv_out_size(n, *args)
+            for n, args in zip(
+                (grid.n_lat, grid.n_lon), zip(self.kernel, self.stride, self.dilation, self.padding)
+            )
+        ]
+        self.out_domain = domain.resized(*n_out)
+        pad_before = (self.padding[0][0], self.padding[1][0])
+        self.windows = conv_windows(self.out_domain.grid, self.kernel, self.stride, self.dilation, pad_before)
+        start, stop = domain.split(out_ch)
+        self.out_sizes = domain.split_sizes(out_ch)
+        self.weight = sharded_parameter((out_ch, in_ch, *self.kernel), 0, start, stop)
+        self.bias = sharded_parameter((out_ch,), 0, start, stop) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self, seed: int = 0, key: str = "conv") -> None:
+        """``torch.nn.Conv2d``'s default: uniform in ±1/sqrt(fan_in)."""
+        bound = 1.0 / math.sqrt(self.in_ch * self.kernel[0] * self.kernel[1])
+        fill_uniform_(self.weight, seed, f"{key}.weight", -bound, bound)
+        if self.bias is not None:
+            fill_uniform_(self.bias, seed, f"{key}.bias", -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_field(x, self.domain, self.in_ch, "Conv2d")
+        w = self.weight.reshape(self.weight.shape[0], self.in_ch * self.kernel[0] * self.kernel[1]).t()
+        with comm_site("conv2d"):
+            y = unfold_matmul(
+                x, self.domain, self.out_domain, self.windows, self.kernel, self.stride,
+                self.dilation, self.modes, w, self.bias, self.out_sizes, self.strategy,
+            )  # fmt: skip
+        h, w_ = self.out_domain.tile.shape
+        return y.reshape(x.shape[0], h, w_, self.out_ch).permute(0, 3, 1, 2)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.in_ch} -> {self.out_ch}, kernel={self.kernel}, stride={self.stride}, "
+            f"dilation={self.dilation}, padding={self.padding}, modes={self.modes}, "
+            f"shards {self.out_sizes}, {self.strategy}"
+        )
