@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 
+from ..distributed.collectives import all_gather, all_reduce, reduce_scatter
 from ..distributed.comm import ledger
 from ..distributed.halo import (
     Halo,
@@ -252,3 +253,46 @@ def check_matmul(mesh: DomainMesh) -> Iterator[Record]:
             yield _token_case(
                 mesh, TileGrid(*gi, lat, lon), TileGrid(*go, lat, lon), channels, strategy, bias
             )
+
+
+@register("collectives")
+def check_collectives(mesh: DomainMesh) -> Iterator[Record]:
+    """all_gather / reduce_scatter / all_reduce along lat, lon and domain axes, uneven sizes."""
+    for name in ("lat", "lon", "domain"):
+        axis = mesh.axis(name)
+        P, k = axis.size, axis.index
+        sizes = tuple(3 + (j % 2) for j in range(P))  # uneven: 3, 4, 3, 4, ...
+        offs = split_offsets(sizes)
+        gen = torch.Generator().manual_seed(P)
+        parts = [torch.randn(2, sizes[j], 5, generator=gen) for j in range(P)]
+        cot = torch.randn(2, sum(sizes), 5, generator=gen)
+        shape = f"axis={name} sizes={sizes}"
+        # all_gather: every rank returns the concat; grads of all ranks' cotangents sum at the owner
+        x = parts[k].clone().requires_grad_(True)
+        ledger.reset()
+        y = all_gather(x, axis, 1, sizes)
+        y.backward(cot)
+        want_grad = cot[:, offs[k] : offs[k + 1]] * P
+        rec = Record("all_gather", _mesh_name(mesh), shape, expected_bytes=None)
+        yield measure(
+            rec, [rel_error(y, torch.cat(parts, 1))], [rel_error(x.grad, want_grad)], ledger.bytes_sent
+        )
+        # reduce_scatter of per-rank full tensors (rank j contributes full_j = parts-based tensor)
+        fulls = [torch.randn(2, sum(sizes), 5, generator=gen) for _ in range(P)]
+        g = torch.randn(2, sizes[k], 5, generator=gen)
+        x = fulls[k].clone().requires_grad_(True)
+        ledger.reset()
+        y = reduce_scatter(x, axis, 1, sizes)
+        y.backward(g)
+        total = sum(fulls)[:, offs[k] : offs[k + 1]]
+        # d/dx_k of sum_j <g_j, slice_j(sum fulls)> = concat of all ranks' g_j: check own slice
+        rec = Record("reduce_scatter", _mesh_name(mesh), shape)
+        yield measure(
+            rec, [rel_error(y, total)], [rel_error(x.grad[:, offs[k] : offs[k + 1]], g)], ledger.bytes_sent
+        )
+        x = fulls[k].clone().requires_grad_(True)
+        ledger.reset()
+        y = all_reduce(x, axis)
+        y.backward(cot)
+        rec = Record("all_reduce", _mesh_name(mesh), shape)
+        yield measure(rec, [rel_error(y, sum(fulls))], [rel_error(x.grad, cot * P)], ledger.bytes_sent)
