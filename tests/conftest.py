@@ -13,7 +13,7 @@ from jigsaw_earth.validation.registry import run_checks
 CORE_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3"]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def validator_records(mesh: str, ops: tuple[str, ...]) -> tuple[dict, ...]:
     """Run the validator's checks for ``ops`` on ``mesh`` once per test session."""
     shape: MeshShape = parse_mesh(mesh)
