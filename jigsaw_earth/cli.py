@@ -11,6 +11,7 @@ __all__ = ["main"]
 
 COMMANDS = {
     "validate": "jigsaw_earth.commands.validate",
+    "bench": "jigsaw_earth.commands.bench",
 }
 
 
