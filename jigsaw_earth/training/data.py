@@ -1,0 +1,222 @@
+"""Deterministic, mesh-invariant batches for the trainer.
+
+Global batch ``s`` is a pure function of ``(seed, s)``: sample ``j = s·B + i`` of the run is
+position ``j mod N`` of epoch ``j div N``'s permutation of the ``N`` valid initialisation times.
+Replica ``d`` of the data axis takes rows ``[d·B/D, (d+1)·B/D)`` of the global batch, and each
+domain rank reads only its tile of them. So the global batch is the same on every mesh, resume
+needs nothing but the step, and validation scores the same initialisation times everywhere.
+
+Tiles are read by ``jigsaw_earth.data``'s ``TileReader`` (only this rank's chunks) and
+normalised with the store's statistics; a ``MemorySource`` holds small global arrays (tests).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..data.batch import Batch
+from ..data.geometry import latitude_weights, time_features
+from ..distributed.halo import Halo
+from ..distributed.mesh import DomainMesh
+from ..distributed.tiles import Tile, TileGrid
+
+__all__ = ["MemorySource", "Source", "TrainData"]
+
+log = logging.getLogger(__name__)
+
+
+class Source(Protocol):
+    """One rank's tile of a dataset, physical units, normalised grid (latitude descending)."""
+
+    times: np.ndarray
+    lat: np.ndarray
+    channels: list[str]
+    static_channels: list[str]
+
+    def inputs(self, t: int) -> np.ndarray: ...  # (C, h, w)
+    def targets(self, ts: np.ndarray) -> np.ndarray: ...  # (L, C, h, w)
+    def static(self) -> np.ndarray: ...  # (S, h, w), already normalised
+    def climatology(self, times: np.ndarray) -> np.ndarray | None: ...  # (N, C, h, w) or None
+
+
+@dataclass
+class MemorySource:
+    """A source over in-memory global arrays: ``fields (T, C, H, W)``, ``static (S, H, W)``."""
+
+    fields: np.ndarray
+    static_fields: np.ndarray
+    times: np.ndarray
+    lat: np.ndarray
+    channels: list[str]
+    static_channels: list[str]
+    tile: Tile
+    clim: np.ndarray | None = None  # (T, C, H, W) climatology at each store time
+
+    def _cut(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(
+            a[..., self.tile.lat_start : self.tile.lat_stop, self.tile.lon_start : self.tile.lon_stop]
+        )
+
+    def inputs(self, t: int) -> np.ndarray:
+        return self._cut(self.fields[t])
+
+    def targets(self, ts: np.ndarray) -> np.ndarray:
+        return self._cut(self.fields[np.asarray(ts)])
+
+    def static(self) -> np.ndarray:
+        return self._cut(self.static_fields)
+
+    def climatology(self, times: np.ndarray) -> np.ndarray | None:
+        if self.clim is None:
+            return None
+        idx = np.searchsorted(self.times, np.asarray(times))
+        return self._cut(self.clim[idx])
+
+
+def _period_mask(times: np.ndarray, period: list[str]) -> np.ndarray:
+    if not period:
+        return np.ones(len(times), dtype=bool)
+    lo, hi = (np.datetime64(p) for p in period)
+    return (times >= lo) & (times <= hi)
+
+
+class TrainData:
+    """Batches of one rank's tile for a run: training by step, validation by a fixed list."""
+
+    def __init__(
+        self,
+        source: Source,
+        mesh: DomainMesh,
+        grid: TileGrid,
+        *,
+        mean: np.ndarray,
+        std: np.ndarray,
+        global_batch: int,
+        seed: int,
+        step_hours: int,
+        train_period: list[str],
+        val_period: list[str],
+        rollout_steps: int,
+    ):
+        self.source, self.mesh, self.grid = source, mesh, grid
+        self.tile = grid.tile_of(mesh.domain.index)
+        self.mean = np.asarray(mean, np.float32).reshape(-1, 1, 1)
+        self.std = np.asarray(std, np.float32).reshape(-1, 1, 1)
+        self.global_batch, self.seed, self.rollout_steps = global_batch, seed, rollout_steps
+        times = np.asarray(source.times).astype("datetime64[ns]")
+        spacing = np.diff(times).astype("timedelta64[h]").astype(int)
+        if len(spacing) == 0 or not np.all(spacing == spacing[0]) or step_hours % spacing[0]:
+            raise ValueError(
+                f"data.step_hours={step_hours} must be a multiple of the store's regular time spacing "
+                f"({sorted(set(spacing.tolist()))[:5]} h)"
+            )
+        self.stride = step_hours // int(spacing[0])
+        self.step_hours = step_hours
+        self.times = times
+        self.train_mask = _period_mask(times, train_period)
+        self.val_mask = _period_mask(times, val_period)
+        self.train_index = self._inits(self.train_mask, rollout_steps)
+        if len(self.train_index) < global_batch:
+            raise ValueError(
+                f"data.train_period {train_period} holds {len(self.train_index)} initialisation times with "
+                f"{rollout_steps} step(s) of targets, fewer than training.batch_size={global_batch}; "
+                f"widen the period or lower the batch"
+            )
+        self.lat_weights = torch.from_numpy(
+            latitude_weights(source.lat)[self.tile.lat_start : self.tile.lat_stop].astype(np.float32)
+        )
+        self._static = torch.from_numpy(np.asarray(source.static(), np.float32))
+        self._perm: tuple[int, np.ndarray] | None = None
+        replicas = mesh.axis("data").size
+        self.local_batch = global_batch // replicas
+        self.replica = mesh.axis("data").index
+
+    @property
+    def channels(self) -> list[str]:
+        return list(self.source.channels)
+
+    @property
+    def n_static(self) -> int:
+        return int(self._static.shape[0])
+
+    def _inits(self, mask: np.ndarray, lead_steps: int) -> np.ndarray:
+        """Time indices in ``mask`` whose ``lead_steps`` targets also lie in ``mask``."""
+        idx = np.nonzero(mask)[0]
+        last = idx + lead_steps * self.stride
+        ok = last < len(self.times)
+        ok[ok] &= mask[last[ok]]
+        return idx[ok]
+
+    def _epoch_perm(self, epoch: int) -> np.ndarray:
+        if self._perm is None or self._perm[0] != epoch:
+            rng = np.random.default_rng([self.seed, epoch])
+            self._perm = (epoch, rng.permutation(len(self.train_index)))
+        return self._perm[1]
+
+    def global_indices(self, step: int) -> np.ndarray:
+        """The store time indices of global batch ``step`` (same on every rank and mesh)."""
+        n = len(self.train_index)
+        out = []
+        for j in range(step * self.global_batch, (step + 1) * self.global_batch):
+            out.append(self.train_index[self._epoch_perm(j // n)[j % n]])
+        return np.asarray(out)
+
+    def _batch(self, inits: np.ndarray, lead_steps: int) -> Batch:
+        offsets = np.arange(1, lead_steps + 1) * self.stride
+        x = np.stack([(self.source.inputs(int(t)) - self.mean) / self.std for t in inits])
+        y = np.stack([(self.source.targets(t + offsets) - self.mean) / self.std for t in inits])
+        times = self.times[inits]
+        return Batch(
+            inputs=torch.from_numpy(x.astype(np.float32)),
+            targets=torch.from_numpy(y.astype(np.float32)),
+            static=self._static,
+            time_features=torch.from_numpy(time_features(times)),
+            channels=self.channels,
+            static_channels=list(self.source.static_channels),
+            times=times,
+            target_times=self.times[inits[:, None] + offsets[None, :]],
+            tile=self.tile,
+            halo=Halo(),
+        )
+
+    def train_batch(self, step: int) -> Batch:
+        """This replica's rows of global batch ``step``, this rank's tile."""
+        idx = self.global_indices(step)
+        mine = idx[self.replica * self.local_batch : (self.replica + 1) * self.local_batch]
+        return self._batch(mine, self.rollout_steps)
+
+    def val_inits(self, lead_steps: int, max_samples: int) -> np.ndarray:
+        """Validation initialisation indices, evenly spaced over the period (every rank agrees)."""
+        idx = self._inits(self.val_mask, lead_steps)
+        if len(idx) == 0:
+            raise ValueError(
+                f"the validation period holds no initialisation time with "
+                f"{lead_steps * self.step_hours} h of targets; widen data.val_period"
+            )
+        if max_samples and len(idx) > max_samples:
+            idx = idx[np.linspace(0, len(idx) - 1, max_samples).round().astype(int)]
+        return idx
+
+    def val_batches(self, lead_steps: int, max_samples: int, batch_size: int) -> Iterator[Batch]:
+        """This replica's share (round-robin) of the validation inits, in batches."""
+        idx = self.val_inits(lead_steps, max_samples)
+        mine = idx[self.replica :: self.mesh.axis("data").size]
+        for k in range(0, len(mine), batch_size):
+            yield self._batch(mine[k : k + batch_size], lead_steps)
+
+    def denormalise(self, x: torch.Tensor) -> torch.Tensor:
+        """Normalised ``(..., C, h, w)`` → physical units."""
+        return x * torch.from_numpy(self.std) + torch.from_numpy(self.mean)
+
+    def step_time_features(self, batch: Batch, k: int) -> torch.Tensor:
+        """Time features of rollout step ``k`` (0 = the input time)."""
+        if k == 0:
+            return batch.time_features
+        times = np.asarray(batch.times).astype("datetime64[h]") + np.timedelta64(k * self.step_hours, "h")
+        return torch.from_numpy(time_features(times))

@@ -1,0 +1,252 @@
+"""The trainer: one config, any mesh, the same numbers on every mesh, nothing lost when a job dies.
+
+Per step ``s`` (1-based; global batch ``s − 1``):
+
+1. this rank reads its tile of its replica's rows of global batch ``s − 1`` (``TrainData``);
+2. forward ``rollout_steps`` autoregressive steps (bf16 autocast and activation checkpointing
+   optional); the loss is the latitude-weighted MSE over the global grid and global batch
+   (``loss.py``): the local term is backpropagated, the all-reduced value is logged;
+3. gradients are summed over the data axis, the global norm over all shards is measured and
+   clipped (``optim.py``); a non-finite loss or norm stops with the step named, or skips it;
+4. AdamW steps with the learning rate of the warmup + cosine schedule at ``s − 1``.
+
+Checkpoints (``jigsaw_earth.checkpoint``: sharded, atomic, any mesh) hold the model, the
+optimizer, the step and the RNG; data order and learning rate are functions of the step, so a
+resumed run continues with exactly the losses the uninterrupted run would have had.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import time
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import torch
+import yaml
+from torch import nn
+from torch.utils.checkpoint import checkpoint as recompute
+
+from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from ..config.parse import to_dict
+from ..config.schema import TrainConfig
+from ..distributed.mesh import DomainMesh
+from ..layers.base import Domain, init_model
+from .data import TrainData
+from .evaluate import format_table, validate
+from .loss import channel_weights, global_value, weighted_sq_error
+from .monitor import Monitor, memory_mb
+from .optim import build_optimizer, clip_grad_norm, lr_at, replication_weights, sync_gradients
+
+__all__ = ["NonFiniteLossError", "Trainer", "config_hash"]
+
+log = logging.getLogger(__name__)
+
+
+class NonFiniteLossError(RuntimeError):
+    """The loss or gradient norm became NaN/inf (``training.nan_policy: stop``)."""
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    """Hash of what must not change across a resume (model, data, batch)."""
+    key = {k: to_dict(getattr(cfg, k)) for k in ("model", "data", "loss")}
+    key["batch_size"] = cfg.training.batch_size
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+class Trainer:
+    """Owns the model, optimizer, data and run directory of one training run on one rank."""
+
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        mesh: DomainMesh,
+        data: TrainData | None = None,
+        model: nn.Module | None = None,
+    ):
+        self.cfg, self.mesh = cfg, mesh
+        self.run_dir = Path(cfg.run.dir)
+        if mesh.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        if data is None:
+            from .sources import build_data
+
+            data = build_data(cfg, mesh)
+        self.data = data
+        domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
+        if model is None:
+            from ..models import build_model
+
+            model = build_model(
+                cfg.model.name,
+                domain,
+                len(data.channels),
+                data.n_static,
+                4,
+                cfg.model.preset,
+                **cfg.model.overrides,
+            )
+        self.model = init_model(model.to(mesh.device), cfg.run.seed)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.rep_weights = replication_weights(self.params, mesh)
+        self.optimizer = build_optimizer(self.model, cfg.optim)
+        self.ch_weights = channel_weights(data.channels, cfg.loss.variable_weights, cfg.loss.level_weights)
+        g = data.grid
+        self.count = (
+            cfg.training.batch_size * cfg.training.rollout_steps * len(data.channels) * g.n_lat * g.n_lon
+        )
+        self.step, self.skipped = 0, 0
+        self.history: list[dict[str, float]] = []
+        self.validation: dict[str, float] = {}
+        self._resume()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _resume(self) -> None:
+        mode = self.cfg.checkpoint.resume
+        if mode == "never":
+            return
+        path = latest_checkpoint(self.run_dir) if mode == "auto" else Path(mode)
+        if path is None:
+            return
+        info = load_checkpoint(path, self.model, self.optimizer, self.mesh)
+        saved = info["state"]
+        if saved.get("config_hash") not in (None, config_hash(self.cfg)):
+            raise ValueError(
+                f"checkpoint {path} was written with another model/data/loss/batch configuration; use a new "
+                f"run.dir, or checkpoint.resume=never to start over in this one"
+            )
+        self.step, self.skipped = int(info["step"]), int(saved.get("skipped", 0))
+        if info["rank_state"] is not None:
+            restore_rng(info["rank_state"])
+        log.info("resumed from %s at step %d (saved on mesh %s)", path, self.step, info["mesh"])
+
+    def save(self) -> Path:
+        state = {"config_hash": config_hash(self.cfg), "skipped": self.skipped, "run": self.cfg.run.name}
+        return save_checkpoint(
+            self.run_dir,
+            self.step,
+            self.model,
+            self.optimizer,
+            self.mesh,
+            state,
+            rank_state=capture_rng(),
+            keep_last=self.cfg.checkpoint.keep,
+        )
+
+    # ------------------------------------------------------------------ compute
+    def _autocast(self) -> Any:
+        if self.cfg.training.precision == "bf16":
+            return torch.autocast(self.mesh.device.type, dtype=torch.bfloat16)
+        return nullcontext()
+
+    def forward(self, state: torch.Tensor, static: torch.Tensor, time_features: torch.Tensor) -> torch.Tensor:
+        """One model step (autocast as configured); output in float32."""
+        with self._autocast():
+            return self.model(state, static, time_features).float()
+
+    def _loss_local(self, step: int) -> torch.Tensor:
+        dev = self.mesh.device
+        batch = self.data.train_batch(step - 1).to(dev)
+        state, static = batch.inputs, batch.static
+        lat_w, ch_w = self.data.lat_weights.to(dev), self.ch_weights.to(dev)
+        total = torch.zeros((), device=dev)
+        for k in range(batch.lead_steps):
+            tf = self.data.step_time_features(batch, k).to(dev)
+            if self.cfg.training.activation_checkpointing:
+                state = recompute(self.forward, state, static, tf, use_reentrant=False)
+            else:
+                state = self.forward(state, static, tf)
+            total = total + weighted_sq_error(state, batch.targets[:, k], lat_w, ch_w)
+        return total / self.count
+
+    def train_step(self, step: int) -> dict[str, float]:
+        """Run optimizer step ``step`` (1-based) and return its metrics (same on every rank)."""
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad(set_to_none=True)
+        local = self._loss_local(step)
+        local.backward()
+        loss = float(global_value(local, self.mesh))
+        sync_gradients(self.params, self.mesh)
+        norm = clip_grad_norm(self.params, self.rep_weights, self.cfg.optim.grad_clip, self.mesh)
+        lr = lr_at(step - 1, self.cfg.optim, self.cfg.training.steps)
+        finite = math.isfinite(loss) and math.isfinite(norm)
+        if not finite:
+            what = f"loss {loss} / grad norm {norm} at step {step}"
+            if self.cfg.training.nan_policy == "stop":
+                raise NonFiniteLossError(
+                    f"non-finite {what}; lower optim.lr, check the data of this step, or set "
+                    f"training.nan_policy=skip to skip such steps"
+                )
+            self.skipped += 1
+            log.warning("skipping step %d: non-finite %s (%d skipped)", step, what, self.skipped)
+            if self.skipped > self.cfg.training.max_skipped_steps:
+                raise NonFiniteLossError(
+                    f"{self.skipped} steps skipped for non-finite loss (last: step {step}), more than "
+                    f"training.max_skipped_steps={self.cfg.training.max_skipped_steps}; the run diverged"
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            for group in self.optimizer.param_groups:
+                group["lr"] = lr
+            self.optimizer.step()
+        dt = time.perf_counter() - t0
+        return {
+            "loss": loss,
+            "grad_norm": norm,
+            "lr": lr,
+            "step_time_s": dt,
+            "samples_per_s": self.cfg.training.batch_size / dt,
+            "memory_mb": memory_mb(),
+            "skipped": float(not finite),
+        }
+
+    def run_validation(self) -> dict[str, float]:
+        result = validate(self.model, self.data, self.cfg, self.forward)
+        self.validation = result
+        return result
+
+    # ------------------------------------------------------------------ the loop
+    def fit(self) -> dict[str, Any]:
+        """Train from ``self.step`` to ``training.steps``; returns a summary (rank 0's figures)."""
+        cfg = self.cfg
+        monitor = Monitor(cfg, self.run_dir, self.mesh.rank, self.step)
+        start_step, t_start = self.step, time.perf_counter()
+        try:
+            while self.step < cfg.training.steps:
+                metrics = self.train_step(self.step + 1)
+                self.step += 1
+                self.history.append({"step": self.step, **metrics})
+                monitor.step(self.step, metrics)
+                last = self.step == cfg.training.steps
+                if cfg.validation.every and self.step % cfg.validation.every == 0 and not last:
+                    monitor.record("val", self.step, self.run_validation())
+                if (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0) or last:
+                    self.save()
+            wall = time.perf_counter() - t_start
+            result = self.run_validation()
+            monitor.record("val", self.step, result)
+            table = format_table(result, cfg.validation.variables, cfg.validation.lead_hours)
+            done = self.step - start_step
+            summary = {
+                "steps": self.step,
+                "steps_this_run": done,
+                "train_wall_s": wall,
+                "samples_per_s": done * cfg.training.batch_size / wall if done else float("nan"),
+                "final_loss": self.history[-1]["loss"] if self.history else float("nan"),
+                "skipped_steps": self.skipped,
+                "validation": result,
+                "mesh": str(self.mesh.shape),
+            }
+            if self.mesh.rank == 0:
+                (self.run_dir / "validation.txt").write_text(table + "\n")
+                (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+                log.info("validation at step %d (%d inits):\n%s", self.step, int(result["n_inits"]), table)
+            summary["table"] = table
+            return summary
+        finally:
+            monitor.close()

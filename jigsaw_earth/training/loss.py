@@ -1,0 +1,68 @@
+"""Latitude-weighted MSE over the GLOBAL domain and global batch, identical on every mesh.
+
+Each rank holds one tile of its replica's part of the global batch. The loss is
+
+    L = Σ_{b,k,c,i,j} w_lat[i] · w_c[c] · (pred − target)² / (B_global · K · C · H · W)
+
+with ``w_lat`` the WB2 latitude weights (mean 1 over the global grid) and ``w_c`` the per-channel
+weights (per-variable × per-level). Each rank computes the sum over its own tile and samples and
+divides by the *global* count, so
+
+* the **gradient** flows from this local term only: the loss is the sum of the local terms over
+  every rank, so the local term's gradient is exactly this rank's share (a cotangent per tile,
+  like the layer harness uses). Backpropagating an all-reduced value would multiply the
+  gradient by the domain size, because the all-reduce's adjoint is itself an all-reduce;
+* the **value** is the detached local term summed over the domain and data axes (``global_value``).
+
+Parameter gradients are then summed (not averaged) over the data axis (``optim.sync_gradients``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..distributed.mesh import DomainMesh
+
+__all__ = ["channel_weights", "global_value", "weighted_sq_error"]
+
+
+def channel_weights(
+    channels: Sequence[str], variable_weights: dict[str, float], level_weights: dict[int, float]
+) -> torch.Tensor:
+    """``(C,)`` weight per channel: ``variable_weights[name or variable] × level_weights[level]``.
+
+    Channel names are ``variable@level`` (upper air) or the surface variable's name.
+    """
+    out = []
+    for name in channels:
+        var, _, lev = name.partition("@")
+        w = variable_weights.get(name, variable_weights.get(var, 1.0))
+        if lev:
+            w *= level_weights.get(int(lev), 1.0)
+        out.append(float(w))
+    return torch.tensor(out, dtype=torch.float32)
+
+
+def weighted_sq_error(
+    pred: torch.Tensor, target: torch.Tensor, lat_weights: torch.Tensor, ch_weights: torch.Tensor
+) -> torch.Tensor:
+    """Σ w_lat · w_c · (pred − target)² over this rank's ``(B, C, h, w)`` tile (float32 scalar).
+
+    ``lat_weights`` is the tile's rows ``(h,)`` of the global weights; ``ch_weights`` is ``(C,)``.
+    """
+    if pred.shape != target.shape:
+        raise ValueError(f"prediction {tuple(pred.shape)} and target {tuple(target.shape)} differ in shape")
+    err = (pred.float() - target.float()).square()
+    w = ch_weights.view(1, -1, 1, 1) * lat_weights.view(1, 1, -1, 1)
+    return (err * w).sum()
+
+
+def global_value(local: torch.Tensor, mesh: DomainMesh) -> torch.Tensor:
+    """Sum of a detached per-rank scalar over every rank (domain and data axes)."""
+    value = local.detach().double().clone()
+    if mesh.is_distributed and dist.is_initialized():
+        dist.all_reduce(value)
+    return value

@@ -1,0 +1,142 @@
+"""Rank-0 reporting: one fixed-format line per step, a tqdm bar, JSON lines and wandb.
+
+* ``metrics.jsonl`` in the run directory gets one JSON object per logged step and per
+  validation (appended, so a resumed run continues the same file).
+* wandb runs in ``offline`` mode unless the config says ``online``: it writes under
+  ``run.dir/wandb`` and never touches the network (``wandb sync`` uploads later). Any wandb
+  failure is logged and training goes on without it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from ..config.parse import to_dict
+from ..config.schema import TrainConfig
+
+__all__ = ["Monitor", "memory_mb"]
+
+log = logging.getLogger(__name__)
+
+
+def memory_mb() -> float:
+    """Peak resident memory of this process in MiB (CUDA: peak allocated)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated() / 2**20
+    try:
+        import resource
+
+        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        return rss / 1024 if sys.platform != "darwin" else rss / 2**20
+    except ImportError:  # pragma: no cover - windows
+        return float("nan")
+
+
+class Monitor:
+    """Reporting for rank 0; every method is a no-op on other ranks."""
+
+    def __init__(self, cfg: TrainConfig, run_dir: Path, rank: int, start_step: int):
+        self.cfg, self.run_dir, self.enabled = cfg, run_dir, rank == 0
+        self.bar: tqdm | None = None
+        self.wandb: Any = None
+        self._last = time.perf_counter()
+        if not self.enabled:
+            return
+        self.jsonl = (run_dir / "metrics.jsonl").open("a")
+        if cfg.logging.progress and sys.stderr.isatty():
+            self.bar = tqdm(total=cfg.training.steps, initial=start_step, desc="train", dynamic_ncols=True)
+        self._start_wandb()
+
+    def _start_wandb(self) -> None:
+        w = self.cfg.logging.wandb
+        if w.mode == "disabled":
+            return
+        os.environ.setdefault("WANDB_SILENT", "true")
+        try:
+            import wandb
+
+            self.wandb = wandb.init(
+                project=w.project,
+                entity=w.entity,
+                name=self.cfg.run.name,
+                dir=str(self.run_dir),
+                mode=w.mode,
+                config=to_dict(self.cfg),
+                resume="allow",
+                id=_run_id(self.run_dir),
+                settings=wandb.Settings(console="off", x_disable_stats=True)
+                if hasattr(wandb, "Settings")
+                else None,
+            )
+        except Exception as err:  # wandb must never stop training
+            log.warning("wandb (%s) could not start, continuing without it: %s", w.mode, err)
+            self.wandb = None
+
+    def record(self, kind: str, step: int, values: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        row = {"kind": kind, "step": step, "time": time.time(), **values}
+        self.jsonl.write(json.dumps(row) + "\n")
+        self.jsonl.flush()
+        if self.wandb is not None:
+            try:
+                self.wandb.log({f"{kind}/{k}": v for k, v in values.items() if _scalar(v)}, step=step)
+            except Exception as err:
+                log.warning("wandb.log failed, continuing: %s", err)
+
+    def step(self, step: int, values: dict[str, float]) -> None:
+        """One training step: progress bar always, line + JSON every ``logging.every`` steps."""
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(loss=f"{values['loss']:.4g}", refresh=False)
+        if step % self.cfg.logging.every == 0 or step == self.cfg.training.steps:
+            line = (
+                f"step {step:>6}/{self.cfg.training.steps} loss {values['loss']:.6f} "
+                f"grad_norm {values['grad_norm']:.4f} lr {values['lr']:.3e} "
+                f"samples/s {values['samples_per_s']:.2f} mem {values['memory_mb']:.0f} MiB"
+            )
+            if self.bar is not None:
+                self.bar.write(line)
+            else:
+                log.info(line)
+            self.record("train", step, values)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        if self.bar is not None:
+            self.bar.close()
+        self.jsonl.close()
+        if self.wandb is not None:
+            try:
+                self.wandb.finish()
+            except Exception as err:
+                log.warning("wandb.finish failed: %s", err)
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _run_id(run_dir: Path) -> str:
+    """A stable wandb id per run directory, so a resumed run continues the same wandb run."""
+    path = run_dir / "wandb_id"
+    if path.exists():
+        return path.read_text().strip()
+    import uuid
+
+    rid = uuid.uuid4().hex[:12]
+    path.write_text(rid)
+    return rid

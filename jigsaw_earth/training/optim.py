@@ -1,0 +1,122 @@
+"""AdamW with state sharded like the parameters, warmup + cosine schedule, exact global clipping.
+
+* **Sharded state**: every rank's optimizer holds only its parameter shards, so AdamW's moments
+  are sharded exactly like the weights (no rank holds a full moment tensor).
+* **Data parallelism**: gradients are summed over the data axis in flat buckets (the loss is
+  already divided by the global batch), which equals the gradient of the global batch. This is
+  what DDP does, written out so the order of reduction is fixed and the sharded parameters need
+  no wrapper.
+* **Global norm**: the squared norm of each shard is summed over the domain axis, every
+  element counted once: a parameter block held by several domain ranks (replicated, e.g. a
+  ``dim=None`` parameter) is weighted by 1 / (number of holders), found once at set-up by
+  comparing the ShardSpec offsets of every rank. After the data-axis sum the gradients are equal
+  on every replica, so the norm is the same on every rank and on every mesh.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from ..config.schema import OptimConfig
+from ..distributed.mesh import DomainMesh
+
+__all__ = ["build_optimizer", "clip_grad_norm", "lr_at", "replication_weights", "sync_gradients"]
+
+
+def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
+    """AdamW over this rank's shards; weight decay on matrices only (not biases or norm scales)."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            global_shape = getattr(getattr(p, "_jigsaw_spec", None), "global_shape", p.shape)
+            (decay if len(global_shape) >= 2 else no_decay).append(p)
+    groups = [
+        {"params": decay, "weight_decay": cfg.weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=False
+    )
+
+
+def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
+    """Learning rate for optimizer step ``step`` (0-based): linear warmup, then cosine to min_lr."""
+    if cfg.warmup_steps and step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    span = max(1, total_steps - cfg.warmup_steps)
+    progress = min(1.0, (step - cfg.warmup_steps) / span)
+    return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
+
+
+def sync_gradients(params: list[nn.Parameter], mesh: DomainMesh, bucket_elems: int = 1 << 22) -> None:
+    """Sum gradients over the data axis (flat buckets, fixed order); missing grads count as 0."""
+    axis = mesh.axis("data")
+    if axis.size == 1:
+        return
+    for p in params:
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+    bucket: list[nn.Parameter] = []
+    size = 0
+    for p in [*params, None]:
+        if p is not None:
+            bucket.append(p)
+            size += p.numel()
+        if bucket and (p is None or size >= bucket_elems):
+            flat = torch.cat([q.grad.reshape(-1) for q in bucket])
+            dist.all_reduce(flat, group=axis.group)
+            offset = 0
+            for q in bucket:
+                q.grad.copy_(flat[offset : offset + q.numel()].view_as(q.grad))
+                offset += q.numel()
+            bucket, size = [], 0
+
+
+def replication_weights(params: list[nn.Parameter], mesh: DomainMesh) -> list[float]:
+    """1 / (number of domain ranks holding the same block) for each parameter (collective)."""
+    keys = []
+    for p in params:
+        spec = getattr(p, "_jigsaw_spec", None)
+        offsets = tuple(spec.offsets) if spec is not None else (0,) * p.dim()
+        keys.append((offsets, tuple(p.shape)))
+    axis = mesh.domain
+    if axis.size == 1:
+        return [1.0] * len(params)
+    everyone: list = [None] * axis.size
+    dist.all_gather_object(everyone, keys, group=axis.group)
+    if any(len(k) != len(keys) for k in everyone):
+        raise ValueError(
+            "domain ranks hold different numbers of parameters; the model must be built identically"
+        )
+    weights = []
+    for i, key in enumerate(keys):
+        holders = Counter(k[i] for k in everyone)[key]
+        weights.append(1.0 / holders)
+    return weights
+
+
+def clip_grad_norm(
+    params: list[nn.Parameter], weights: list[float], max_norm: float, mesh: DomainMesh
+) -> float:
+    """Global gradient norm over all shards (call after ``sync_gradients``); clip to ``max_norm``.
+
+    Returns the norm before clipping. ``max_norm <= 0`` only measures.
+    """
+    total = torch.zeros((), dtype=torch.float64)
+    for p, w in zip(params, weights, strict=True):
+        if p.grad is not None:
+            total += w * p.grad.detach().double().square().sum()
+    if mesh.domain.size > 1:
+        dist.all_reduce(total, group=mesh.domain.group)
+    norm = float(total.sqrt())
+    if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
+        scale = max_norm / (norm + 1e-6)
+        for p in params:
+            if p.grad is not None:
+                p.grad.mul_(scale)
+    return norm

@@ -1,0 +1,130 @@
+"""A ``Source`` over a Zarr store (this rank's tile only) and the trainer's data set-up.
+
+Reading goes through ``jigsaw_earth.data``: ``StoreView`` maps names and orderings, ``TileReader``
+reads only the chunks of this rank's tile, ``read_statistics``/``Normalizer`` give the channel
+mean and std. The WB2-layout climatology store (``<store>-climatology.zarr`` as written by
+``jigsaw-earth data synth``, or ``data.climatology``) gives the climatology baseline.
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from ..config.schema import TrainConfig
+from ..data.batch import VariableSpec
+from ..data.reader import TileReader
+from ..data.stats import Normalizer, read_statistics
+from ..data.store import StoreView
+from ..distributed.halo import Halo
+from ..distributed.mesh import DomainMesh
+from ..distributed.tiles import TileGrid
+from .data import TrainData
+
+__all__ = ["StoreSource", "build_data", "default_climatology_path"]
+
+log = logging.getLogger(__name__)
+
+
+def default_climatology_path(store: str) -> Path:
+    p = Path(store)
+    stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
+    return p.with_name(f"{stem}-climatology.zarr")
+
+
+class StoreSource:
+    """This rank's tile of a store, physical units; static fields normalised by their stats."""
+
+    def __init__(
+        self,
+        view: StoreView,
+        spec: VariableSpec,
+        grid: TileGrid,
+        domain_index: int,
+        normalizer: Normalizer,
+        climatology: str | Path | None,
+    ):
+        self.view, self.spec = view, spec
+        self.reader = TileReader(view, spec, grid, grid.tile_of(domain_index), Halo())
+        self.tile = self.reader.tile
+        self.times = np.asarray(view.times)
+        self.lat = np.asarray(view.lat)
+        self.channels = list(spec.channels)
+        static, self.static_channels = self.reader.read_static()
+        smean = normalizer.static_mean.reshape(-1, 1, 1)
+        sstd = normalizer.static_std.reshape(-1, 1, 1)
+        self._static = ((static - smean) / sstd).astype(np.float32)
+        self._clim = self._open_climatology(climatology)
+
+    def inputs(self, t: int) -> np.ndarray:
+        return self.reader.read_inputs(t)
+
+    def targets(self, ts: np.ndarray) -> np.ndarray:
+        return self.reader.read_targets(np.asarray(ts))
+
+    def static(self) -> np.ndarray:
+        return self._static
+
+    def _open_climatology(self, path: str | Path | None) -> xr.Dataset | None:
+        if path is None or not Path(path).exists():
+            log.warning("no climatology store at %s: validation skips the climatology baseline", path)
+            return None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            ds = xr.open_zarr(str(path), chunks=None, consolidated=False)
+        lat = np.asarray(ds["latitude"].values)
+        order = np.argsort(-lat, kind="stable")
+        if not np.allclose(lat[order], self.lat):
+            raise ValueError(f"climatology {str(path)!r} has another latitude grid than the store; regrid it")
+        t = self.tile
+        rows = order[t.lat_start : t.lat_stop]
+        lon = np.asarray(ds["longitude"].values)
+        cols = np.argsort(lon, kind="stable")[t.lon_start : t.lon_stop]
+        return ds.isel(latitude=rows, longitude=cols)
+
+    def climatology(self, times: np.ndarray) -> np.ndarray | None:
+        """``(N, C, h, w)`` climatology at the valid times (WB2: hour and dayofyear)."""
+        if self._clim is None:
+            return None
+        t = np.asarray(times).astype("datetime64[h]")
+        day = t.astype("datetime64[D]")
+        hours = (t - day).astype(int)
+        doy = (day - day.astype("datetime64[Y]").astype("datetime64[D]")).astype(int) + 1
+        out = []
+        for h, d in zip(hours, doy):
+            sel = self._clim.sel(hour=int(h), dayofyear=int(d))
+            parts = []
+            for v in self.spec.upper_air:
+                parts.append(sel[v].sel(level=list(self.spec.levels)).values)
+            for v in self.spec.surface:
+                parts.append(sel[v].values[None])
+            out.append(np.concatenate(parts).astype(np.float32))
+        return np.stack(out)
+
+
+def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
+    """Open the store of ``cfg.data`` and return this rank's ``TrainData``."""
+    d = cfg.data
+    spec = VariableSpec(tuple(d.upper_air), tuple(d.levels), tuple(d.surface), tuple(d.static))
+    view = StoreView.open(d.store)
+    grid = TileGrid(*view.grid_shape, mesh.shape.lat, mesh.shape.lon)
+    normalizer = Normalizer.from_stats(read_statistics(d.store), spec, view, n_geometry=4)
+    clim = d.climatology or default_climatology_path(d.store)
+    source = StoreSource(view, spec, grid, mesh.domain.index, normalizer, clim)
+    return TrainData(
+        source,
+        mesh,
+        grid,
+        mean=normalizer.mean,
+        std=normalizer.std,
+        global_batch=cfg.training.batch_size,
+        seed=cfg.run.seed,
+        step_hours=d.step_hours,
+        train_period=d.train_period,
+        val_period=d.val_period,
+        rollout_steps=cfg.training.rollout_steps,
+    )
