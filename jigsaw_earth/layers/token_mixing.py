@@ -1,0 +1,111 @@
+"""WeatherMixer's token mixing: an MLP along the (sharded) token dimension of a token tile.
+
+For a global token tensor ``x`` of shape ``(B, H, W, C)`` (``N = H·W`` tokens) it computes::
+
+    h[b, d, c]    = act( Σ_ij W1[d, i, j] · x[b, i, j, c] + b1[d] )      d < hidden_tokens
+    y[b, i, j, c] = Σ_d  W2[i, j, d] · h[b, d, c] + b2[i, j]
+
+Sharding (every rank holds 1/N of each weight, no rank holds a full sample):
+
+* ``W1 (hidden, H, W)`` and ``b1 (hidden,)``: rank ``q`` holds the rows ``domain.split(hidden)``;
+  the hidden dim has no spatial meaning, so it is split evenly. The hidden activations ``h`` are
+  sharded the same way: rank ``q`` holds ``h[:, rows_q, :]``.
+* ``W2 (H, W, hidden)`` and ``b2 (H, W)``: rank ``q`` holds its own tile block ``[lat_q, lon_q]``.
+
+Both products are Jigsaw's transposed matmul ``matmul_tokens`` (``A·X`` contracting the sharded
+token dim) with the batch folded into the columns (``X`` is ``tokens × (B·C)``). The first
+``A`` is ``W1``'s row block with its columns put in rank-major token order — sliced from the
+local shard at every rank's tile, no communication; the second ``A`` is ``W2``'s local block
+reshaped to ``(h·w, hidden)``, whose columns are the hidden split, already in rank order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..distributed.comm import comm_site
+from ..distributed.matmul import Strategy, matmul_tokens
+from ..distributed.tiles import Tile
+from .base import Domain, ShardSpec, fill_uniform_, sharded_parameter
+from .mlp import get_activation
+
+__all__ = ["TokenMixing"]
+
+
+class TokenMixing(nn.Module):
+    """Token-mixing MLP on a token tile ``(B, h, w, C)`` → ``(B, h, w, C)`` of the same grid."""
+
+    jigsaw_layer = True
+
+    def __init__(
+        self, domain: Domain, hidden_tokens: int, activation: str = "gelu", strategy: Strategy = "auto"
+    ):
+        super().__init__()
+        if hidden_tokens < 1:
+            raise ValueError(f"TokenMixing needs hidden_tokens ≥ 1, got {hidden_tokens}")
+        grid, tile = domain.grid, domain.tile
+        self.domain, self.hidden_tokens, self.activation = domain, hidden_tokens, activation
+        self.strategy: Strategy = strategy
+        self.act = get_activation(activation)
+        self.n_tokens = grid.n_lat * grid.n_lon
+        self.hidden_sizes = domain.split_sizes(hidden_tokens)
+        self.token_counts = domain.counts()
+        start, stop = domain.split(hidden_tokens)
+        self.w1 = sharded_parameter((hidden_tokens, grid.n_lat, grid.n_lon), 0, start, stop)
+        self.b1 = sharded_parameter((hidden_tokens,), 0, start, stop)
+        self.w2 = _tile_parameter((grid.n_lat, grid.n_lon, hidden_tokens), tile)
+        self.b2 = _tile_parameter((grid.n_lat, grid.n_lon), tile)
+        self.reset_parameters()
+
+    def reset_parameters(self, seed: int = 0, key: str = "token_mixing") -> None:
+        """``torch.nn.Linear``'s default for both products: uniform in ±1/sqrt(fan_in)."""
+        b1 = 1.0 / math.sqrt(self.n_tokens)
+        b2 = 1.0 / math.sqrt(self.hidden_tokens)
+        fill_uniform_(self.w1, seed, f"{key}.w1", -b1, b1)
+        fill_uniform_(self.b1, seed, f"{key}.b1", -b1, b1)
+        fill_uniform_(self.w2, seed, f"{key}.w2", -b2, b2)
+        fill_uniform_(self.b2, seed, f"{key}.b2", -b2, b2)
+
+    def _first_operand(self) -> torch.Tensor:
+        """``W1``'s row block ``(D_q, N)`` with columns in rank-major token order."""
+        w1 = self.w1
+        blocks = [w1[:, t.lat_start : t.lat_stop, t.lon_start : t.lon_stop] for t in self.domain.grid.tiles()]
+        return torch.cat([b.reshape(w1.shape[0], -1) for b in blocks], dim=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        tile = self.domain.tile
+        if x.dim() != 4 or tuple(x.shape[1:3]) != tile.shape:
+            raise ValueError(
+                f"TokenMixing expects this rank's token tile (B, {tile.shape[0]}, {tile.shape[1]}, C) "
+                f"of the {self.domain.grid.n_lat}x{self.domain.grid.n_lon} grid, got {tuple(x.shape)}"
+            )
+        B, h, w, C = x.shape
+        a1, b1 = self._first_operand(), self.b1
+        a2, b2 = self.w2.reshape(h * w, self.hidden_tokens), self.b2.reshape(h * w)
+        xt = x.permute(1, 2, 0, 3).reshape(h * w, B * C)
+        if torch.is_autocast_enabled(x.device.type):  # matmul_tokens takes one dtype: autocast's
+            dt = torch.get_autocast_dtype(x.device.type)
+            xt, a1, b1, a2, b2 = (t.to(dt) for t in (xt, a1, b1, a2, b2))
+        axis = self.domain.axis
+        with comm_site("TokenMixing"):
+            hid = matmul_tokens(xt, a1, b1, axis, self.token_counts, self.hidden_sizes, self.strategy)
+            hid = self.act(hid)
+            if torch.is_autocast_enabled(x.device.type):
+                hid = hid.to(a2.dtype)
+            y = matmul_tokens(hid, a2, b2, axis, self.hidden_sizes, self.token_counts, self.strategy)
+        return y.reshape(h, w, B, C).permute(2, 0, 1, 3)
+
+    def extra_repr(self) -> str:
+        g = self.domain.grid
+        return f"{g.n_lat}x{g.n_lon} tokens -> {self.hidden_tokens}, {self.activation}, {self.strategy}"
+
+
+def _tile_parameter(global_shape: tuple[int, ...], tile: Tile) -> nn.Parameter:
+    """The block ``[lat_start:lat_stop, lon_start:lon_stop, ...]`` of an ``(n_lat, n_lon, ...)`` tensor."""
+    p = nn.Parameter(torch.empty(*tile.shape, *global_shape[2:]))
+    offsets = (tile.lat_start, tile.lon_start) + (0,) * (len(global_shape) - 2)
+    p._jigsaw_spec = ShardSpec(tuple(global_shape), offsets)  # type: ignore[attr-defined]
+    return p

@@ -1,0 +1,266 @@
+"""Validator checks for the dense layers: MLP, norms, token mixing, mesh-invariant dropout.
+
+Every reference is plain torch on the global tensor with the serial module's full parameters,
+except ``dropout``, whose property under test is mesh invariance: its reference is the serial
+module's own output (its mask on the whole grid). Expected bytes are derived from the
+communication pattern (formulas in docs/layers_dense.md), not measured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+import torch.nn.functional as F
+
+from ..distributed.matmul import channel_bytes, choose, token_bytes
+from ..distributed.mesh import DomainMesh
+from ..layers.base import Domain, fill_uniform_
+from ..layers.dropout import Dropout
+from ..layers.mlp import MLP, get_activation
+from ..layers.norm import GroupNorm, InstanceNorm, LayerNorm
+from ..layers.token_mixing import TokenMixing
+from .layer_harness import check_module
+from .registry import Record, register
+
+GRIDS = [(8, 12), (7, 10)]  # divisible on small meshes, uneven
+F32 = 4
+
+
+def _fits(mesh: DomainMesh, grid: tuple[int, int]) -> bool:
+    return grid[0] >= mesh.shape.lat and grid[1] >= mesh.shape.lon
+
+
+def _x(*shape: int, seed: int, offset: float = 0.0) -> torch.Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) + offset
+
+
+def _cost(costs: tuple[int, int]) -> int:
+    return costs[0] + costs[1]
+
+
+def _linear_bytes(domain: Domain, batch: int, cin: int, cout: int, strategy: str) -> int:
+    """One jigsaw Linear, forward + backward (``auto``: the cheaper of the two, training)."""
+    costs = {
+        s: channel_bytes(s, domain.counts(batch), cin, domain.split_sizes(cout), True)
+        for s in ("weights", "activations")
+    }
+    return _cost(costs[choose(costs, True) if strategy == "auto" else strategy])
+
+
+def _token_bytes(domain: Domain, m_in, m_out, channels: int, strategy: str) -> int:
+    costs = {s: token_bytes(s, m_in, m_out, channels) for s in ("weights", "activations")}
+    return _cost(costs[choose(costs, True) if strategy == "auto" else strategy])
+
+
+def affine_bytes(domain: Domain, channels: int, n_vectors: int) -> int:
+    """All-gather of the ``(C,)`` vectors, then its reduce-scatter: each moves (P−1)·C per vector."""
+    return 2 * (domain.size - 1) * n_vectors * channels * F32
+
+
+def all_reduce_bytes(domain: Domain, nbytes: int) -> int:
+    """Ring all-reduce: each of the P ranks sends 2(P−1)/P of the buffer."""
+    P = domain.size
+    return P * (2 * (P - 1) * nbytes // P)
+
+
+def _random_affine(cls):
+    """The norm with a random affine (weight ~ U(0.5, 1.5), bias ~ U(−0.5, 0.5)), mesh-invariant."""
+
+    class Random(cls):
+        def reset_parameters(self, seed: int = 0, key: str = "norm") -> None:
+            if self.weight is not None:
+                fill_uniform_(self.weight, seed, f"{key}.weight", 0.5, 1.5)
+                fill_uniform_(self.bias, seed, f"{key}.bias", -0.5, 0.5)
+
+    Random.__name__ = cls.__name__
+    return Random
+
+
+# ----------------------------------------------------------------------------------- MLP
+@register("mlp")
+def check_mlp(mesh: DomainMesh) -> Iterator[Record]:
+    cases = [(6, 10, 5, "gelu", "weights", 0.0), (5, 7, None, "silu", "activations", 0.0)]
+    cases += [(4, 9, 4, "relu", "auto", 0.25)]
+    for grid in GRIDS:
+        if not _fits(mesh, grid):
+            continue
+        domain = Domain.create(mesh, *grid)
+        for cin, hid, cout, act, strategy, p in cases:
+            out = cin if cout is None else cout
+            x = _x(2, *grid, cin, seed=cin)
+            expected = _linear_bytes(domain, 2, cin, hid, strategy)
+            expected += _linear_bytes(domain, 2, hid, out, strategy)
+
+            def reference(m, t, act=act, p=p):
+                h = get_activation(act)(t @ m.fc1.weight + m.fc1.bias)
+                if p > 0:
+                    h = h * m.drop.mask(h).to(h.dtype) * (1.0 / (1.0 - p))
+                return h @ m.fc2.weight + m.fc2.bias
+
+            yield check_module(
+                mesh,
+                f"mlp.{strategy}",
+                f"{grid[0]}x{grid[1]} b2 {cin}->{hid}->{out} {act} p={p}",
+                lambda d, cin=cin, hid=hid, cout=cout, act=act, s=strategy, p=p: MLP(
+                    d, cin, hid, cout, act, p, s
+                ),
+                x,
+                grid,
+                layout="tokens",
+                reference=reference,
+                expected_bytes=expected,
+            )
+
+
+# ----------------------------------------------------------------------------- LayerNorm
+@register("layer_norm")
+def check_layer_norm(mesh: DomainMesh) -> Iterator[Record]:
+    for grid in GRIDS:
+        if not _fits(mesh, grid):
+            continue
+        domain = Domain.create(mesh, *grid)
+        for channels, affine, first in [(10, True, False), (6, True, True), (5, False, False)]:
+            x = _x(2, channels, *grid, seed=channels) if first else _x(2, *grid, channels, seed=channels)
+
+            def reference(m, t, first=first, channels=channels):
+                t = t.movedim(1, -1) if first else t
+                y = F.layer_norm(t, (channels,), m.weight, m.bias, m.eps)
+                return y.movedim(-1, 1) if first else y
+
+            yield check_module(
+                mesh,
+                "layer_norm.channels_first" if first else "layer_norm.tokens",
+                f"{grid[0]}x{grid[1]} b2 C={channels} affine={affine}",
+                lambda d, c=channels, a=affine, f=first: _random_affine(LayerNorm)(
+                    d, c, elementwise_affine=a, channels_first=f
+                ),
+                x,
+                grid,
+                layout="field" if first else "tokens",
+                reference=reference,
+                expected_bytes=affine_bytes(domain, channels, 2) if affine else 0,
+            )
+
+
+# ----------------------------------------------------------------------- Group/InstanceNorm
+# Inputs with mean 1000 × std, against a float64 reference at the usual 1e-5: F.group_norm in
+# float32 errs by ~8e-5 here and the one-pass E[x²] − E[x]² by ~5e-2.
+OFFSET = 1000.0
+
+
+def _group_cases(instance: bool):
+    if instance:  # channels, groups, affine, input offset, float64 reference
+        return [(5, 5, False, 0.0, False), (6, 6, True, 0.0, False), (4, 4, True, OFFSET, True)]
+    return [(8, 4, True, 0.0, False), (6, 3, False, 0.0, False), (8, 2, True, OFFSET, True)]
+
+
+def _check_group(mesh: DomainMesh, instance: bool) -> Iterator[Record]:
+    op = "instance_norm" if instance else "group_norm"
+    for grid in GRIDS:
+        if not _fits(mesh, grid):
+            continue
+        domain = Domain.create(mesh, *grid)
+        for channels, groups, affine, offset, exact in _group_cases(instance):
+            x = _x(2, channels, *grid, seed=channels + groups, offset=offset)
+
+            def reference(m, t, groups=groups, exact=exact):
+                dt = torch.float64 if exact else t.dtype
+                w = m.weight.to(dt) if m.weight is not None else None
+                b = m.bias.to(dt) if m.bias is not None else None
+                if instance:
+                    y = F.instance_norm(t.to(dt), weight=w, bias=b, eps=m.eps)
+                else:
+                    y = F.group_norm(t.to(dt), groups, w, b, m.eps)
+                return y.to(t.dtype)
+
+            def build(d, c=channels, g=groups, a=affine):
+                if instance:
+                    return _random_affine(InstanceNorm)(d, c, affine=a)
+                return _random_affine(GroupNorm)(d, g, c, affine=a)
+
+            # two passes (B·G sums, then 2·B·G moments), forward and backward
+            stats = 2 * (
+                all_reduce_bytes(domain, 2 * groups * F32) + all_reduce_bytes(domain, 4 * groups * F32)
+            )
+            yield check_module(
+                mesh,
+                f"{op}.fp64ref" if exact else op,
+                f"{grid[0]}x{grid[1]} b2 C={channels} G={groups} affine={affine} x+{offset:g}",
+                build,
+                x,
+                grid,
+                layout="field",
+                reference=reference,
+                expected_bytes=stats + (affine_bytes(domain, channels, 2) if affine else 0),
+            )
+
+
+@register("group_norm")
+def check_group_norm(mesh: DomainMesh) -> Iterator[Record]:
+    yield from _check_group(mesh, instance=False)
+
+
+@register("instance_norm")
+def check_instance_norm(mesh: DomainMesh) -> Iterator[Record]:
+    yield from _check_group(mesh, instance=True)
+
+
+# ---------------------------------------------------------------------------- TokenMixing
+@register("token_mixing")
+def check_token_mixing(mesh: DomainMesh) -> Iterator[Record]:
+    cases = [((8, 12), 10, "weights"), ((8, 12), 10, "activations"), ((7, 10), 7, "auto")]
+    cases += [((7, 10), 5, "activations"), ((9, 14), 11, "weights")]
+    batch, channels = 2, 3
+    for grid, hidden, strategy in cases:
+        if not _fits(mesh, grid):
+            continue
+        domain = Domain.create(mesh, *grid)
+        tokens, hsizes = domain.counts(), domain.split_sizes(hidden)
+        expected = _token_bytes(domain, tokens, hsizes, batch * channels, strategy)
+        expected += _token_bytes(domain, hsizes, tokens, batch * channels, strategy)
+
+        def reference(m, t):
+            h = torch.einsum("dij,bijc->bdc", m.w1, t) + m.b1[None, :, None]
+            h = get_activation(m.activation)(h)
+            return torch.einsum("ijd,bdc->bijc", m.w2, h) + m.b2[None, :, :, None]
+
+        yield check_module(
+            mesh,
+            f"token_mixing.{strategy}",
+            f"{grid[0]}x{grid[1]} b{batch} C={channels} hidden={hidden}",
+            lambda d, hidden=hidden, s=strategy: TokenMixing(d, hidden, "gelu", s),
+            _x(batch, *grid, channels, seed=hidden),
+            grid,
+            layout="tokens",
+            reference=reference,
+            expected_bytes=expected,
+        )
+
+
+# -------------------------------------------------------------------------------- Dropout
+@register("dropout")
+def check_dropout(mesh: DomainMesh) -> Iterator[Record]:
+    """Mesh invariance: the sharded mask equals the serial module's mask on the same elements."""
+    for grid in GRIDS:
+        if not _fits(mesh, grid):
+            continue
+        for layout, channels, p, step in [("tokens", 4, 0.3, 0), ("field", 3, 0.5, 7)]:
+            shape = (2, *grid, channels) if layout == "tokens" else (2, channels, *grid)
+
+            def build(d, p=p, layout=layout, step=step):
+                m = Dropout(d, p, layout)
+                m.step = step
+                return m
+
+            yield check_module(
+                mesh,
+                f"dropout.{layout}",
+                f"{grid[0]}x{grid[1]} b2 C={channels} p={p} step={step}",
+                build,
+                _x(*shape, seed=channels),
+                grid,
+                layout=layout,
+                reference=None,
+                expected_bytes=0,
+            )
