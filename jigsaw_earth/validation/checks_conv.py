@@ -10,6 +10,7 @@ bytes from ``channel_bytes``.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 
 import torch
@@ -21,6 +22,8 @@ from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import TileGrid
 from ..layers.base import Domain, local_domain
 from ..layers.conv import Conv2d
+from ..layers.patch import PatchEmbed, PatchRecovery
+from ..layers.resample import Downsample, Upsample
 from .layer_harness import check_module
 from .registry import Record, register
 
@@ -102,8 +105,9 @@ def check_conv(mesh: DomainMesh) -> Iterator[Record]:
         if not _fits(mesh, grid, out):
             continue
         (pt, pb), (pl, pr) = probe.padding
+        halo = Halo((pt, pb), (pl, pr), lat_mode, lon_mode)
 
-        def reference(m, x, s=s, dil=dil, halo=Halo((pt, pb), (pl, pr), lat_mode, lon_mode)):
+        def reference(m, x, s=s, dil=dil, halo=halo):
             return F.conv2d(pad_reference(x, halo), m.weight, m.bias, s, dilation=dil)
 
         expected = conv_bytes(
@@ -117,6 +121,282 @@ def check_conv(mesh: DomainMesh) -> Iterator[Record]:
             build,
             _x((2, cin, *grid), k * 10 + s),
             grid,
+            reference=reference,
+            expected_bytes=expected,
+        )
+
+
+def _grid_of(mesh: DomainMesh, grid: tuple[int, int]) -> TileGrid:
+    return TileGrid(*grid, mesh.shape.lat, mesh.shape.lon)
+
+
+def _conv1x1_bytes(
+    mesh: DomainMesh, grid: tuple[int, int], batch: int, cin: int, cout: int, strategy: str
+) -> int:
+    d = Domain.create(mesh, *grid)
+    return sum(channel_bytes(strategy, d.counts(batch), cin, d.split_sizes(cout), True))
+
+
+# ------------------------------------------------------------------------------- downsample
+DOWN_CASES = [
+    # grid, channels, out_channels, mode, factor, lat_mode, strategy
+    ((9, 14), 3, 4, "conv", 2, "replicate", "weights"),
+    ((7, 10), 2, 3, "conv", 2, "zeros", "activations"),
+    ((9, 13), 3, 5, "avgpool", 2, "zeros", "weights"),
+    ((8, 12), 3, 3, "maxpool", 2, "zeros", "weights"),
+    ((7, 11), 2, 2, "avgpool", 3, "zeros", "weights"),
+]
+
+
+@register("downsample")
+def check_downsample(mesh: DomainMesh) -> Iterator[Record]:
+    for case in DOWN_CASES:
+        grid, ch, out_ch, mode, f, lat_mode, strategy = case
+        out = (-(-grid[0] // f), -(-grid[1] // f))
+        if not _fits(mesh, grid, out):
+            continue
+
+        def build(d: Domain, case=case) -> Downsample:
+            _, ch, out_ch, mode, f, lat_mode, strategy = case
+            return Downsample(d, ch, out_ch, mode, f, lat_mode=lat_mode, strategy=strategy)
+
+        if mode == "conv":
+            k = 2 * (f // 2) + 1
+            pad = ((k - 1) // 2, k - 1 - (k - 1) // 2)
+            halo = Halo(pad, pad, lat_mode, "periodic")
+
+            def reference(m, x, f=f, halo=halo):
+                return F.conv2d(pad_reference(x, halo), m.conv.weight, m.conv.bias, f)
+
+            expected = conv_bytes(
+                mesh, grid, out, 2, ch, out_ch, (k, k), (f, f), (1, 1), (pad[0], pad[0]),
+                (lat_mode, "periodic"), strategy, True,
+            )  # fmt: skip
+        else:
+
+            def reference(m, x, f=f, mode=mode):
+                pool = F.avg_pool2d if mode == "avgpool" else F.max_pool2d
+                y = pool(x, f, f, ceil_mode=True)
+                return y if m.proj is None else F.conv2d(y, m.proj.weight, m.proj.bias)
+
+            wins = tile_windows(
+                _grid_of(mesh, out),
+                lambda a, b, f=f, n=grid[0]: (a * f, min(b * f, n)),
+                lambda a, b, f=f, n=grid[1]: (a * f, min(b * f, n)),
+            )
+            expected = 2 * remote_cells(_grid_of(mesh, grid), wins, "zeros", "zeros") * 2 * ch * ELSIZE
+            if out_ch != ch:
+                expected += _conv1x1_bytes(mesh, out, 2, ch, out_ch, strategy)
+        yield check_module(
+            mesh,
+            f"downsample.{mode}",
+            f"{grid[0]}x{grid[1]} {ch}->{out_ch} f{f} {lat_mode} {strategy}",
+            build,
+            _x((2, ch, *grid), ch * 7 + f),
+            grid,
+            reference=reference,
+            expected_bytes=expected,
+        )
+
+
+# --------------------------------------------------------------------------------- upsample
+UP_CASES = [
+    # grid, channels, out_channels, mode, factor, kernel, out_grid, lat_mode, strategy
+    ((7, 10), 3, 2, "transposed", 2, None, None, "zeros", "weights"),
+    ((9, 14), 2, 3, "transposed", 2, 4, None, "pole", "activations"),
+    ((9, 14), 3, 3, "transposed", 2, 3, (17, 27), "replicate", "weights"),
+    ((7, 10), 3, 2, "nearest", 2, None, (13, 20), "zeros", "weights"),
+    ((9, 14), 2, 2, "bilinear", 2, None, (17, 28), "pole", "weights"),
+    ((7, 10), 2, 3, "bilinear", 2, None, None, "zeros", "activations"),
+    ((6, 9), 2, 2, "bilinear", 3, None, (17, 26), "replicate", "weights"),
+]
+
+
+def _transposed_reference(m, x):
+    """``F.conv_transpose2d`` on the input extended by the boundary rules, cropped to the grid."""
+    c = m.conv
+    n, g = x.shape[-2:], c.out_domain.grid
+    no = (g.n_lat, g.n_lon)
+    q = [
+        max(-(-(k - 1 - p) // s), (o - 1 + p) // s - nn + 1, 0) + 1
+        for k, s, p, o, nn in zip(c.kernel, c.stride, c.padding, no, n)
+    ]
+    z = F.conv_transpose2d(
+        pad_reference(x, Halo((q[0], q[0]), (q[1], q[1]), *c.modes)), c.weight, None, c.stride
+    )
+    r0, c0 = q[0] * c.stride[0] + c.padding[0], q[1] * c.stride[1] + c.padding[1]
+    return z[..., r0 : r0 + no[0], c0 : c0 + no[1]] + c.bias.view(1, -1, 1, 1)
+
+
+def _interp_reference(m, x):
+    """nearest: ``F.interpolate``; bilinear: ``F.grid_sample`` (float64 coordinates) on the field
+    padded by one point under the boundary rules, at torch's source positions."""
+    if m.proj is not None:
+        x = F.conv2d(x, m.proj.weight, m.proj.bias)
+    g = m.out_domain.grid
+    out = (g.n_lat, g.n_lon)
+    if m.mode == "nearest":
+        return F.interpolate(x, size=out, mode="nearest")
+    xp = pad_reference(x, Halo((1, 1), (1, 1), *m.interp.modes))
+    coords = []
+    for n_in, n_out in zip(x.shape[-2:], out):
+        src = (torch.arange(n_out, dtype=torch.float64) + 0.5) * n_in / n_out - 0.5
+        coords.append((2 * (src + 1) + 1) / (n_in + 2) - 1)
+    gy, gx = torch.meshgrid(*coords, indexing="ij")
+    sample = torch.stack([gx, gy], -1).expand(x.shape[0], *out, 2)
+    return F.grid_sample(xp.double(), sample, mode="bilinear", align_corners=False).to(x.dtype)
+
+
+def _interp_windows(mesh: DomainMesh, n_in: tuple[int, int], out: tuple[int, int], mode: str):
+    spans = []
+    for a, b in zip(n_in, out):
+        if mode == "nearest":
+            src = F.interpolate(torch.arange(a, dtype=torch.float32).view(1, 1, -1), size=b).view(-1).long()
+            spans.append(lambda o0, o1, src=src: (int(src[o0]), int(src[o1 - 1]) + 1))
+        else:
+            pos = (torch.arange(b, dtype=torch.float64) + 0.5) * a / b - 0.5
+            lo = pos.floor().long()
+            spans.append(lambda o0, o1, lo=lo: (int(lo[o0]), int(lo[o1 - 1]) + 2))
+    return tile_windows(_grid_of(mesh, out), *spans)
+
+
+@register("upsample")
+def check_upsample(mesh: DomainMesh) -> Iterator[Record]:
+    for case in UP_CASES:
+        grid, ch, out_ch, mode, f, k, out_grid, lat_mode, strategy = case
+        out = out_grid or (grid[0] * f, grid[1] * f)
+        if not _fits(mesh, grid, out):
+            continue
+
+        def build(d: Domain, case=case) -> Upsample:
+            _, ch, out_ch, mode, f, k, out_grid, lat_mode, strategy = case
+            return Upsample(d, ch, out_ch, mode, f, out_grid, k, lat_mode, strategy=strategy)
+
+        in_grid = _grid_of(mesh, grid)
+        if mode == "transposed":
+            k = k or f
+            p = (k - f) // 2
+            wins = tile_windows(
+                _grid_of(mesh, out),
+                *[lambda o0, o1, k=k, p=p, f=f: (-(-(o0 + p - k + 1) // f), (o1 - 1 + p) // f + 1)] * 2,
+            )
+            win_counts = [2 * (w[1] - w[0]) * (w[3] - w[2]) for w in wins]
+            sizes = [n * k * k for n in Domain.create(mesh, *grid).split_sizes(out_ch)]
+            expected = 2 * remote_cells(in_grid, wins, lat_mode, "periodic") * 2 * ch * ELSIZE
+            expected += sum(channel_bytes(strategy, win_counts, ch, sizes, False))
+            expected += 2 * (mesh.domain.size - 1) * out_ch * ELSIZE  # bias all_gather + reduce-scatter
+            reference = _transposed_reference
+        else:
+            wins = _interp_windows(mesh, grid, out, mode)
+            modes = (lat_mode, "periodic") if mode == "bilinear" else ("zeros", "zeros")
+            expected = 2 * remote_cells(in_grid, wins, *modes) * 2 * out_ch * ELSIZE
+            if out_ch != ch:
+                expected += _conv1x1_bytes(mesh, grid, 2, ch, out_ch, strategy)
+            reference = _interp_reference
+        yield check_module(
+            mesh,
+            f"upsample.{mode}",
+            f"{grid[0]}x{grid[1]}->{out[0]}x{out[1]} {ch}->{out_ch} f{f} k{k} {lat_mode} {strategy}",
+            build,
+            _x((2, ch, *grid), ch * 5 + f),
+            grid,
+            reference=reference,
+            expected_bytes=expected,
+        )
+
+
+# ------------------------------------------------------------------------------------ patch
+PATCH_CASES = [
+    # grid, channels, embed_dim, patch, stride, lat_mode (embed) / overlap (recovery), strategy
+    ((33, 64), 2, 8, 4, 4, "zeros", "sum", "weights"),
+    ((13, 18), 3, 6, 4, 2, "pole", "mean", "activations"),
+    ((9, 14), 2, 5, 3, 2, "replicate", "sum", "weights"),
+    ((7, 10), 3, 4, 2, 2, "zeros", "mean", "weights"),
+]
+
+
+def _tokens(grid: tuple[int, int], p: int, s: int) -> tuple[tuple[int, int], tuple[int, int]]:
+    """Token grid and padding before, from the documented rule, written out independently."""
+    n_tok = tuple(1 if n <= p else math.ceil((n - p) / s) + 1 for n in grid)
+    before = tuple(((t - 1) * s + p - n) // 2 for t, n in zip(n_tok, grid))
+    return n_tok, before  # type: ignore[return-value]
+
+
+@register("patch_embed")
+def check_patch_embed(mesh: DomainMesh) -> Iterator[Record]:
+    for grid, ch, dim, p, s, lat_mode, _, strategy in PATCH_CASES:
+        tok, before = _tokens(grid, p, s)
+        if not _fits(mesh, grid, tok):
+            continue
+        after = tuple((t - 1) * s + p - n - b for t, n, b in zip(tok, grid, before))
+        halo = Halo((before[0], after[0]), (before[1], after[1]), lat_mode, "periodic")
+
+        def reference(m, x, p=p, s=s, halo=halo):
+            w = m.weight.T.reshape(m.embed_dim, m.in_ch, p, p)
+            return F.conv2d(pad_reference(x, halo), w, m.bias, s).permute(0, 2, 3, 1)
+
+        expected = conv_bytes(
+            mesh,
+            grid,
+            tok,
+            2,
+            ch,
+            dim,
+            (p, p),
+            (s, s),
+            (1, 1),
+            before,
+            (lat_mode, "periodic"),
+            strategy,
+            True,
+        )
+        yield check_module(
+            mesh,
+            "patch_embed",
+            f"{grid[0]}x{grid[1]}->{tok[0]}x{tok[1]} {ch}->{dim} p{p} s{s} {lat_mode} {strategy}",
+            lambda d, ch=ch, dim=dim, p=p, s=s, lm=lat_mode, st=strategy: PatchEmbed(
+                d, ch, dim, p, s, lm, strategy=st
+            ),
+            _x((2, ch, *grid), p * 3 + s),
+            grid,
+            out_layout="tokens",
+            reference=reference,
+            expected_bytes=expected,
+        )
+
+
+@register("patch_recovery")
+def check_patch_recovery(mesh: DomainMesh) -> Iterator[Record]:
+    for grid, ch, dim, p, s, _, overlap, strategy in PATCH_CASES:
+        tok, before = _tokens(grid, p, s)
+        if not _fits(mesh, grid, tok):
+            continue
+        padded = tuple((t - 1) * s + p for t in tok)
+
+        def reference(m, x, p=p, s=s, padded=padded, before=before, grid=grid, tok=tok):
+            cols = (x.reshape(x.shape[0], -1, m.embed_dim) @ m.weight + m.bias).transpose(1, 2)
+            crop = (..., slice(before[0], before[0] + grid[0]), slice(before[1], before[1] + grid[1]))
+            y = F.fold(cols, padded, p, stride=s)[crop]
+            if m.overlap == "mean":
+                y = y / F.fold(torch.ones(1, p * p, tok[0] * tok[1]), padded, p, stride=s)[crop]
+            return y
+
+        foot = lambda b0, s=s, p=p: lambda a, b: (a * s - b0, (b - 1) * s - b0 + p)  # noqa: E731
+        wins = tile_windows(_grid_of(mesh, tok), foot(before[0]), foot(before[1]))
+        d_tok = Domain.create(mesh, *tok)
+        expected = 2 * remote_cells(_grid_of(mesh, grid), wins, "zeros", "zeros") * 2 * ch * ELSIZE
+        expected += sum(channel_bytes(strategy, d_tok.counts(2), dim, d_tok.split_sizes(ch * p * p), True))
+        yield check_module(
+            mesh,
+            "patch_recovery",
+            f"{tok[0]}x{tok[1]}->{grid[0]}x{grid[1]} {dim}->{ch} p{p} s{s} {overlap} {strategy}",
+            lambda d, ch=ch, dim=dim, p=p, s=s, g=grid, ov=overlap, st=strategy: PatchRecovery(
+                d, dim, ch, p, s, g, ov, strategy=st
+            ),
+            _x((2, *tok, dim), p * 5 + s),
+            tok,
+            layout="tokens",
+            out_layout="field",
             reference=reference,
             expected_bytes=expected,
         )

@@ -1,0 +1,152 @@
+"""Distributed transposed convolution (learned upsampling) on field tiles.
+
+Definition, per dimension, for kernel ``k``, stride ``s`` and padding ``p`` (``k >= s``)::
+
+    y[o] = bias + sum over (i, j) with i*s + j - p == o of  x[i] · W[:, :, j]
+
+where input points ``i`` outside the grid follow the boundary rules (longitude periodic or zero,
+latitude zeros / replicate / across the pole) — the input is *extended* by the rules, as for a
+convolution. ``o`` runs over ``[0, n_out)``; by default ``n_out = (n-1)*s - 2p + k`` (torch's
+size), but any size may be asked for (``out_grid``: a decoder returning to 33 rows from 17).
+With ``lat_mode="zeros"`` and the default size this is exactly ``F.conv_transpose2d``.
+
+Each rank gathers the input points that reach its output tile — rows
+``[ceil((o0 + p - k + 1)/s), floor((o1 - 1 + p)/s) + 1)`` — multiplies them by the weight viewed
+as ``(in_ch, out_ch*kh*kw)`` (``matmul_channels``, column-sharded by output channel), folds the
+per-point ``k×k`` patches (``F.fold``) and keeps its tile. It sends ``in_ch`` values per halo
+point instead of ``out_ch*k*k`` partial sums.
+
+Weights: the canonical weight is torch's ``(in_ch, out_ch, kh, kw)``; rank ``q`` holds
+``weight[:, out_q]`` and ``bias[out_q]`` (``out_q = domain.split(out_ch)``). The bias is
+gathered at use (``all_gather``; its backward reduce-scatters).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..distributed.collectives import all_gather
+from ..distributed.comm import comm_site
+from ..distributed.halo import LatMode, LonMode, Window, gather_windows
+from ..distributed.matmul import Strategy, matmul_channels
+from ..distributed.tiles import TileGrid
+from .base import Domain, fill_uniform_, sharded_parameter
+from .conv import _pair, check_field
+
+__all__ = ["ConvTranspose2d", "transposed_windows"]
+
+Pair = tuple[int, int]
+
+
+def _in_span(o0: int, o1: int, k: int, s: int, p: int) -> Pair:
+    return -(-(o0 + p - k + 1) // s), (o1 - 1 + p) // s + 1
+
+
+def transposed_windows(out_grid: TileGrid, kernel: Pair, stride: Pair, padding: Pair) -> tuple[Window, ...]:
+    """Input points that reach each output tile, in domain-axis order."""
+    return tuple(
+        (
+            *_in_span(t.lat_start, t.lat_stop, kernel[0], stride[0], padding[0]),
+            *_in_span(t.lon_start, t.lon_stop, kernel[1], stride[1], padding[1]),
+        )
+        for t in out_grid.tiles()
+    )
+
+
+class ConvTranspose2d(nn.Module):
+    """Transposed convolution on a field tile ``(B, in_ch, h, w)`` → ``(B, out_ch, h', w')``.
+
+    See the module docstring for the definition; the output grid is ``self.out_domain``.
+    """
+
+    jigsaw_layer = True
+
+    def __init__(
+        self,
+        domain: Domain,
+        in_ch: int,
+        out_ch: int,
+        kernel_size: int | Sequence[int],
+        stride: int | Sequence[int],
+        padding: int | Sequence[int] = 0,
+        out_grid: tuple[int, int] | None = None,
+        lat_mode: LatMode = "zeros",
+        lon_mode: LonMode = "periodic",
+        bias: bool = True,
+        strategy: Strategy = "auto",
+    ):
+        super().__init__()
+        self.domain, self.in_ch, self.out_ch = domain, in_ch, out_ch
+        self.kernel, self.stride = _pair(kernel_size, "kernel_size"), _pair(stride, "stride")
+        pad = (padding, padding) if isinstance(padding, int) else tuple(padding)
+        if len(pad) != 2 or min(pad) < 0:
+            raise ValueError(f"padding must be an int >= 0 or a (lat, lon) pair, got {padding!r}")
+        self.padding: Pair = pad  # type: ignore[assignment]
+        if any(k < s for k, s in zip(self.kernel, self.stride)):
+            raise ValueError(
+                f"kernel {self.kernel} smaller than stride {self.stride} leaves output points that no "
+                f"input reaches; use kernel_size >= stride"
+            )
+        grid = domain.grid
+        default = tuple(
+            (n - 1) * s - 2 * p + k
+            for n, k, s, p in zip((grid.n_lat, grid.n_lon), self.kernel, self.stride, self.padding)
+        )
+        out = tuple(out_grid) if out_grid is not None else default
+        if len(out) != 2 or min(out) < 1:
+            raise ValueError(f"out_grid must be (n_lat, n_lon) with positive sizes, got {out_grid!r}")
+        self.out_domain = domain.resized(*out)
+        self.modes: tuple[LatMode, LonMode] = (lat_mode, lon_mode)
+        self.windows = transposed_windows(self.out_domain.grid, self.kernel, self.stride, self.padding)
+        self.strategy: Strategy = strategy
+        start, stop = domain.split(out_ch)
+        self.out_sizes = domain.split_sizes(out_ch)
+        self.weight = sharded_parameter((in_ch, out_ch, *self.kernel), 1, start, stop)
+        self.bias = sharded_parameter((out_ch,), 0, start, stop) if bias else None
+        self.reset_parameters()
+
+    def reset_parameters(self, seed: int = 0, key: str = "conv_transpose") -> None:
+        """``torch.nn.ConvTranspose2d``'s default: uniform in ±1/sqrt(out_ch*kh*kw)."""
+        bound = 1.0 / math.sqrt(self.out_ch * self.kernel[0] * self.kernel[1])
+        fill_uniform_(self.weight, seed, f"{key}.weight", -bound, bound)
+        if self.bias is not None:
+            fill_uniform_(self.bias, seed, f"{key}.bias", -bound, bound)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        check_field(x, self.domain, self.in_ch, "ConvTranspose2d")
+        (kh, kw), (sh, sw) = self.kernel, self.stride
+        lat_lo, lat_hi, lon_lo, lon_hi = self.windows[self.domain.index]
+        lh, lw = lat_hi - lat_lo, lon_hi - lon_lo
+        b = x.shape[0]
+        axis = self.domain.axis
+        with comm_site("conv_transpose2d"):
+            win = gather_windows(x, self.domain.grid, self.windows, axis, *self.modes, op="gather_windows")
+            tokens = win.permute(0, 2, 3, 1).reshape(b * lh * lw, self.in_ch)
+            w = self.weight.reshape(self.in_ch, self.weight.shape[1] * kh * kw)
+            counts = [b * (w_[1] - w_[0]) * (w_[3] - w_[2]) for w_ in self.windows]
+            cols = matmul_channels(
+                tokens, w, None, axis, [n * kh * kw for n in self.out_sizes], counts, self.strategy
+            )
+            bias = all_gather(self.bias, axis, 0, self.out_sizes) if self.bias is not None else None
+        cols = cols.reshape(b, lh * lw, self.out_ch * kh * kw).transpose(1, 2)
+        z = F.fold(cols, ((lh - 1) * sh + kh, (lw - 1) * sw + kw), self.kernel, stride=self.stride)
+        # z[t] holds output o = t + lo*s - p; keep o in this rank's tile
+        tile = self.out_domain.tile
+        top = tile.lat_start + self.padding[0] - lat_lo * sh
+        left = tile.lon_start + self.padding[1] - lon_lo * sw
+        h, w_out = tile.shape
+        y = F.pad(z, (-left, left + w_out - z.shape[-1], -top, top + h - z.shape[-2]))
+        return y if bias is None else y + bias.to(y.dtype).view(1, -1, 1, 1)
+
+    def extra_repr(self) -> str:
+        g = self.out_domain.grid
+        return (
+            f"{self.in_ch} -> {self.out_ch}, kernel={self.kernel}, stride={self.stride}, "
+            f"padding={self.padding}, out_grid=({g.n_lat}, {g.n_lon}), modes={self.modes}, "
+            f"shards {self.out_sizes}, {self.strategy}"
+        )
