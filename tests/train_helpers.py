@@ -34,7 +34,7 @@ def tiny_fields(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.n
     la, lo = np.deg2rad(lat)[None, :, None], np.deg2rad(lon)[None, None, :]
     wave = np.cos(la) * np.sin(3 * lo - 0.3 * t)
     base = [(54000.0, 800.0), (275.0, 10.0), (285.0, 12.0)]
-    mean = np.stack([m + 0.5 * s * np.cos(2 * la) + 0 * t for m, s in base], axis=1)
+    mean = np.stack([m + 0.5 * s * np.cos(2 * la) + 0 * t * lo for m, s in base], axis=1)
     fields = mean + np.stack([s * wave for _, s in base], axis=1)
     fields = fields + rng.normal(0, 0.1, fields.shape) * np.array([s for _, s in base])[None, :, None, None]
     static = np.stack([np.cos(la[0]) * np.ones_like(lo[0]), np.sin(lo[0]) * np.ones_like(la[0])])
