@@ -12,6 +12,8 @@ __all__ = ["main"]
 COMMANDS = {
     "validate": "jigsaw_earth.commands.validate",
     "bench": "jigsaw_earth.commands.bench",
+    "train": "jigsaw_earth.commands.train",
+    "config": "jigsaw_earth.commands.config",
 }
 
 

@@ -1,0 +1,52 @@
+"""``jigsaw-earth train CONFIG [key.sub=value ...]``: train on this process's rank.
+
+Runs as a plain single process, under ``torchrun --nproc-per-node N -m jigsaw_earth train ...``
+or under Slurm ``srun`` (see ``configs/slurm/train.sbatch``). The mesh comes from the config and
+must multiply to the world size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from ..config import load_config
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("train", help="train a model from a YAML config (single process, torchrun or srun)")
+    p.add_argument("config", help="YAML config file (see configs/demo.yaml, docs/training.md)")
+    p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides such as optim.lr=3e-4")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..training import NonFiniteLossError, run_training
+    from ..training.runner import world_size_from_env
+
+    cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    if rank != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    try:
+        summary = run_training(cfg)
+    except NonFiniteLossError as err:
+        print(f"jigsaw-earth train: error: {err}", file=sys.stderr)
+        return 1
+    except TimeoutError as err:
+        print(f"jigsaw-earth train: error: {err}", file=sys.stderr)
+        return 1
+    if rank == 0:
+        print(
+            f"trained {summary['steps']} steps on mesh {summary['mesh']} "
+            f"({summary['steps_this_run']} this run, {summary['train_wall_s']:.1f} s, "
+            f"{summary['samples_per_s']:.2f} samples/s); final loss {summary['final_loss']:.6f}"
+        )
+        print(f"validation at step {summary['steps']} ({int(summary['validation']['n_inits'])} inits, RMSE):")
+        print(summary["table"])
+        print(f"run directory: {cfg.run.dir} (metrics.jsonl, validation.txt, summary.json, checkpoints/)")
+    return 0
