@@ -1,0 +1,17 @@
+"""Sharded, atomic checkpoints that load on any mesh (torch.distributed.checkpoint underneath)."""
+
+from .export import export_full_state_dict, load_full_tensors
+from .manager import latest_checkpoint, list_checkpoints, load_checkpoint, read_meta, save_checkpoint
+from .state import capture_rng, restore_rng
+
+__all__ = [
+    "capture_rng",
+    "export_full_state_dict",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "load_full_tensors",
+    "read_meta",
+    "restore_rng",
+    "save_checkpoint",
+]

@@ -1,0 +1,285 @@
+"""Save, find and load checkpoints of a run: sharded, atomic, loadable on any mesh.
+
+Layout of ``RUN_DIR/checkpoints/``::
+
+    step_000120/            a complete checkpoint
+        .metadata           DCP index of every saved chunk (global shape, offsets, file)
+        __<rank>_0.distcp   tensor data written by each rank (only data-replica 0 writes)
+        meta.json           step, mesh, tensor shapes, optimizer hyper-parameters, user state
+        rank_state/rank_00003.json   optional per-rank JSON state (RNG, loader position)
+    step_000240.tmp/        a save in progress (or one that crashed): never loaded
+    latest                  name of the newest complete checkpoint (replaced atomically)
+
+A save writes into ``step_N.tmp/``; after every rank has written, rank 0 writes ``meta.json``
+last, renames the folder to ``step_N/`` and replaces ``latest``. A crash at any point leaves the
+previous checkpoint and ``latest`` untouched; the next save removes the leftover ``.tmp`` folder.
+All functions that take a ``mesh`` are collective: every rank of the job calls them.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ..distributed.mesh import DomainMesh
+from .planner import Block, BlockLoadPlanner, BlockSavePlanner, SafeFileSystemReader
+from .state import (
+    model_blocks,
+    optimizer_blocks,
+    optimizer_json,
+    prepare_optimizer,
+    restore_optimizer_json,
+)
+
+__all__ = [
+    "CHECKPOINT_DIR",
+    "latest_checkpoint",
+    "list_checkpoints",
+    "load_checkpoint",
+    "read_meta",
+    "save_checkpoint",
+]
+
+log = logging.getLogger(__name__)
+CHECKPOINT_DIR = "checkpoints"
+FORMAT = "jigsaw-earth-checkpoint"
+VERSION = 1
+_STEP_RE = re.compile(r"^step_(\d+)$")
+
+
+def _rank() -> int:
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _quiet(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+        return fn(*args, **kwargs)
+
+
+def _write_json(path: Path, data: Any) -> None:
+    def fail(obj: Any) -> Any:
+        raise ValueError(
+            f"{path.name}: cannot store a {type(obj).__name__} ({obj!r:.80}) as JSON; pass numbers/str"
+        )
+
+    tmp = path.with_name(path.name + ".partial")
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, default=fail)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def list_checkpoints(run_dir: str | os.PathLike) -> list[Path]:
+    """Complete checkpoints of a run (those with ``meta.json``), oldest first."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    found = [(int(m.group(1)), p) for p in root.glob("step_*") if (m := _STEP_RE.match(p.name))]
+    return [p for _, p in sorted(found) if (p / "meta.json").is_file()]
+
+
+def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
+    """The newest complete checkpoint of ``run_dir`` (via ``latest``), or ``None`` if there is none."""
+    root = Path(run_dir) / CHECKPOINT_DIR
+    pointer = root / "latest"
+    if pointer.is_file():
+        target = root / pointer.read_text().strip()
+        if (target / "meta.json").is_file():
+            return target
+        log.warning("%s names %s, which is incomplete; using the newest complete checkpoint", pointer, target)
+    found = list_checkpoints(run_dir)
+    return found[-1] if found else None
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    mesh: DomainMesh,
+    state: dict[str, Any] | None = None,
+    *,
+    rank_state: dict[str, Any] | None = None,
+    keep_last: int | None = 3,
+) -> Path:
+    """Write a checkpoint of ``model`` (and ``optimizer``) at ``step``; collective over the job.
+
+    ``state`` (JSON-ready; rank 0's copy is stored) holds what else a resume needs: data-loader
+    position, scheduler state, config hash. ``rank_state`` is per rank (e.g. ``capture_rng()``).
+    Keeps the newest ``keep_last`` checkpoints (``None``: keep all). Returns the final path.
+    """
+    t0 = time.perf_counter()
+    root = Path(run_dir) / CHECKPOINT_DIR
+    final = root / f"step_{step:09d}"
+    tmp = root / f"step_{step:09d}.tmp"
+    rank = _rank()
+    if rank == 0:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob("step_*.tmp"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+    _barrier()
+
+    tensors = model_blocks(model)
+    if optimizer is not None:
+        tensors.update(optimizer_blocks(model, optimizer))
+    writes_shards = mesh.coord[0] == 0  # data replicas hold identical shards: replica 0 writes
+    writes_whole = writes_shards and mesh.domain.index == 0
+    blocks = {k: b for k, (b, rep) in tensors.items() if (writes_whole if rep else writes_shards)}
+    _quiet(dcp.save, {}, storage_writer=dcp.FileSystemWriter(tmp), planner=BlockSavePlanner(blocks))
+    if rank_state is not None:
+        (tmp / "rank_state").mkdir(exist_ok=True)
+        _write_json(tmp / "rank_state" / f"rank_{rank:05d}.json", rank_state)
+    _barrier()
+    _commit(
+        tmp,
+        final,
+        {
+            "format": FORMAT,
+            "version": VERSION,
+            "step": step,
+            "mesh": str(mesh.shape),
+            "world_size": mesh.shape.world_size,
+            "torch": torch.__version__,
+            "tensors": {k: {"global_shape": list(b.global_shape)} for k, (b, _) in tensors.items()},
+            "optimizer": None if optimizer is None else optimizer_json(model, optimizer),
+            "state": state or {},
+        },
+        keep_last,
+    )
+    _barrier()
+    log.info("saved checkpoint %s in %.2f s", final, time.perf_counter() - t0)
+    return final
+
+
+def _commit(tmp: Path, final: Path, meta: dict[str, Any], keep_last: int | None) -> None:
+    """Rank 0: write meta.json last, rename into place, move ``latest``, prune old checkpoints."""
+    if _rank() != 0:
+        return
+    _write_json(tmp / "meta.json", meta)
+    if final.exists():  # re-saving a step (e.g. after a resume): swap, then drop the old one
+        old = final.with_name(final.name + ".old.tmp")
+        os.replace(final, old)
+        os.replace(tmp, final)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        os.replace(tmp, final)
+    _write_json_text(final.parent / "latest", final.name)
+    if keep_last is not None:
+        for old in list_checkpoints(final.parent.parent)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(text + "\n")
+    os.replace(tmp, path)
+
+
+def read_meta(path: str | os.PathLike) -> dict[str, Any]:
+    """A checkpoint's ``meta.json``, with errors that say what is wrong and what to do."""
+    path = Path(path)
+    meta_file = path / "meta.json"
+    if not meta_file.is_file():
+        hint = " (a save that did not finish)" if path.name.endswith(".tmp") else ""
+        raise FileNotFoundError(
+            f"{meta_file} not found: {path} is not a complete jigsaw-earth checkpoint{hint}; pass a "
+            "step_N folder of RUN_DIR/checkpoints, or use latest_checkpoint(RUN_DIR) to find the newest one"
+        )
+    try:
+        meta = json.loads(meta_file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"{meta_file} is corrupted ({e}); delete {path} and resume from an older checkpoint"
+        ) from e
+    if meta.get("format") != FORMAT or meta.get("version") != VERSION:
+        raise ValueError(
+            f"{meta_file} has format {meta.get('format')!r} version {meta.get('version')!r}; this code reads "
+            f"{FORMAT!r} version {VERSION}"
+        )
+    return meta
+
+
+def _check_shapes(path: Path, meta: dict[str, Any], blocks: dict[str, Block]) -> None:
+    saved = meta["tensors"]
+    missing = sorted(k for k in blocks if k not in saved)
+    if missing:
+        raise ValueError(
+            f"checkpoint {path} has no {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''} "
+            f"({len(missing)} missing); it was written by a different model — build the same model "
+            "(same name, preset and overrides) as the run that saved it"
+        )
+    for k, b in blocks.items():
+        if tuple(saved[k]["global_shape"]) != tuple(b.global_shape):
+            raise ValueError(
+                f"checkpoint {path}: {k} has global shape {tuple(saved[k]['global_shape'])}, the model's is "
+                f"{tuple(b.global_shape)}; build the model with the configuration it was saved with"
+            )
+
+
+def load_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    mesh: DomainMesh,
+    *,
+    strict: bool = True,
+) -> dict[str, Any]:
+    """Load a checkpoint written on any mesh into this rank's blocks; collective over the job.
+
+    Returns ``{"step", "state", "rank_state", "mesh"}``; ``rank_state`` is this rank's saved
+    per-rank state when the job has the same world size as the saving one, else ``None``.
+    ``strict=False`` skips model tensors the checkpoint lacks (e.g. fine-tuning a new head).
+    """
+    t0 = time.perf_counter()
+    path = Path(path)
+    meta = read_meta(path)
+    blocks = {k: b for k, (b, _) in model_blocks(model).items()}
+    if not strict:
+        blocks = {k: b for k, b in blocks.items() if k in meta["tensors"]}
+    if optimizer is not None:
+        if meta["optimizer"] is None:
+            raise ValueError(f"checkpoint {path} has no optimizer state; load it with optimizer=None")
+        restore_optimizer_json(optimizer, meta["optimizer"])
+        prepare_optimizer(model, optimizer, meta["optimizer"])
+        blocks.update({k: b for k, (b, _) in optimizer_blocks(model, optimizer).items()})
+    _check_shapes(path, meta, blocks)
+    targets = {k: Block(b.tensor.detach(), b.global_shape, b.offsets) for k, b in blocks.items()}
+    try:
+        with torch.no_grad():
+            _quiet(dcp.load, {}, storage_reader=SafeFileSystemReader(path), planner=BlockLoadPlanner(targets))
+    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
+        first = str(e).strip().splitlines()
+        detail = next(
+            (ln for ln in reversed(first) if "Error" in ln), first[-1] if first else type(e).__name__
+        )
+        raise ValueError(
+            f"cannot read checkpoint {path}: {detail.strip()}; its files are missing, truncated or "
+            f"corrupted — delete {path} and resume from an older checkpoint (list_checkpoints(RUN_DIR))"
+        ) from e
+    rank_state = None
+    rank_file = path / "rank_state" / f"rank_{_rank():05d}.json"
+    if meta["world_size"] == mesh.shape.world_size and rank_file.is_file():
+        rank_state = json.loads(rank_file.read_text())
+    log.info(
+        "loaded checkpoint %s (saved on mesh %s) in %.2f s", path, meta["mesh"], time.perf_counter() - t0
+    )
+    return {"step": meta["step"], "state": meta["state"], "rank_state": rank_state, "mesh": meta["mesh"]}

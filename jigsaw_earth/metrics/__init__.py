@@ -1,0 +1,1 @@
+"""WeatherBench 2 metrics: xarray evaluation of forecast stores and a distributed torch accumulator."""
