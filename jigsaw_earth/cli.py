@@ -12,6 +12,7 @@ __all__ = ["main"]
 COMMANDS = {
     "validate": "jigsaw_earth.commands.validate",
     "bench": "jigsaw_earth.commands.bench",
+    "model": "jigsaw_earth.commands.model",
     "train": "jigsaw_earth.commands.train",
     "config": "jigsaw_earth.commands.config",
 }

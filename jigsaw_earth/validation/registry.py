@@ -27,6 +27,7 @@ CHECK_MODULES = [
     "jigsaw_earth.validation.checks_attention",
     "jigsaw_earth.validation.checks_conv",
     "jigsaw_earth.validation.checks_dense",
+    "jigsaw_earth.validation.checks_models",
 ]
 
 TOLERANCE = 1e-5

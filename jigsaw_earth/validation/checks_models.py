@@ -1,0 +1,91 @@
+"""Validator checks for the forecast models: each model on the mesh against itself on one rank.
+
+A composite model has no plain-torch definition, so the reference is the serial model
+(``check_module(..., reference=None)``), itself built from layers that are each checked against
+plain torch. Cases use the tiny presets on an uneven 33 × 64 grid (17 × 32 after one halving,
+9 × 16 tokens for 4 × 4 patches), batch 2, fp32, tolerance 1e-4. The communication measured
+by the ledger must equal the analytical figure of ``jigsaw-earth model summary``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import torch
+from torch import nn
+
+from ..distributed.mesh import DomainMesh
+from ..layers.base import Domain
+from ..models import MODELS, build_model
+from ..models.comm_model import layer_bytes
+from .layer_harness import check_module
+from .registry import Record, register
+
+GRID = (33, 64)
+N_STATE, N_STATIC, N_TIME, BATCH = 5, 2, 4, 2
+TOLERANCE = 1e-4
+
+
+class FieldAdapter(nn.Module):
+    """One field tensor ``(B, n_state + n_static, h, w)`` → ``model(state, static, time)``.
+
+    The static channels are taken from sample 0 and the time features are fixed, so
+    ``check_module`` can drive a forecaster with the single tensor it scatters.
+    """
+
+    def __init__(self, model: nn.Module, n_state: int, time: torch.Tensor):
+        super().__init__()
+        self.model, self.n_state = model, n_state
+        self.register_buffer("time", time, persistent=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x[:, : self.n_state], x[0, self.n_state :], self.time)
+
+
+def step_bytes(model: nn.Module, batch: int) -> int:
+    """Analytical bytes of one forward + backward over all ranks (``models.comm_model``)."""
+    modules = dict(model.named_modules())
+    total = 0
+    for path, module in modules.items():
+        parent = modules.get(path.rpartition(".")[0]) if path else None
+        total += sum(f + b for f, b in layer_bytes(module, parent, batch).values())
+    return total
+
+
+def _case(mesh: DomainMesh, name: str, preset: str = "tiny", **overrides) -> Record:
+    gen = torch.Generator().manual_seed(len(name))
+    x = torch.randn(BATCH, N_STATE + N_STATIC, *GRID, generator=gen)
+    time = torch.randn(BATCH, N_TIME, generator=gen)
+
+    def build(domain: Domain) -> nn.Module:
+        model = build_model(name, domain, N_STATE, N_STATIC, N_TIME, preset, **overrides)
+        return FieldAdapter(model, N_STATE, time)
+
+    expected = step_bytes(build(Domain.create(mesh, *GRID)), BATCH)
+    shape = f"{GRID[0]}x{GRID[1]} b{BATCH} {N_STATE}+{N_STATIC}+{N_TIME}ch {preset}"
+    if overrides:
+        shape += " " + ",".join(f"{k}={v}" for k, v in overrides.items())
+    return check_module(
+        mesh,
+        name,
+        shape,
+        build,
+        x,
+        GRID,
+        reference=None,
+        seed=3,
+        tolerance=TOLERANCE,
+        expected_bytes=expected,
+    )
+
+
+def _register(name: str) -> None:
+    @register(name)
+    def check(mesh: DomainMesh) -> Iterator[Record]:
+        yield _case(mesh, name)
+
+    check.__name__ = f"check_{name}"
+
+
+for _name in MODELS:
+    _register(_name)

@@ -1,0 +1,184 @@
+"""What every forecaster shares: input assembly, position encodings computed from global
+coordinates (so they are the same on every mesh), and the ``Forecaster`` base class.
+
+All tensors are this rank's tile. Fields are ``(B, C, h, w)``, token tiles ``(B, h, w, C)``.
+Grids are equiangular: row ``i`` of ``n_lat`` rows lies at ``90 − 180·i/(n_lat − 1)`` degrees
+(both poles included, as in ERA5's 721 rows) and column ``j`` of ``n_lon`` at ``360·j/n_lon``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from ..layers.base import Domain
+
+__all__ = [
+    "N_COORD_CHANNELS",
+    "Forecaster",
+    "assemble_inputs",
+    "check_position_encoding",
+    "coordinate_channels",
+    "field_coordinates",
+    "position_encoding",
+]
+
+N_COORD_CHANNELS = 4  # sin/cos latitude, sin/cos longitude
+
+
+def field_coordinates(domain: Domain, centred: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """Latitude and longitude in radians of this rank's rows ``(h,)`` and columns ``(w,)``.
+
+    ``centred=False``: grid points with both poles on the grid (fields). ``centred=True``: cell
+    centres of ``n_lat × n_lon`` equal cells (token grids, where each token covers a patch).
+    """
+    grid, tile = domain.grid, domain.tile
+    rows = torch.arange(tile.lat_start, tile.lat_stop, dtype=torch.float64)
+    cols = torch.arange(tile.lon_start, tile.lon_stop, dtype=torch.float64)
+    if centred:
+        lat = 0.5 * math.pi - math.pi * (rows + 0.5) / grid.n_lat
+        lon = 2.0 * math.pi * (cols + 0.5) / grid.n_lon
+    else:
+        lat = 0.5 * math.pi - math.pi * rows / max(grid.n_lat - 1, 1)
+        lon = 2.0 * math.pi * cols / grid.n_lon
+    return lat, lon
+
+
+def coordinate_channels(domain: Domain, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """``(4, h, w)``: sin/cos of latitude and longitude of this rank's grid points."""
+    lat, lon = field_coordinates(domain)
+    h, w = lat.numel(), lon.numel()
+    chans = [
+        torch.sin(lat)[:, None].expand(h, w),
+        torch.cos(lat)[:, None].expand(h, w),
+        torch.sin(lon)[None, :].expand(h, w),
+        torch.cos(lon)[None, :].expand(h, w),
+    ]
+    return torch.stack(chans).to(dtype=dtype, device=device)
+
+
+def check_position_encoding(kind: str, dim: int) -> None:
+    """Raise unless ``kind`` is a known encoding that fits ``dim`` channels."""
+    if kind not in ("sincos", "spherical", "none"):
+        raise ValueError(f"position encoding {kind!r}: use 'sincos', 'spherical' or 'none'")
+    if kind != "none" and dim % 4:
+        raise ValueError(f"position encoding {kind!r} needs an embed_dim divisible by 4, got {dim}")
+
+
+def position_encoding(
+    domain: Domain, dim: int, kind: str, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor | None:
+    """Fixed ``(h, w, dim)`` encoding of this rank's tokens from their *global* position.
+
+    * ``"sincos"``: the 2-D sine-cosine encoding of token row/column indices (MAE/ViT style);
+      half of the channels encode the row, half the column.
+    * ``"spherical"``: Fourier features of the token centre's latitude and longitude,
+      ``sin/cos(k·lat)`` and ``sin/cos(k·lon)`` for ``k = 1 … dim/4`` — periodic in longitude.
+    * ``"none"``: no encoding (returns ``None``).
+
+    Computed from global coordinates, so every mesh gives the same encoding for the same token.
+    """
+    check_position_encoding(kind, dim)
+    if kind == "none":
+        return None
+    tile, q = domain.tile, dim // 4
+    if kind == "sincos":
+        rows = torch.arange(tile.lat_start, tile.lat_stop, dtype=torch.float64)
+        cols = torch.arange(tile.lon_start, tile.lon_stop, dtype=torch.float64)
+        freqs = 1.0 / 10000.0 ** (torch.arange(q, dtype=torch.float64) / q)
+    elif kind == "spherical":
+        rows, cols = field_coordinates(domain, centred=True)
+        freqs = torch.arange(1, q + 1, dtype=torch.float64)
+    a, b = rows[:, None] * freqs, cols[:, None] * freqs  # (h, q), (w, q)
+    h, w = a.shape[0], b.shape[0]
+    enc = torch.cat(
+        [
+            torch.sin(a)[:, None, :].expand(h, w, q),
+            torch.cos(a)[:, None, :].expand(h, w, q),
+            torch.sin(b)[None, :, :].expand(h, w, q),
+            torch.cos(b)[None, :, :].expand(h, w, q),
+        ],
+        dim=-1,
+    )
+    return enc.to(dtype=dtype, device=device)
+
+
+def assemble_inputs(
+    state: torch.Tensor,
+    static: torch.Tensor,
+    time: torch.Tensor,
+    coords: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``(B, n_state + n_static + n_time [+ 4], h, w)``: state, static broadcast over the batch,
+    time features broadcast to every pixel, and optionally the coordinate channels."""
+    B, _, h, w = state.shape
+    parts = [
+        state,
+        static.to(state.dtype).unsqueeze(0).expand(B, -1, h, w),
+        time.to(state.dtype)[:, :, None, None].expand(-1, -1, h, w),
+    ]
+    if coords is not None:
+        parts.append(coords.unsqueeze(0).expand(B, -1, h, w))
+    return torch.cat(parts, dim=1)
+
+
+class Forecaster(nn.Module):
+    """Base class: ``forward(state, static, time) → next state`` on this rank's tile.
+
+    * ``state``: ``(B, n_state, h, w)`` normalised variables × levels;
+    * ``static``: ``(n_static, h, w)`` static fields (land–sea mask, orography, …);
+    * ``time``: ``(B, n_time)`` time features;
+    * returns ``(B, n_state, h, w)``: ``state + Δ`` when ``residual`` (the default), else ``Δ``.
+
+    Subclasses implement ``predict(x) → Δ`` on the assembled input field ``x``.
+    """
+
+    def __init__(
+        self,
+        domain: Domain,
+        n_state: int,
+        n_static: int,
+        n_time: int,
+        residual: bool = True,
+        coord_channels: bool = True,
+    ):
+        super().__init__()
+        for name, value in (("n_state", n_state), ("n_static", n_static), ("n_time", n_time)):
+            if value < (1 if name == "n_state" else 0):
+                raise ValueError(
+                    f"{type(self).__name__}: {name} must be ≥ {int(name == 'n_state')}, got {value}"
+                )
+        self.domain, self.n_state, self.n_static, self.n_time = domain, n_state, n_static, n_time
+        self.residual, self.coord_channels = residual, coord_channels
+
+    @property
+    def in_channels(self) -> int:
+        return self.n_state + self.n_static + self.n_time + (N_COORD_CHANNELS if self.coord_channels else 0)
+
+    def _check(self, state: torch.Tensor, static: torch.Tensor, time: torch.Tensor) -> None:
+        tile, name = self.domain.tile.shape, type(self).__name__
+        want = {
+            "state": ((-1, self.n_state, *tile), state),
+            "static": ((self.n_static, *tile), static),
+            "time": ((-1, self.n_time), time),
+        }
+        for key, (shape, t) in want.items():
+            if t.dim() != len(shape) or any(s not in (-1, n) for s, n in zip(shape, t.shape)):
+                raise ValueError(
+                    f"{name}.forward: {key} must be {tuple('B' if s == -1 else s for s in shape)} "
+                    f"(this rank's {tile[0]}x{tile[1]} tile of the {self.domain.grid.n_lat}x"
+                    f"{self.domain.grid.n_lon} grid), got {tuple(t.shape)}"
+                )
+        if time.shape[0] != state.shape[0]:
+            raise ValueError(f"{name}.forward: time has {time.shape[0]} rows for a batch of {state.shape[0]}")
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, state: torch.Tensor, static: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
+        self._check(state, static, time)
+        coords = coordinate_channels(self.domain, state.dtype, state.device) if self.coord_channels else None
+        delta = self.predict(assemble_inputs(state, static, time, coords))
+        return state + delta if self.residual else delta

@@ -1,0 +1,147 @@
+"""Model sizes: one typed config per model and named presets (``tiny`` … ``3b``).
+
+``tiny`` is for tests and the demo (runs in seconds on CPU, any grid ≥ 16 × 16); ``small`` is a
+laptop-sized model; ``1b`` and ``3b`` reach the paper's scale (≈1 and ≈3 billion parameters at
+the 721 × 1440 ERA5 grid with 69 state channels — WeatherMixer's token mixing grows with the
+grid). Parameter counts measured with ``jigsaw-earth model summary`` are in docs/models.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["PRESETS", "UNetConfig", "ViTConfig", "WeatherMixerConfig", "make_config"]
+
+
+@dataclass(frozen=True)
+class ViTConfig:
+    """Vision-transformer forecaster.
+
+    embed_dim: token channels; depth: number of blocks; num_heads: attention heads;
+    mlp_ratio: channel-MLP hidden size / embed_dim; patch: patch size (lat = lon);
+    stride: patch stride (< patch: overlapping patches through the halo); pos_encoding:
+    ``"sincos"`` (token indices), ``"spherical"`` (token lat/lon) or ``"none"``; local_every: every
+    k-th block uses neighbourhood attention instead of global (0: all global); local_radius:
+    its radius in tokens; lat_mode: what lies beyond a pole for patches and local attention;
+    coord_channels: append sin/cos lat/lon to the inputs; residual: predict state + Δ.
+    """
+
+    embed_dim: int = 64
+    depth: int = 2
+    num_heads: int = 4
+    mlp_ratio: float = 4.0
+    patch: int = 4
+    stride: int | None = None
+    pos_encoding: str = "spherical"
+    local_every: int = 0
+    local_radius: int = 1
+    lat_mode: str = "pole"
+    dropout: float = 0.0
+    coord_channels: bool = True
+    residual: bool = True
+
+
+@dataclass(frozen=True)
+class UNetConfig:
+    """Convolutional U-Net forecaster.
+
+    base_channels: channels at full resolution; channel_mults: multiplier per level (one
+    down-sampling between levels); convs_per_block: 3×3 convolutions per block; groups: group
+    norm groups (must divide every level's channels); kernel: conv kernel size; down / up:
+    resampling modes; lat_mode: pole treatment of the convolutions (``"zeros"``,
+    ``"replicate"`` or ``"pole"``; longitude is always periodic); activation: elementwise
+    nonlinearity; coord_channels, residual: as for the ViT.
+    """
+
+    base_channels: int = 8
+    channel_mults: tuple[int, ...] = (1, 2)
+    convs_per_block: int = 2
+    groups: int = 4
+    kernel: int = 3
+    down: str = "conv"
+    up: str = "transposed"
+    lat_mode: str = "pole"
+    activation: str = "gelu"
+    coord_channels: bool = True
+    residual: bool = True
+
+
+@dataclass(frozen=True)
+class WeatherMixerConfig:
+    """WeatherMixer (Jigsaw's MLP-Mixer for weather).
+
+    embed_dim: token channels; depth: mixer blocks; channel_hidden: channel-MLP hidden size;
+    token_hidden: token-mixing hidden size (its weights scale with the number of tokens, so
+    the parameter count depends on the grid); patch / stride: patch embedding; lat_mode:
+    beyond-pole rule of overlapping patches; activation; dropout; final_norm: a channel
+    LayerNorm before patch recovery — off by default, because token mixing's output bias adds a
+    per-token constant to every channel, which a final channel norm cancels exactly (that bias
+    would then get a zero gradient); coord_channels, residual.
+    """
+
+    embed_dim: int = 32
+    depth: int = 2
+    channel_hidden: int = 64
+    token_hidden: int = 32
+    patch: int = 4
+    stride: int | None = None
+    lat_mode: str = "pole"
+    activation: str = "gelu"
+    dropout: float = 0.0
+    final_norm: bool = False
+    coord_channels: bool = True
+    residual: bool = True
+
+
+_CONFIGS: dict[str, type] = {"vit": ViTConfig, "unet": UNetConfig, "weathermixer": WeatherMixerConfig}
+
+PRESETS: dict[str, dict[str, dict[str, Any]]] = {
+    "vit": {
+        "tiny": dict(embed_dim=16, depth=2, num_heads=2, mlp_ratio=2.0, patch=4, local_every=2),
+        "small": dict(embed_dim=256, depth=8, num_heads=8, patch=4, local_every=2, local_radius=3),
+        "1b": dict(embed_dim=2048, depth=20, num_heads=16, patch=8),
+        "3b": dict(embed_dim=2560, depth=40, num_heads=20, patch=8),
+    },
+    "unet": {
+        "tiny": dict(base_channels=8, channel_mults=(1, 2), groups=4),
+        "small": dict(base_channels=64, channel_mults=(1, 2, 4, 8), groups=16),
+        "1b": dict(base_channels=384, channel_mults=(1, 2, 4, 8, 8), convs_per_block=2, groups=32),
+        "3b": dict(base_channels=640, channel_mults=(1, 2, 4, 8, 8), convs_per_block=2, groups=32),
+    },
+    "weathermixer": {
+        "tiny": dict(embed_dim=16, depth=2, channel_hidden=32, token_hidden=24, patch=4),
+        "small": dict(embed_dim=256, depth=8, channel_hidden=1024, token_hidden=512, patch=8),
+        "1b": dict(embed_dim=2048, depth=16, channel_hidden=8192, token_hidden=4096, patch=16),
+        "3b": dict(embed_dim=3072, depth=22, channel_hidden=12288, token_hidden=8192, patch=16),
+    },
+}
+
+
+def _nearest(name: str, options: list[str]) -> str:
+    close = difflib.get_close_matches(name, options, n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def make_config(model: str, preset: str = "tiny", **overrides: Any) -> Any:
+    """The config of ``model`` at ``preset`` with ``overrides`` applied; unknown names are errors."""
+    if model not in _CONFIGS:
+        raise ValueError(f"model {model!r}: use one of {sorted(_CONFIGS)}{_nearest(model, list(_CONFIGS))}")
+    presets = PRESETS[model]
+    if preset not in presets:
+        raise ValueError(
+            f"preset {preset!r} for {model}: use one of {list(presets)}{_nearest(preset, list(presets))}"
+        )
+    cls = _CONFIGS[model]
+    fields = [f.name for f in dataclasses.fields(cls)]
+    for key in overrides:
+        if key not in fields:
+            raise ValueError(
+                f"{model} has no option {key!r}{_nearest(key, fields)}; options: {', '.join(fields)}"
+            )
+    values = {**presets[preset], **overrides}
+    if "channel_mults" in values:
+        values["channel_mults"] = tuple(values["channel_mults"])
+    return cls(**values)

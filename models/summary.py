@@ -1,0 +1,152 @@
+"""Model size, per-rank memory and per-step communication, without allocating the model.
+
+Every domain rank's model is constructed on the ``meta`` device (``meta_construction``): shapes
+and shard specs are real, storage and initialisation are not, so a 3-billion-parameter model on
+a 721 × 1440 grid is described in seconds. Communication is the sum of the layers' exact byte
+formulas (the figures the comm ledger measures): ``channel_bytes`` for every channel matmul,
+``token_bytes`` for token mixing, ``ring_attention_bytes`` for global attention, window/halo
+cells for convolutions, patches and neighbourhood attention, and the all-gather of sharded
+norm affines. Bytes are summed over all ranks of one domain group, for one training step
+(forward + backward) at ``batch`` samples per group, fp32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.overrides import TorchFunctionMode
+
+from ..distributed.mesh import DomainMesh, MeshShape
+from ..layers.base import Domain, spec_of
+from . import build_model
+from .comm_model import layer_bytes
+
+__all__ = ["ModelSummary", "meta_construction", "rank_models", "summarize"]
+
+_FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.empty_like}
+
+
+class _MetaFactories(TorchFunctionMode):
+    """Tensor factories without an explicit device allocate on ``meta``; ``torch.tensor`` (used
+    for small host-side scalars during initialisation) stays on the CPU."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
+        kwargs = dict(kwargs or {})
+        if func in _FACTORIES and kwargs.get("device") is None:
+            kwargs["device"] = "meta"
+        return func(*args, **kwargs)
+
+
+@contextlib.contextmanager
+def meta_construction() -> Iterator[None]:
+    """Construct modules with every parameter on the ``meta`` device (no storage, no init cost)."""
+    with _MetaFactories():
+        yield
+
+
+def rank_models(
+    name: str,
+    shape: MeshShape,
+    grid: tuple[int, int],
+    n_state: int,
+    n_static: int,
+    n_time: int,
+    preset: str,
+    **overrides: Any,
+) -> list[nn.Module]:
+    """The model of every domain rank of ``shape`` (data replica 0), constructed on ``meta``."""
+    models = []
+    with meta_construction():
+        for k in range(shape.domain_size):
+            domain = Domain.create(DomainMesh(MeshShape(1, shape.lat, shape.lon), rank=k), *grid)
+            models.append(build_model(name, domain, n_state, n_static, n_time, preset, **overrides))
+    return models
+
+
+@dataclass
+class ModelSummary:
+    model: str
+    preset: str
+    mesh: str
+    grid: tuple[int, int]
+    channels: dict[str, int]
+    batch: int
+    total_params: int
+    rank_params: list[int]
+    rank_param_bytes_max: int
+    rank_train_bytes_max: int  # parameters + gradients + AdamW's two states, fp32
+    serial_train_bytes: int
+    train_bytes_ratio: float  # rank max / serial
+    comm_forward_bytes: int
+    comm_backward_bytes: int
+    comm_by_layer: dict[str, list[int]] = field(default_factory=dict)
+    data_parallel_allreduce_bytes: int = 0
+    seconds: float = 0.0
+    config: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _numel(shape: tuple[int, ...]) -> int:
+    return math.prod(shape)
+
+
+def summarize(
+    name: str,
+    shape: MeshShape,
+    grid: tuple[int, int],
+    n_state: int,
+    n_static: int,
+    n_time: int,
+    preset: str = "tiny",
+    batch: int = 1,
+    elsize: int = 4,
+    **overrides: Any,
+) -> ModelSummary:
+    """Parameter counts, per-rank bytes and analytical communication of one training step."""
+    import time
+
+    start = time.perf_counter()
+    models = rank_models(name, shape, grid, n_state, n_static, n_time, preset, **overrides)
+    total = sum(_numel(spec_of(p).global_shape) for p in models[0].parameters())
+    per_rank = [sum(p.numel() for p in m.parameters()) for m in models]
+    fwd = bwd = 0
+    by_layer: dict[str, list[int]] = {}
+    modules = dict(models[0].named_modules())
+    for path, module in modules.items():
+        parent = modules.get(path.rpartition(".")[0]) if path else None
+        for op, (f, b) in layer_bytes(module, parent, batch, elsize).items():
+            fwd, bwd = fwd + f, bwd + b
+            acc = by_layer.setdefault(op, [0, 0])
+            acc[0], acc[1] = acc[0] + f, acc[1] + b
+    train = 4 * elsize  # parameter, gradient, exp_avg, exp_avg_sq
+    d = shape.data
+    dp = 2 * (d - 1) * max(per_rank) * elsize // d * shape.domain_size if d > 1 else 0
+    cfg = getattr(models[0], "cfg", None)
+    return ModelSummary(
+        model=name,
+        preset=preset,
+        mesh=f"{shape.data}x{shape.lat}x{shape.lon}",
+        grid=grid,
+        channels={"state": n_state, "static": n_static, "time": n_time},
+        batch=batch,
+        total_params=total,
+        rank_params=per_rank,
+        rank_param_bytes_max=max(per_rank) * elsize,
+        rank_train_bytes_max=max(per_rank) * train,
+        serial_train_bytes=total * train,
+        train_bytes_ratio=max(per_rank) / total,
+        comm_forward_bytes=fwd,
+        comm_backward_bytes=bwd,
+        comm_by_layer=by_layer,
+        data_parallel_allreduce_bytes=dp,
+        seconds=round(time.perf_counter() - start, 3),
+        config=asdict(cfg) if cfg is not None else {},
+    )

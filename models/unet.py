@@ -1,0 +1,92 @@
+"""U-Net forecaster on jigsaw layers.
+
+    fields ─ ConvBlock(c0) ──────────────────────────────────────── concat ─ ConvBlock(c0) ─ 1×1 ─▶ Δ
+                └ Downsample ─ ConvBlock(c1) ────────── concat ─ ConvBlock(c1) ┘ Upsample
+                                  └ Downsample ─ ConvBlock(c2) ─ Upsample ┘
+
+A conv block is ``convs_per_block`` × (3×3 Conv2d → GroupNorm → activation). Convolutions pad
+periodically in longitude and by ``lat_mode`` beyond the poles (``"pole"``: across the pole,
+180° away). Every level keeps the global grid it was computed on (``out_domain``), and each
+up-sampling returns exactly the grid of its skip connection, so odd grids (721 × 1440, 33 × 64)
+need no cropping. Group-norm statistics are global, so the model is exact on every mesh.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import torch
+from torch import nn
+
+from ..layers.base import Domain
+from ..layers.conv import Conv2d
+from ..layers.mlp import get_activation
+from ..layers.norm import GroupNorm
+from ..layers.resample import Downsample, Upsample
+from .common import Forecaster
+from .presets import UNetConfig
+
+__all__ = ["ConvBlock", "UNet"]
+
+
+class ConvBlock(nn.Module):
+    """``n`` × (Conv2d → GroupNorm → activation) on a field tile ``(B, C, h, w)``."""
+
+    def __init__(self, domain: Domain, in_ch: int, out_ch: int, cfg: UNetConfig):
+        super().__init__()
+        self.act = get_activation(cfg.activation)
+        self.convs = nn.ModuleList(
+            Conv2d(domain, in_ch if i == 0 else out_ch, out_ch, cfg.kernel, lat_mode=cfg.lat_mode)
+            for i in range(cfg.convs_per_block)
+        )
+        self.norms = nn.ModuleList(GroupNorm(domain, cfg.groups, out_ch) for _ in range(cfg.convs_per_block))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for conv, norm in zip(self.convs, self.norms):
+            x = self.act(norm(conv(x)))
+        return x
+
+
+class UNet(Forecaster):
+    """``forward(state (B, n_state, h, w), static (n_static, h, w), time (B, n_time))`` → next state."""
+
+    def __init__(
+        self, domain: Domain, n_state: int, n_static: int, n_time: int, cfg: UNetConfig | None = None
+    ):
+        cfg = cfg or UNetConfig()
+        super().__init__(domain, n_state, n_static, n_time, cfg.residual, cfg.coord_channels)
+        if not cfg.channel_mults or cfg.convs_per_block < 1:
+            raise ValueError(
+                f"UNet needs at least one level and one conv per block, got channel_mults="
+                f"{cfg.channel_mults} and convs_per_block={cfg.convs_per_block}"
+            )
+        self.cfg = cfg
+        chans = [cfg.base_channels * m for m in cfg.channel_mults]
+        domains = [domain]
+        self.encoder = nn.ModuleList([ConvBlock(domain, self.in_channels, chans[0], cfg)])
+        self.down = nn.ModuleList()
+        for lo, hi in itertools.pairwise(chans):
+            self.down.append(Downsample(domains[-1], lo, hi, mode=cfg.down, lat_mode=cfg.lat_mode))
+            domains.append(self.down[-1].out_domain)
+            self.encoder.append(ConvBlock(domains[-1], hi, hi, cfg))
+        self.up = nn.ModuleList()
+        self.decoder = nn.ModuleList()
+        for level in reversed(range(len(chans) - 1)):
+            fine = domains[level].grid
+            coarse, size = domains[level + 1], (fine.n_lat, fine.n_lon)
+            self.up.append(
+                Upsample(
+                    coarse, chans[level + 1], chans[level], mode=cfg.up, out_grid=size, lat_mode=cfg.lat_mode
+                )
+            )
+            self.decoder.append(ConvBlock(domains[level], 2 * chans[level], chans[level], cfg))
+        self.head = Conv2d(domain, chans[0], n_state, 1)
+
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        skips = [self.encoder[0](x)]
+        for down, block in zip(self.down, self.encoder[1:]):
+            skips.append(block(down(skips[-1])))
+        y = skips.pop()
+        for up, block in zip(self.up, self.decoder):
+            y = block(torch.cat([up(y), skips.pop()], dim=1))
+        return self.head(y)
