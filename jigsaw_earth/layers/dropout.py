@@ -18,19 +18,44 @@ for token tiles and fields alike (the index is the same for both layouts).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
-from .base import Domain, uniform_at
+from ..distributed.tiles import Tile
+from .base import Domain, _mix, _srl, _stream, uniform_at
 
 __all__ = ["Dropout", "dropout_mask", "set_dropout_step"]
 
 _LAYOUTS = ("tokens", "field")
 
 
+def _global_index(
+    tile: Tile, grid: tuple[int, int], shape: Sequence[int], layout: str, batch_offset: int, device
+) -> torch.Tensor:
+    """Row-major index in the global ``(batch, lat, lon, channel)`` tensor, shaped like the tile."""
+    n_lat, n_lon = grid
+    b, h, w, c = shape if layout == "tokens" else (shape[0], shape[2], shape[3], shape[1])
+    if (h, w) != tile.shape:
+        raise ValueError(
+            f"Dropout({layout}): input tile is {h}x{w} but this rank's tile of the "
+            f"{n_lat}x{n_lon} grid is {tile.shape[0]}x{tile.shape[1]}"
+        )
+
+    def ar(start: int, n: int, dim: int) -> torch.Tensor:
+        view = [1, 1, 1, 1]
+        view[dim] = n
+        return torch.arange(start, start + n, device=device, dtype=torch.int64).view(view)
+
+    bi, li, oi, ci = ar(batch_offset, b, 0), ar(tile.lat_start, h, 1), ar(tile.lon_start, w, 2), ar(0, c, 3)
+    index = ((bi * n_lat + li) * n_lon + oi) * c + ci  # (b, h, w, c)
+    return index if layout == "tokens" else index.permute(0, 3, 1, 2)
+
+
 def dropout_mask(
     domain: Domain,
-    shape: torch.Size | tuple[int, ...],
+    shape: Sequence[int],
     layout: str,
     p: float,
     seed: int,
@@ -38,31 +63,18 @@ def dropout_mask(
     batch_offset: int = 0,
     device: torch.device | None = None,
 ) -> torch.Tensor:
-    """Boolean keep-mask of this rank's tile of shape ``shape`` (``(B,h,w,C)`` or ``(B,C,h,w)``)."""
-    tile, grid = domain.tile, domain.grid
-    if layout == "tokens":
-        b, h, w, c = shape
-    else:
-        b, c, h, w = shape
-    if (h, w) != tile.shape:
-        raise ValueError(
-            f"Dropout({layout}): input tile is {h}x{w} but this rank's tile of the "
-            f"{grid.n_lat}x{grid.n_lon} grid is {tile.shape[0]}x{tile.shape[1]}"
-        )
-    ar = lambda start, n: torch.arange(start, start + n, device=device, dtype=torch.int64)  # noqa: E731
-    bi = ar(batch_offset, b).view(b, 1, 1, 1)
-    li = ar(tile.lat_start, h).view(1, h, 1, 1)
-    oi = ar(tile.lon_start, w).view(1, 1, w, 1)
-    ci = ar(0, c).view(1, 1, 1, c)
-    index = ((bi * grid.n_lat + li) * grid.n_lon + oi) * c + ci  # (b, h, w, c), global row-major
-    keep = uniform_at(index, seed, key) >= p
-    return keep if layout == "tokens" else keep.permute(0, 3, 1, 2)
+    """Boolean keep-mask of this rank's tile (``(B,h,w,C)`` or ``(B,C,h,w)``): ``uniform_at ≥ p``."""
+    grid = (domain.grid.n_lat, domain.grid.n_lon)
+    return uniform_at(_global_index(domain.tile, grid, shape, layout, batch_offset, device), seed, key) >= p
 
 
 class Dropout(nn.Module):
     """Dropout on a token tile ``(B, h, w, C)`` (``layout="tokens"``) or a field ``(B, C, h, w)``.
 
-    Kept elements are scaled by ``1 / (1 - p)``; identity in eval mode or with ``p = 0``.
+    Kept elements are scaled by ``1 / (1 - p)``; identity in eval mode or with ``p = 0``. The keep
+    decision is ``uniform_at(global index, seed, f"{key}/step{step}") ≥ p`` (``dropout_mask``); the
+    module evaluates it with the stream of ``(seed, key, step)`` held in a buffer, so changing the
+    step neither breaks nor recompiles a ``torch.compile`` graph.
     """
 
     jigsaw_layer = True
@@ -74,23 +86,59 @@ class Dropout(nn.Module):
         if layout not in _LAYOUTS:
             raise ValueError(f"Dropout layout {layout!r}: use 'tokens' (B,h,w,C) or 'field' (B,C,h,w)")
         self.domain, self.p, self.layout = domain, p, layout
-        self.seed, self.key, self.step, self.batch_offset = 0, "dropout", 0, 0
+        # geometry read once here: forward touches no cached_property (torch.compile-friendly)
+        self._tile, self._grid = domain.tile, (domain.grid.n_lat, domain.grid.n_lon)
+        self.register_buffer("_stream", torch.zeros((), dtype=torch.int64), persistent=False)
+        self._seed, self._key, self._step, self.batch_offset = 0, "dropout", 0, 0
+        self._refresh()
+
+    # seed, key and step determine the stream; setting any of them refreshes it (outside forward)
+    @property
+    def seed(self) -> int:
+        return self._seed
+
+    @seed.setter
+    def seed(self, value: int) -> None:
+        self._seed = int(value)
+        self._refresh()
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    @key.setter
+    def key(self, value: str) -> None:
+        self._key = str(value)
+        self._refresh()
+
+    @property
+    def step(self) -> int:
+        return self._step
+
+    @step.setter
+    def step(self, value: int) -> None:
+        self._step = int(value)
+        self._refresh()
+
+    @property
+    def stream_key(self) -> str:
+        return f"{self._key}/step{self._step}"
+
+    def _refresh(self) -> None:
+        with torch.no_grad():
+            self._stream.fill_(_stream(self._seed, self.stream_key))
 
     def reset_parameters(self, seed: int = 0, key: str = "dropout") -> None:
         """No parameters: records the seed and the module path that key the mask."""
-        self.seed, self.key = seed, key
+        self._seed, self._key = int(seed), key
+        self._refresh()
 
     def mask(self, x: torch.Tensor) -> torch.Tensor:
-        return dropout_mask(
-            self.domain,
-            x.shape,
-            self.layout,
-            self.p,
-            self.seed,
-            f"{self.key}/step{self.step}",
-            self.batch_offset,
-            x.device,
-        )
+        """Boolean keep-mask for ``x`` — equal to ``dropout_mask(..., seed, stream_key, ...)``."""
+        index = _global_index(self._tile, self._grid, x.shape, self.layout, self.batch_offset, x.device)
+        # uniform_at(index, seed, stream_key), with its stream precomputed in the buffer
+        h = _mix(index * 2 + 1 + self._stream)
+        return (_srl(h, 40).to(torch.float32) + 0.5) / float(1 << 24) >= self.p
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4:
@@ -112,6 +160,6 @@ def set_dropout_step(model: nn.Module, step: int, batch_offset: int | None = Non
     """Set the step (and optionally the global index of the first local sample) of every Dropout."""
     for module in model.modules():
         if isinstance(module, Dropout):
-            module.step = int(step)
+            module.step = step
             if batch_offset is not None:
                 module.batch_offset = int(batch_offset)

@@ -72,6 +72,9 @@ class MLP(nn.Module):
         )
         self.activation = activation
         self.act = get_activation(activation)
+        # Linear.forward reads the tile geometry, whose TileGrid cached_property takes a lock that
+        # torch.compile cannot trace (Python 3.11): fill that cache here, outside any compiled region
+        domain.counts()
         self.fc1 = Linear(domain, in_features, hidden, strategy=strategy)
         self.drop = Dropout(domain, dropout, layout="tokens") if dropout > 0 else None
         self.fc2 = Linear(domain, hidden, out_features, strategy=strategy)

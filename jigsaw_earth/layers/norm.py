@@ -114,13 +114,14 @@ class GroupNorm(_AffineNorm):
             )
         super().__init__(domain, channels, affine)
         self.num_groups, self.eps = num_groups, eps
+        self._tile_shape = domain.tile.shape  # read once: forward touches no cached_property
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tile = self.domain.tile
-        if x.dim() != 4 or x.shape[1] != self.channels or tuple(x.shape[2:]) != tile.shape:
+        h, w = self._tile_shape
+        if x.dim() != 4 or x.shape[1] != self.channels or tuple(x.shape[2:]) != (h, w):
             raise ValueError(
-                f"{type(self).__name__} expects this rank's field tile (B, {self.channels}, "
-                f"{tile.shape[0]}, {tile.shape[1]}), got {tuple(x.shape)}"
+                f"{type(self).__name__} expects this rank's field tile (B, {self.channels}, {h}, {w}), "
+                f"got {tuple(x.shape)}"
             )
         weight, bias = self._affine()
         autocast = torch.is_autocast_enabled(x.device.type)

@@ -53,6 +53,7 @@ class TokenMixing(nn.Module):
         self.n_tokens = grid.n_lat * grid.n_lon
         self.hidden_sizes = domain.split_sizes(hidden_tokens)
         self.token_counts = domain.counts()
+        self._tile, self._tiles = tile, domain.grid.tiles()  # forward touches no cached_property
         start, stop = domain.split(hidden_tokens)
         self.w1 = sharded_parameter((hidden_tokens, grid.n_lat, grid.n_lon), 0, start, stop)
         self.b1 = sharded_parameter((hidden_tokens,), 0, start, stop)
@@ -72,11 +73,11 @@ class TokenMixing(nn.Module):
     def _first_operand(self) -> torch.Tensor:
         """``W1``'s row block ``(D_q, N)`` with columns in rank-major token order."""
         w1 = self.w1
-        blocks = [w1[:, t.lat_start : t.lat_stop, t.lon_start : t.lon_stop] for t in self.domain.grid.tiles()]
+        blocks = [w1[:, t.lat_start : t.lat_stop, t.lon_start : t.lon_stop] for t in self._tiles]
         return torch.cat([b.reshape(w1.shape[0], -1) for b in blocks], dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        tile = self.domain.tile
+        tile = self._tile
         if x.dim() != 4 or tuple(x.shape[1:3]) != tile.shape:
             raise ValueError(
                 f"TokenMixing expects this rank's token tile (B, {tile.shape[0]}, {tile.shape[1]}, C) "

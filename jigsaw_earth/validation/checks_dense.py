@@ -1,9 +1,9 @@
 """Validator checks for the dense layers: MLP, norms, token mixing, mesh-invariant dropout.
 
 Every reference is plain torch on the global tensor with the serial module's full parameters,
-except ``dropout``, whose property under test is mesh invariance: its reference is the serial
-module's own output (its mask on the whole grid). Expected bytes are derived from the
-communication pattern (formulas in docs/layers_dense.md), not measured.
+except the dropout mask, whose property under test is mesh invariance: the reference draws it
+on the whole grid with ``dropout_mask`` (``uniform_at`` of global indices). Expected bytes are
+derived from the communication pattern (formulas in docs/layers_dense.md), not measured.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ..distributed.matmul import channel_bytes, choose, token_bytes
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, fill_uniform_
-from ..layers.dropout import Dropout
+from ..layers.dropout import Dropout, dropout_mask
 from ..layers.mlp import MLP, get_activation
 from ..layers.norm import GroupNorm, InstanceNorm, LayerNorm
 from ..layers.token_mixing import TokenMixing
@@ -95,7 +95,8 @@ def check_mlp(mesh: DomainMesh) -> Iterator[Record]:
             def reference(m, t, act=act, p=p):
                 h = get_activation(act)(t @ m.fc1.weight + m.fc1.bias)
                 if p > 0:
-                    h = h * m.drop.mask(h).to(h.dtype) * (1.0 / (1.0 - p))
+                    keep = dropout_mask(m.domain, h.shape, "tokens", p, m.drop.seed, m.drop.stream_key)
+                    h = h * keep.to(h.dtype) * (1.0 / (1.0 - p))
                 return h @ m.fc2.weight + m.fc2.bias
 
             yield check_module(
@@ -241,7 +242,7 @@ def check_token_mixing(mesh: DomainMesh) -> Iterator[Record]:
 # -------------------------------------------------------------------------------- Dropout
 @register("dropout")
 def check_dropout(mesh: DomainMesh) -> Iterator[Record]:
-    """Mesh invariance: the sharded mask equals the serial module's mask on the same elements."""
+    """Mesh invariance: each rank's mask equals ``dropout_mask`` of the whole grid on its tile."""
     for grid in GRIDS:
         if not _fits(mesh, grid):
             continue
@@ -261,6 +262,10 @@ def check_dropout(mesh: DomainMesh) -> Iterator[Record]:
                 _x(*shape, seed=channels),
                 grid,
                 layout=layout,
-                reference=None,
+                reference=lambda m, t, p=p, layout=layout: (
+                    t
+                    * dropout_mask(m.domain, t.shape, layout, p, m.seed, m.stream_key).to(t.dtype)
+                    * (1.0 / (1.0 - p))
+                ),
                 expected_bytes=0,
             )
