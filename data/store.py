@@ -1,0 +1,280 @@
+"""Opening an ERA5 Zarr store and mapping its names and coordinates onto the WB2 conventions.
+
+Everything goes by coordinate *names and values*, never by position: latitude may be stored
+ascending or descending, levels in any order (hPa or Pa), dimensions as ``(lat, lon)`` or
+``(lon, lat)``, and variables under other names (``t2m``, ``u10``, ``msl``, ``z``, ``t`` ...).
+The *normalised* grid every other module uses is latitude descending (north → south, the WB2
+convention) and longitude ascending; ``StoreView.lat_storage`` / ``lon_storage`` map normalised
+positions back to storage positions.
+
+``CountingStore`` wraps any zarr store and counts the bytes actually returned by chunk reads:
+the honest I/O measurement behind ``jigsaw-earth data io-report``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+import zarr
+import zarr.storage
+
+__all__ = [
+    "ALIASES",
+    "SURFACE_VARIABLES",
+    "UPPER_AIR_VARIABLES",
+    "CountingStore",
+    "StoreView",
+    "open_store",
+]
+
+log = logging.getLogger(__name__)
+
+UPPER_AIR_VARIABLES = (
+    "geopotential", "temperature", "u_component_of_wind", "v_component_of_wind",
+    "specific_humidity", "vertical_velocity",
+)
+SURFACE_VARIABLES = (
+    "2m_temperature", "10m_u_component_of_wind", "10m_v_component_of_wind",
+    "mean_sea_level_pressure", "total_precipitation_6hr", "land_sea_mask",
+    "geopotential_at_surface",
+)
+# Canonical (WB2) name -> other names ERA5 files from other sources use. Upper-air aliases only
+# match variables with a level dimension and surface aliases only ones without, so ``z`` maps
+# to geopotential in a pressure-level file and to geopotential_at_surface in a single-level one.
+ALIASES: dict[str, tuple[str, ...]] = {
+    "geopotential": ("z", "zg"),
+    "temperature": ("t", "ta"),
+    "u_component_of_wind": ("u", "ua"),
+    "v_component_of_wind": ("v", "va"),
+    "specific_humidity": ("q", "hus"),
+    "vertical_velocity": ("w", "wap"),
+    "2m_temperature": ("t2m", "2t", "tas"),
+    "10m_u_component_of_wind": ("u10", "10u", "uas"),
+    "10m_v_component_of_wind": ("v10", "10v", "vas"),
+    "mean_sea_level_pressure": ("msl", "psl"),
+    "total_precipitation_6hr": ("tp6h", "tp"),
+    "land_sea_mask": ("lsm", "sftlf"),
+    "geopotential_at_surface": ("z", "orog_geopotential", "zs"),
+    "latitude": ("lat", "nav_lat", "y"),
+    "longitude": ("lon", "nav_lon", "x"),
+    "level": ("plev", "pressure_level", "isobaricInhPa", "lev", "pressure"),
+    "time": ("valid_time", "datetime", "t_axis"),
+}
+COORDS = ("time", "level", "latitude", "longitude")
+
+# zarr decodes/encodes chunks one at a time by default (batch_size 1); batching them is 2–4×
+# faster for the many small inner chunks of tile-aligned shards, for reads and writes alike.
+if zarr.config.get("codec_pipeline.batch_size") == 1:
+    zarr.config.set({"codec_pipeline.batch_size": 128})
+
+
+class CountingStore(zarr.storage.WrapperStore):
+    """A zarr store wrapper counting the bytes and requests its reads return (thread-safe)."""
+
+    def __init__(self, store: Any) -> None:
+        super().__init__(store)
+        self.bytes_read = 0
+        self.requests = 0
+        self._lock = threading.Lock()
+
+    def _with_store(self, store: Any) -> CountingStore:
+        return type(self)(store)
+
+    def _count(self, *buffers: Any) -> None:
+        n = sum(len(b) for b in buffers if b is not None)
+        with self._lock:
+            self.bytes_read += n
+            self.requests += sum(b is not None for b in buffers)
+
+    def reset(self) -> None:
+        with self._lock:
+            self.bytes_read = 0
+            self.requests = 0
+
+    async def get(self, key: str, prototype: Any, byte_range: Any = None) -> Any:
+        out = await self._store.get(key, prototype, byte_range)
+        self._count(out)
+        return out
+
+    async def get_partial_values(self, prototype: Any, key_ranges: Any) -> list[Any]:
+        outs = await self._store.get_partial_values(prototype, key_ranges)
+        self._count(*outs)
+        return outs
+
+
+def _is_url(path: str) -> bool:
+    return "://" in path
+
+
+def open_store(path: str | Path, *, count: bool = False, read_only: bool = True) -> Any:
+    """A zarr store for a local path or any fsspec URL (``gs://``, ``memory://``, ...)."""
+    text = str(path)
+    if _is_url(text) and not text.startswith("file://"):
+        store: Any = zarr.storage.FsspecStore.from_url(text, read_only=read_only)
+    else:
+        local = Path(text.removeprefix("file://"))
+        if read_only and not local.exists():
+            raise FileNotFoundError(
+                f"data store {text!r} does not exist; create one with `jigsaw-earth data synth "
+                f"--out {text}` or `jigsaw-earth data prepare SRC --out {text}`"
+            )
+        store = zarr.storage.LocalStore(local, read_only=read_only)
+    return CountingStore(store) if count else store
+
+
+def _find(names: list[str], canonical: str, mapping: dict[str, str]) -> str | None:
+    if canonical in mapping:
+        return mapping[canonical] if mapping[canonical] in names else None
+    for cand in (canonical, *ALIASES.get(canonical, ())):
+        if cand in names:
+            return cand
+    return None
+
+
+@dataclass
+class StoreView:
+    """Metadata of an opened store: names, normalised coordinates and zarr arrays.
+
+    ``lat`` is descending and ``lon`` ascending (normalised); ``lat_storage[i]`` is the storage
+    row of normalised row ``i`` (likewise ``lon_storage``). ``levels`` are in hPa, in storage
+    order. ``names`` maps canonical variable names to the store's names.
+    """
+
+    path: str
+    store: Any
+    dataset: xr.Dataset
+    group: Any
+    coord_names: dict[str, str]
+    lat: np.ndarray
+    lon: np.ndarray
+    lat_storage: np.ndarray
+    lon_storage: np.ndarray
+    times: np.ndarray
+    levels: np.ndarray | None
+    names: dict[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def open(cls, path: str | Path, names: dict[str, str] | None = None, count: bool = False) -> StoreView:
+        store = open_store(path, count=count)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                ds = xr.open_zarr(store, chunks=None, consolidated=None)
+                group = zarr.open_group(store, mode="r")
+            except FileNotFoundError:
+                raise FileNotFoundError(
+                    f"no Zarr store at {str(path)!r}; check the path or URL, or create one with "
+                    f"`jigsaw-earth data synth --out PATH`"
+                ) from None
+        mapping = dict(names or {})
+        present = [str(n) for n in ds.variables]
+        coords: dict[str, str] = {}
+        for c in COORDS:
+            found = _find(present, c, mapping)
+            if found is None and c != "level":
+                raise ValueError(
+                    f"store {str(path)!r} has no {c} coordinate; it has {sorted(present)}. Pass "
+                    f"names={{'{c}': '<name in store>'}} (CLI: --name {c}=NAME) to map it"
+                )
+            if found is not None:
+                coords[c] = found
+        lat = np.asarray(ds[coords["latitude"]].values, dtype=np.float64)
+        lon = np.asarray(ds[coords["longitude"]].values, dtype=np.float64)
+        lat_storage = np.argsort(-lat, kind="stable")
+        lon_storage = np.argsort(lon, kind="stable")
+        for name, values in (("latitude", lat), ("longitude", lon)):
+            if values.ndim != 1 or len(np.unique(values)) != len(values):
+                raise ValueError(f"{name} of {str(path)!r} must be 1-D with distinct values")
+        times = np.asarray(ds[coords["time"]].values)
+        if not np.issubdtype(times.dtype, np.datetime64):
+            raise ValueError(
+                f"time coordinate {coords['time']!r} of {str(path)!r} is {times.dtype}, not "
+                f"datetimes; give it CF units (e.g. 'hours since 1970-01-01')"
+            )
+        levels = None
+        if "level" in coords:
+            levels = np.asarray(ds[coords["level"]].values, dtype=np.float64)
+            if levels.size and levels.max() > 2000:  # stored in Pa
+                levels = levels / 100.0
+        view = cls(str(path), store, ds, group, coords, lat[lat_storage], lon[lon_storage],
+                   lat_storage, lon_storage, times, levels)
+        view._mapping = mapping  # type: ignore[attr-defined]
+        return view
+
+    # ---- grid -----------------------------------------------------------------------------
+    @property
+    def grid_shape(self) -> tuple[int, int]:
+        return len(self.lat), len(self.lon)
+
+    @property
+    def lat_descending_in_storage(self) -> bool:
+        return bool(np.all(self.lat_storage == np.arange(len(self.lat))))
+
+    # ---- variables ------------------------------------------------------------------------
+    def available(self) -> list[str]:
+        """Data variables of the store (store names)."""
+        return sorted(str(v) for v in self.dataset.data_vars)
+
+    def resolve(self, canonical: str, upper_air: bool) -> str:
+        """Store name of a canonical variable; a clear error listing the store when missing."""
+        if canonical in self.names:
+            return self.names[canonical]
+        level = self.coord_names.get("level")
+        candidates = [
+            v for v in self.available()
+            if (level in self.dataset[v].dims) == upper_air
+        ]
+        found = _find(candidates, canonical, getattr(self, "_mapping", {}))
+        if found is None:
+            kind = "upper-air (with a level dimension)" if upper_air else "surface (no level)"
+            raise ValueError(
+                f"variable {canonical!r} ({kind}) is not in store {self.path!r}; the store has "
+                f"{self.describe_variables()}. Map it with names={{'{canonical}': 'STORE_NAME'}} "
+                f"(CLI: --name {canonical}=STORE_NAME) or drop it from the variable list"
+            )
+        self.names[canonical] = found
+        return found
+
+    def describe_variables(self) -> str:
+        level = self.coord_names.get("level")
+        parts = []
+        for v in self.available():
+            dims = self.dataset[v].dims
+            parts.append(f"{v}{'[level]' if level in dims else ''}")
+        return ", ".join(parts) or "no data variables"
+
+    def level_indices(self, canonical: str, wanted: tuple[int, ...]) -> np.ndarray:
+        """Storage indices of the wanted levels (hPa), in the order asked."""
+        if self.levels is None:
+            raise ValueError(f"store {self.path!r} has no level coordinate but {canonical!r} needs levels")
+        out = []
+        for lev in wanted:
+            hits = np.nonzero(np.isclose(self.levels, float(lev)))[0]
+            if not len(hits):
+                raise ValueError(
+                    f"level {lev} hPa of {canonical!r} is not in store {self.path!r}; it has "
+                    f"levels {[int(x) if float(x).is_integer() else float(x) for x in self.levels]}"
+                    f". Choose levels from that list"
+                )
+            out.append(int(hits[0]))
+        return np.asarray(out)
+
+    def array(self, store_name: str) -> Any:
+        return self.group[store_name]
+
+    def dims(self, store_name: str) -> tuple[str, ...]:
+        """Dimensions of a variable, as canonical coordinate names."""
+        inverse = {v: k for k, v in self.coord_names.items()}
+        return tuple(inverse.get(str(d), str(d)) for d in self.dataset[store_name].dims)
+
+    def encoding(self, store_name: str) -> tuple[float, float]:
+        """(scale_factor, add_offset) of a CF-packed variable, (1, 0) otherwise."""
+        enc = self.dataset[store_name].encoding
+        return float(enc.get("scale_factor", 1.0)), float(enc.get("add_offset", 0.0))

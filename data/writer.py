@@ -1,0 +1,159 @@
+"""Writing stores in the training layout: chunk/shard layout, atomic output, completion marker.
+
+A store is written to ``DST.tmp-<pid>`` and renamed to ``DST`` only when complete; the root
+group's ``jigsaw_earth`` attribute records ``complete: true`` (written last). A crash mid-way
+therefore leaves only a ``.tmp-`` folder that no reader accepts.
+
+Layout: every variable is ``(time, [level], latitude, longitude)`` with latitude descending,
+levels ascending (WB2). Inner chunks are ``(1, all levels, lat_chunk, lon_chunk)``; Zarr v3
+shards group ``time_shard`` times and ``lat_shard × lon_shard`` cells into one object.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import zarr
+from zarr.codecs import ZstdCodec
+
+from jigsaw_earth.distributed.mesh import MeshShape
+from jigsaw_earth.distributed.tiles import TileGrid
+
+__all__ = ["ChunkLayout", "atomic_store", "create_variable", "mark_complete", "write_coords"]
+
+log = logging.getLogger(__name__)
+EPOCH = np.datetime64("1970-01-01T00:00:00", "s")
+
+
+def _divisor_at_most(n: int, target: int) -> int:
+    target = max(1, min(n, target))
+    while n % target:
+        target -= 1
+    return target
+
+
+@dataclass(frozen=True)
+class ChunkLayout:
+    """Chunk and shard sizes; 0 means the whole axis."""
+
+    lat_chunk: int = 0
+    lon_chunk: int = 0
+    lat_shard: int = 0
+    lon_shard: int = 0
+    time_shard: int = 1
+    compress: bool = True
+
+    @classmethod
+    def parse(cls, chunk: str | None, shard: str | None, time_shard: int = 1) -> ChunkLayout:
+        def pair(text: str | None, what: str) -> tuple[int, int]:
+            if not text:
+                return 0, 0
+            try:
+                a, b = (int(x) for x in text.lower().split("x"))
+            except ValueError:
+                raise ValueError(f"{what} {text!r}: write LATxLON, e.g. 8x16") from None
+            return a, b
+
+        return cls(*pair(chunk, "--chunk"), *pair(shard, "--shard"), time_shard=time_shard)
+
+    @classmethod
+    def for_mesh(cls, n_lat: int, n_lon: int, mesh: MeshShape, per_tile: int = 16,
+                 time_shard: int = 1) -> ChunkLayout:
+        """Tile-aligned: one shard per tile of ``mesh``, inner chunks ~1/``per_tile`` of a tile."""
+        grid = TileGrid(n_lat, n_lon, mesh.lat, mesh.lon)
+        s_lat, s_lon = max(grid.lat_sizes), max(grid.lon_sizes)
+        c_lat = _divisor_at_most(s_lat, max(2, s_lat // per_tile))
+        c_lon = _divisor_at_most(s_lon, max(2, s_lon // per_tile))
+        return cls(c_lat, c_lon, s_lat, s_lon, time_shard)
+
+    def shapes(self, n_time: int, n_level: int | None, n_lat: int, n_lon: int
+               ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+        """(chunks, shards or None) for a variable of that size."""
+        c_lat, c_lon = self.lat_chunk or n_lat, self.lon_chunk or n_lon
+        s_lat = max(c_lat, (self.lat_shard or n_lat) // c_lat * c_lat)
+        s_lon = max(c_lon, (self.lon_shard or n_lon) // c_lon * c_lon)
+        t_shard = max(1, min(self.time_shard, n_time))
+        lev = () if n_level is None else (n_level,)
+        chunks = (1, *lev, min(c_lat, n_lat), min(c_lon, n_lon))
+        shards = (t_shard, *lev, min(s_lat, n_lat), min(s_lon, n_lon))
+        if shards == chunks:
+            return chunks, None
+        # a shard must be a whole number of chunks
+        shards = tuple(s if s % c == 0 else (s // c) * c or c for s, c in zip(shards, chunks))
+        return chunks, shards
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@contextmanager
+def atomic_store(dst: str | Path, overwrite: bool = False) -> Iterator[Path]:
+    """Yield a temporary path next to ``dst``; rename it to ``dst`` on success, delete on error."""
+    dst = Path(dst)
+    if "://" in str(dst):
+        raise ValueError(f"output {str(dst)!r} must be a local path (atomic rename); copy it afterwards")
+    if dst.exists() and not overwrite:
+        raise ValueError(f"output {dst} already exists; pass --overwrite to replace it or choose "
+                         f"another --out")
+    tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if dst.exists():
+        old = dst.with_name(f"{dst.name}.old-{os.getpid()}")
+        dst.rename(old)
+        tmp.rename(dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        tmp.rename(dst)
+    log.info("wrote %s", dst)
+
+
+def write_coords(group: Any, times: np.ndarray, levels: np.ndarray | None, lat: np.ndarray,
+                 lon: np.ndarray) -> None:
+    """Coordinate arrays that xarray decodes (time as hours since 1970 with CF units)."""
+    hours = ((np.asarray(times).astype("datetime64[s]") - EPOCH) // np.timedelta64(1, "h")).astype(np.int64)
+    group.create_array("time", data=hours, chunks=(max(1, len(hours)),), dimension_names=["time"],
+                       attributes={"units": "hours since 1970-01-01", "calendar": "proleptic_gregorian",
+                                   "standard_name": "time"})
+    if levels is not None:
+        group.create_array("level", data=np.asarray(levels, dtype=np.int64), dimension_names=["level"],
+                           attributes={"units": "hPa", "long_name": "pressure level"})
+    group.create_array("latitude", data=np.asarray(lat, dtype=np.float64), dimension_names=["latitude"],
+                       attributes={"units": "degrees_north"})
+    group.create_array("longitude", data=np.asarray(lon, dtype=np.float64), dimension_names=["longitude"],
+                       attributes={"units": "degrees_east"})
+
+
+def create_variable(group: Any, name: str, shape: tuple[int, ...], dims: list[str],
+                    layout: ChunkLayout, attrs: dict[str, Any] | None = None) -> Any:
+    """An empty float32 variable with the layout's chunks and shards (NaN fill)."""
+    if "time" in dims:
+        n_level = shape[1] if "level" in dims else None
+        chunks, shards = layout.shapes(shape[0], n_level, shape[-2], shape[-1])
+    else:
+        chunks, shards = tuple(shape), None
+    return group.create_array(
+        name, shape=shape, dtype="float32", chunks=chunks, shards=shards, fill_value=np.nan,
+        dimension_names=dims, attributes=attrs or {},
+        compressors=ZstdCodec(level=1) if layout.compress else None,
+    )
+
+
+def mark_complete(path: Path, **info: Any) -> None:
+    """Record completeness (and provenance) in the root attributes: the last thing written."""
+    group = zarr.open_group(path, mode="r+")
+    group.attrs["jigsaw_earth"] = {"complete": True, **info}
