@@ -30,7 +30,7 @@ from ..distributed.matmul import Strategy, matmul_channels
 from ..distributed.tiles import TileGrid
 from .base import Domain, fill_uniform_, sharded_parameter
 
-__all__ = ["Conv2d", "Padding", "conv_out_size", "conv_windows", "resolve_padding"]
+__all__ = ["Conv2d", "Padding", "autocast_operands", "conv_out_size", "conv_windows", "resolve_padding"]
 
 Pair = tuple[int, int]
 Padding = str | int | tuple[int, int] | tuple[Pair, Pair]
@@ -110,11 +110,23 @@ def unfold_matmul(
     ``weight`` is this rank's ``(in_ch*kh*kw, out_q)`` column block. Returns this rank's output
     tile as token rows ``(B*h_out*w_out, out_ch)`` in ``(b, i, j)`` order.
     """
+    x, weight, bias = autocast_operands(x, weight, bias)
     win = gather_windows(x, domain.grid, windows, domain.axis, *modes, op="gather_windows")
     cols = F.unfold(win, kernel, dilation=dilation, stride=stride)  # (B, C*kh*kw, L)
     tokens = cols.transpose(1, 2).reshape(-1, cols.shape[1])
     counts = out_domain.counts(batch=x.shape[0])
     return matmul_channels(tokens, weight, bias, domain.axis, out_sizes, counts, strategy)
+
+
+def autocast_operands(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """Cast floating operands to the autocast dtype when autocast is on (as autocast would cast a
+    ``conv2d``/``matmul``'s inputs), so a distributed matmul sees one dtype in forward and backward
+    and halo and weight messages travel in the lower precision."""
+    dev = next(t for t in tensors if t is not None).device.type
+    if not torch.is_autocast_enabled(dev):
+        return tensors
+    dtype = torch.get_autocast_dtype(dev)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
 
 
 def check_field(x: torch.Tensor, domain: Domain, channels: int, layer: str) -> None:

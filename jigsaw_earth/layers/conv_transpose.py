@@ -36,7 +36,7 @@ from ..distributed.halo import LatMode, LonMode, Window, gather_windows
 from ..distributed.matmul import Strategy, matmul_channels
 from ..distributed.tiles import TileGrid
 from .base import Domain, fill_uniform_, sharded_parameter
-from .conv import _pair, check_field
+from .conv import _pair, autocast_operands, check_field
 
 __all__ = ["ConvTranspose2d", "transposed_windows"]
 
@@ -124,10 +124,11 @@ class ConvTranspose2d(nn.Module):
         lh, lw = lat_hi - lat_lo, lon_hi - lon_lo
         b = x.shape[0]
         axis = self.domain.axis
+        w = self.weight.reshape(self.in_ch, self.weight.shape[1] * kh * kw)
+        x, w = autocast_operands(x, w)
         with comm_site("conv_transpose2d"):
             win = gather_windows(x, self.domain.grid, self.windows, axis, *self.modes, op="gather_windows")
             tokens = win.permute(0, 2, 3, 1).reshape(b * lh * lw, self.in_ch)
-            w = self.weight.reshape(self.in_ch, self.weight.shape[1] * kh * kw)
             counts = [b * (w_[1] - w_[0]) * (w_[3] - w_[2]) for w_ in self.windows]
             cols = matmul_channels(
                 tokens, w, None, axis, [n * kh * kw for n in self.out_sizes], counts, self.strategy

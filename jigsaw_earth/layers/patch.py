@@ -42,7 +42,7 @@ from ..distributed.comm import comm_site
 from ..distributed.halo import LatMode, LonMode, scatter_add_windows
 from ..distributed.matmul import Strategy, matmul_channels
 from .base import Domain, fill_uniform_, sharded_parameter
-from .conv import _pair, check_field, conv_windows, unfold_matmul
+from .conv import _pair, autocast_operands, check_field, conv_windows, unfold_matmul
 
 __all__ = ["PatchEmbed", "PatchRecovery", "patch_layout"]
 
@@ -197,9 +197,10 @@ class PatchRecovery(nn.Module):
         b = x.shape[0]
         (ph, pw), (sh, sw) = self.patch, self.stride
         axis = self.domain.axis
+        tokens, weight, bias = autocast_operands(x.reshape(-1, self.embed_dim), self.weight, self.bias)
         with comm_site("patch_recovery"):
             cols = matmul_channels(
-                x.reshape(-1, self.embed_dim), self.weight, self.bias, axis, self.out_sizes,
+                tokens, weight, bias, axis, self.out_sizes,
                 self.domain.counts(b), self.strategy,
             )  # fmt: skip
             cols = cols.reshape(b, h * w, -1).transpose(1, 2)

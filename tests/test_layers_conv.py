@@ -1,0 +1,111 @@
+"""Convolution, resampling and patch layers: sharded against serial on every mesh, and input errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from jigsaw_earth.distributed.mesh import MeshShape
+from jigsaw_earth.distributed.spawn import spawn
+from jigsaw_earth.layers.base import local_domain
+from jigsaw_earth.layers.conv import Conv2d
+from jigsaw_earth.layers.conv_transpose import ConvTranspose2d
+from jigsaw_earth.layers.patch import PatchEmbed, PatchRecovery, patch_layout
+from jigsaw_earth.layers.resample import Downsample, Upsample
+from jigsaw_earth.validation.registry import run_checks
+
+OPS = ["conv", "downsample", "upsample", "patch_embed", "patch_recovery"]
+MESHES = [(1, 2), (2, 1), (2, 2), (1, 4), (3, 1)]  # 1x3 runs in `jigsaw-earth validate`
+
+
+@pytest.fixture(scope="module", params=MESHES, ids=lambda m: f"{m[0]}x{m[1]}")
+def records(request) -> list[dict]:
+    lat, lon = request.param
+    return spawn(MeshShape(1, lat, lon), run_checks, OPS)[0]
+
+
+def test_every_op_checked(records):
+    seen = {r["op"].split(".")[0] for r in records}
+    assert seen == set(OPS), f"ops without records: {set(OPS) - seen}"
+
+
+def test_records_pass(records):
+    failed = [
+        f"{r['op']} {r['mesh']} {r['shape']}: err {r['max_rel_error']:.2e}, bytes {r['comm_bytes']} vs "
+        f"{r['expected_bytes']}, param bytes ok {r['extra'].get('param_bytes_ok')}"
+        for r in records
+        if not r["passed"]
+    ]
+    assert not failed, "\n".join(failed)
+    assert all(r["expected_bytes"] is not None for r in records)
+    assert any(r["comm_bytes"] > 0 for r in records)
+
+
+# ------------------------------------------------------------------------- serial, errors
+def test_patch_layout():
+    assert patch_layout(721, 4, 4) == (181, (1, 2))
+    assert patch_layout(64, 4, 4) == (16, (0, 0))
+    assert patch_layout(33, 4, 2) == (16, (0, 1))
+    assert patch_layout(3, 4, 4) == (1, (0, 1))
+    with pytest.raises(ValueError, match="stride 5 > patch 4"):
+        patch_layout(10, 4, 5)
+
+
+def test_output_grids():
+    d = local_domain(33, 64)
+    assert Downsample(d, 2, mode="conv").out_domain.grid.n_lat == 17
+    assert Downsample(d, 2, mode="avgpool").out_domain.grid.n_lat == 17
+    assert Upsample(local_domain(17, 32), 2, out_grid=(33, 64)).out_domain.grid.n_lat == 33
+    assert Conv2d(d, 2, 3, 3, stride=2).out_domain.grid.n_lon == 32
+    assert PatchEmbed(local_domain(721, 1440), 1, 4, 4).out_domain.grid.n_lat == 181
+
+
+def test_bad_inputs():
+    d = local_domain(8, 12)
+    conv = Conv2d(d, 3, 4, 3)
+    with pytest.raises(ValueError, match=r"Conv2d expects .*\(B, 3, 8, 12\).*got \(2, 2, 8, 12\)"):
+        conv(torch.zeros(2, 2, 8, 12))
+    with pytest.raises(ValueError, match="got \\(2, 3, 8, 11\\)"):
+        conv(torch.zeros(2, 3, 8, 11))
+    with pytest.raises(ValueError, match="padding 'valid'"):
+        Conv2d(d, 3, 4, 3, padding="valid")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="does not fit"):
+        Conv2d(d, 3, 4, 11, padding=0)
+    with pytest.raises(ValueError, match="lat_mode 'polar'"):
+        Conv2d(d, 3, 4, 3, lat_mode="polar")(torch.zeros(1, 3, 8, 12))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Downsample mode 'area'"):
+        Downsample(d, 3, mode="area")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="Upsample mode 'cubic'"):
+        Upsample(d, 3, mode="cubic")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="kernel_size >= stride"):
+        ConvTranspose2d(d, 3, 4, 2, 3)
+    with pytest.raises(ValueError, match="Upsample expects"):
+        Upsample(d, 3)(torch.zeros(1, 3, 7, 12))
+    with pytest.raises(ValueError, match="needs out_grid"):
+        PatchRecovery(local_domain(2, 3), 8, 2, 4)
+    with pytest.raises(ValueError, match="has 3x4 tokens, but domain_tokens has 2x3"):
+        PatchRecovery(local_domain(2, 3), 8, 2, 4, out_grid=(12, 16))
+    rec = PatchRecovery(local_domain(3, 4), 8, 2, 4, out_grid=(12, 16))
+    with pytest.raises(ValueError, match=r"token tile \(B, 3, 4, 8\)"):
+        rec(torch.zeros(1, 8, 3, 4))
+
+
+def test_autocast_and_checkpoint_serial():
+    d = local_domain(9, 14)
+    layers = [
+        Conv2d(d, 3, 4, 3),
+        Downsample(d, 3, 4, mode="avgpool"),
+        Upsample(d, 3, 2, mode="bilinear", lat_mode="pole"),
+        Upsample(d, 3, 2, mode="transposed"),
+        PatchEmbed(d, 3, 8, 3, 2),
+    ]
+    x = torch.randn(2, 3, 9, 14, requires_grad=True)
+    for layer in layers:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y = layer(x)
+        y.float().sum().backward()
+        assert y.dtype in (torch.bfloat16, torch.float32)
+        ref = layer(x)
+        assert (y.float() - ref).abs().max() <= 0.05 * ref.abs().max()
+        z = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
+        assert torch.equal(z, ref)
