@@ -94,6 +94,11 @@ class LossConfig:
         "per-variable weight by WB2 name (or channel name such as geopotential@500); default 1", factory=dict
     )
     level_weights: dict[int, float] = doc("per-pressure-level weight (hPa → weight); default 1", factory=dict)
+    tendency_scaling: bool = doc(
+        "scale the model's residual per channel by the store's one-step difference std and weight the "
+        "loss by its inverse square, so every channel's 6-h tendency counts equally (GraphCast-style)",
+        True,
+    )
 
 
 @dataclass

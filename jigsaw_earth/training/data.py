@@ -103,11 +103,15 @@ class TrainData:
         train_period: list[str],
         val_period: list[str],
         rollout_steps: int,
+        diff_std: np.ndarray | None = None,
     ):
         self.source, self.mesh, self.grid = source, mesh, grid
         self.tile = grid.tile_of(mesh.domain.index)
         self.mean = np.asarray(mean, np.float32).reshape(-1, 1, 1)
         self.std = np.asarray(std, np.float32).reshape(-1, 1, 1)
+        d = self.std.reshape(-1) if diff_std is None else np.asarray(diff_std, np.float32)
+        #: one-step tendency std in normalised units (diff_std / std), per channel
+        self.tendency_std = torch.from_numpy((d / self.std.reshape(-1)).astype(np.float32))
         self.global_batch, self.seed, self.rollout_steps = global_batch, seed, rollout_steps
         times = np.asarray(source.times).astype("datetime64[ns]")
         spacing = np.diff(times).astype("timedelta64[h]").astype(int)

@@ -96,6 +96,9 @@ class Trainer:
         self.rep_weights = replication_weights(self.params, mesh)
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.ch_weights = channel_weights(data.channels, cfg.loss.variable_weights, cfg.loss.level_weights)
+        self.tendency = data.tendency_std.to(mesh.device) if cfg.loss.tendency_scaling else None
+        if self.tendency is not None:
+            self.ch_weights = self.ch_weights / data.tendency_std.square()
         g = data.grid
         self.count = (
             cfg.training.batch_size * cfg.training.rollout_steps * len(data.channels) * g.n_lat * g.n_lon
@@ -145,9 +148,16 @@ class Trainer:
         return nullcontext()
 
     def forward(self, state: torch.Tensor, static: torch.Tensor, time_features: torch.Tensor) -> torch.Tensor:
-        """One model step (autocast as configured); output in float32."""
+        """One model step (autocast as configured); output in float32.
+
+        With ``loss.tendency_scaling`` the model's residual ``Δ = model(x) − x`` is scaled per
+        channel by the one-step tendency std, so an output of order 1 is a typical 6-h change.
+        """
         with self._autocast():
-            return self.model(state, static, time_features).float()
+            out = self.model(state, static, time_features).float()
+        if self.tendency is None:
+            return out
+        return state + (out - state) * self.tendency.view(1, -1, 1, 1)
 
     def _loss_local(self, step: int) -> torch.Tensor:
         dev = self.mesh.device

@@ -127,4 +127,5 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
         train_period=d.train_period,
         val_period=d.val_period,
         rollout_steps=cfg.training.rollout_steps,
+        diff_std=normalizer.diff_std,
     )

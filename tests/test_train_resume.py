@@ -1,0 +1,166 @@
+"""Exact resume, a crash during a save, NaN handling and bad configs (one process, seconds)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from jigsaw_earth.checkpoint import latest_checkpoint, list_checkpoints
+from jigsaw_earth.checkpoint import manager as ckpt_manager
+from jigsaw_earth.config import load_config, parse_config
+from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
+from jigsaw_earth.training import NonFiniteLossError, Trainer
+
+from .train_helpers import tiny_config, tiny_data, tiny_model
+
+
+class Interrupt(Exception):
+    pass
+
+
+def _trainer(run_dir: Path, **sections: dict) -> Trainer:
+    mesh = DomainMesh(MeshShape())
+    cfg = tiny_config(str(run_dir), (1, 1, 1), **sections)
+    data = tiny_data(cfg, mesh)
+    return Trainer(cfg, mesh, data=data, model=tiny_model(data, mesh))
+
+
+def _fit_until(trainer: Trainer, stop_at: int) -> None:
+    """Run ``fit`` but die (like a killed job) when step ``stop_at`` starts."""
+    original = trainer.train_step
+
+    def step(s: int) -> dict:
+        if s == stop_at:
+            raise Interrupt(f"simulated crash at step {s}")
+        return original(s)
+
+    trainer.train_step = step  # type: ignore[method-assign]
+    with pytest.raises(Interrupt):
+        trainer.fit()
+
+
+@pytest.fixture(scope="module")
+def clean(tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    trainer = _trainer(tmp_path_factory.mktemp("clean"))
+    trainer.fit()
+    return [h["loss"] for h in trainer.history]
+
+
+def test_exact_resume(tmp_path: Path, clean: list[float]) -> None:
+    ckpt = {"every": 5, "resume": "auto", "keep": 2}
+    first = _trainer(tmp_path, checkpoint=ckpt)
+    _fit_until(first, 13)
+    assert [h["loss"] for h in first.history] == clean[:12]
+    second = _trainer(tmp_path, checkpoint=ckpt)
+    assert second.step == 10
+    second.fit()
+    resumed = [h["loss"] for h in second.history]
+    assert resumed == clean[10:], (resumed, clean[10:])  # bitwise: same mesh, same ops
+    assert len(list_checkpoints(tmp_path)) == 2  # keep: 2
+
+
+def test_crash_during_save_keeps_previous_checkpoint(
+    tmp_path: Path, clean: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt = {"every": 5, "resume": "auto", "keep": 3}
+    trainer = _trainer(tmp_path, checkpoint=ckpt)
+    real_save = ckpt_manager.dcp.save
+    calls = {"n": 0}
+
+    def dying_save(*args: object, **kwargs: object) -> object:
+        calls["n"] += 1
+        if calls["n"] == 2:  # the step-10 save dies half-way: some data written, no metadata
+            real_save(*args, **kwargs)
+            raise Interrupt("simulated crash during the step-10 save")
+        return real_save(*args, **kwargs)
+
+    monkeypatch.setattr(ckpt_manager.dcp, "save", dying_save)
+    with pytest.raises(Interrupt):
+        trainer.fit()
+    monkeypatch.undo()
+    assert latest_checkpoint(tmp_path).name == "step_000000005"
+    assert any(p.name.endswith(".tmp") for p in (tmp_path / "checkpoints").iterdir())
+    resumed = _trainer(tmp_path, checkpoint=ckpt)
+    assert resumed.step == 5
+    resumed.fit()
+    assert [h["loss"] for h in resumed.history] == clean[5:]
+
+
+def test_nan_loss_stops_naming_the_step(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path)
+    forward = trainer.model.forward
+
+    def poisoned(state: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+        out = forward(state, *args)
+        return out * float("nan") if trainer.step + 1 == 4 else out
+
+    trainer.model.forward = poisoned  # type: ignore[method-assign]
+    with pytest.raises(NonFiniteLossError, match="at step 4"):
+        trainer.fit()
+
+
+def test_nan_loss_skip_policy(tmp_path: Path) -> None:
+    trainer = _trainer(tmp_path, training={"nan_policy": "skip"})
+    forward = trainer.model.forward
+
+    def poisoned(state: torch.Tensor, *args: torch.Tensor) -> torch.Tensor:
+        out = forward(state, *args)
+        return out * float("nan") if trainer.step + 1 in (4, 7) else out
+
+    trainer.model.forward = poisoned  # type: ignore[method-assign]
+    summary = trainer.fit()
+    assert summary["skipped_steps"] == 2
+    assert math.isfinite(summary["final_loss"])
+    assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
+
+
+def test_rollout_bf16_and_checkpointing_options_run(tmp_path: Path) -> None:
+    trainer = _trainer(
+        tmp_path,
+        training={"steps": 4, "rollout_steps": 2, "precision": "bf16", "activation_checkpointing": True},
+        optim={"warmup_steps": 1},
+    )
+    summary = trainer.fit()
+    assert math.isfinite(summary["final_loss"])
+    rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(rows) == 5  # 4 steps + 1 validation
+
+
+BAD = [
+    ({"optim": {"lrr": 1e-3}}, "unknown key 'optim.lrr'; did you mean 'lr'"),
+    ({"training": {"batch_size": 3}, "mesh": {"data": 2}}, "must split evenly over mesh.data=2"),
+    ({"training": {"precision": "fp16"}}, "choose one of 'fp32', 'bf16'"),
+    ({"validation": {"lead_hours": [10]}}, "multiples of data.step_hours=6"),
+    ({"validation": {"variables": ["z500"]}}, "'z500' is not a trained channel"),
+    ({"optim": {"lr": "fast"}}, "optim.lr: expected a number, got 'fast'"),
+    ({"checkpoint": {"keep": 0}}, "keep=0 >= 1"),
+]
+
+
+@pytest.mark.parametrize(("change", "message"), BAD)
+def test_bad_configs_have_clear_errors(change: dict, message: str) -> None:
+    raw = {"data": {"store": "x"}}
+    for k, v in change.items():
+        raw.setdefault(k, {}).update(v)
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")) as err:
+        parse_config(raw).check()
+    assert message in str(err.value)
+
+
+def test_config_file_world_size_and_overrides(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("data: {store: x}\nmesh: {lat: 2, lon: 2}\n")
+    with pytest.raises(ValueError, match="= 4 ranks, but the job has 2"):
+        load_config(path, world_size=2)
+    cfg = load_config(path, ["mesh.lon=1", "optim.lr=3e-4"], world_size=2)
+    assert cfg.mesh.lon == 1 and cfg.optim.lr == pytest.approx(3e-4)
+    with pytest.raises(ValueError, match="unknown key 'mesh.lom'; did you mean 'lon'"):
+        load_config(path, ["mesh.lom=1"])
+    path.write_text("data: {store: x}\nrun: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(ValueError, match="not valid YAML"):
+        load_config(path)  # safe_load: no arbitrary objects
+    with pytest.raises(FileNotFoundError, match="not found"):
+        load_config(tmp_path / "missing.yaml")
