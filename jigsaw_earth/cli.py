@@ -15,6 +15,7 @@ COMMANDS = {
     "model": "jigsaw_earth.commands.model",
     "train": "jigsaw_earth.commands.train",
     "config": "jigsaw_earth.commands.config",
+    "score": "jigsaw_earth.commands.score",
 }
 
 

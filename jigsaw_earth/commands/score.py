@@ -1,0 +1,71 @@
+"""``jigsaw-earth score``: WB2 metrics of a forecast store, beside persistence, climatology and the
+published baselines at the same resolution."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from ..metrics.evaluate import evaluate, normalise
+from ..metrics.scorecard import format_scorecard, grid_resolution, read_baselines, write_scores
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("score", help="WeatherBench 2 RMSE/bias/ACC of a forecast store, with a scorecard")
+    p.add_argument("forecast", type=Path, metavar="FORECAST.zarr", help="dims time, prediction_timedelta, …")
+    p.add_argument("--truth", type=Path, required=True, metavar="ERA5.zarr", help="verifying analysis")
+    p.add_argument("--climatology", type=Path, metavar="CLIM.zarr", help="dims hour, dayofyear, … (for ACC)")
+    p.add_argument("--baselines", type=Path, metavar="CSV", help="published RMSEs (baselines_rmse.csv)")
+    p.add_argument("--variables", nargs="+", metavar="NAME", help="score only these variables")
+    p.add_argument("--start", help="first init time (e.g. 2020-01-01)")
+    p.add_argument("--end", help="last init time")
+    p.add_argument(
+        "--out",
+        type=Path,
+        metavar="PREFIX",
+        help="write PREFIX.json and PREFIX.csv (default: next to FORECAST)",
+    )
+    p.set_defaults(run=run)
+
+
+def _open(path: Path, what: str) -> xr.Dataset:
+    if not path.exists() and "://" not in str(path):
+        raise FileNotFoundError(f"{what} store {path} not found")
+    return xr.open_zarr(str(path), chunks=None)
+
+
+def run(args: argparse.Namespace) -> int:
+    forecast = _open(args.forecast, "forecast")
+    if args.start or args.end:
+        forecast = normalise(forecast, "forecast").sel(time=slice(args.start, args.end))
+        if forecast.sizes["time"] == 0:
+            raise ValueError(f"no init times between {args.start} and {args.end} in {args.forecast}")
+    truth = _open(args.truth, "truth")
+    clim = _open(args.climatology, "climatology") if args.climatology else None
+    rows = evaluate(forecast, truth, clim, variables=args.variables)
+    n_lon = normalise(forecast, "forecast").sizes["longitude"]
+    resolution = grid_resolution(n_lon)
+    baselines = read_baselines(args.baselines) if args.baselines else []
+    print(format_scorecard(rows, baselines, resolution))
+    prefix = args.out or args.forecast.with_name(args.forecast.name.removesuffix(".zarr") + "-scores")
+    times = normalise(forecast, "forecast")["time"].values
+    info = {
+        "forecast": str(args.forecast),
+        "truth": str(args.truth),
+        "climatology": None if clim is None else str(args.climatology),
+        "resolution": resolution,
+        "inits": [
+            str(np.datetime_as_string(times.min())),
+            str(np.datetime_as_string(times.max())),
+            int(times.size),
+        ],
+    }
+    for path in write_scores(rows, prefix, info):
+        print(f"wrote {path}")
+    return 0

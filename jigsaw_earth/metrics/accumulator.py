@@ -1,0 +1,127 @@
+"""Training-time validation metrics on sharded tiles, equal to the serial WB2 metrics on any mesh.
+
+Each rank holds a tile ``(h, w)`` of the global grid and the matching rows of the global WB2
+latitude weights (normalised over the *global* grid, e.g. ``data.geometry.tile_latitude_weights``).
+Per sample, every rank adds its tile's share of the weighted sums
+
+    Σ w·e², Σ w·e, Σ w·f′o′, Σ w·f′², Σ w·o′²   (divided by n_lat·n_lon, so the global sum is a mean)
+
+per (lead, variable). ``compute()`` sums the shares over the domain axis (exact per-sample global
+weighted means), forms per-sample MSE, bias and ACC, sums them over samples and data-parallel
+replicas, and returns RMSE = sqrt(mean MSE) — the square root after the time mean.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.distributed as dist
+
+from ..distributed.mesh import Axis
+
+__all__ = ["MetricAccumulator"]
+
+
+def _all_reduce(t: torch.Tensor, axis: Axis | None) -> torch.Tensor:
+    if axis is not None and axis.group is not None and axis.size > 1:
+        dist.all_reduce(t, group=axis.group)
+    return t
+
+
+class MetricAccumulator:
+    """Accumulate WB2 RMSE, bias and ACC per (lead, variable) over validation batches.
+
+    ``lat_weights``: this tile's rows of the global WB2 weights (mean 1 over the global rows),
+    shape ``(h,)``. ``grid``: the global ``(n_lat, n_lon)``. ``domain``: the mesh's domain axis;
+    ``data``: its data axis (samples differ between replicas), or ``None``.
+    """
+
+    def __init__(
+        self,
+        lat_weights: torch.Tensor,
+        grid: tuple[int, int],
+        domain: Axis | None,
+        data: Axis | None = None,
+        variables: Sequence[str] | None = None,
+    ):
+        self.weights = torch.as_tensor(lat_weights, dtype=torch.float64).reshape(-1, 1)
+        self.area = float(grid[0] * grid[1])
+        self.domain, self.data = domain, data
+        self.variables = list(variables) if variables is not None else None
+        self._parts: list[torch.Tensor] = []
+
+    def reset(self) -> None:
+        self._parts.clear()
+
+    @torch.no_grad()
+    def update(
+        self,
+        forecast: torch.Tensor,
+        truth: torch.Tensor,
+        climatology: torch.Tensor | None = None,
+    ) -> None:
+        """Add a batch: ``forecast``, ``truth`` (and ``climatology`` at the valid times) shaped
+        ``(B, L, V, h, w)`` (batch, lead, variable, tile), in physical units."""
+        if forecast.shape != truth.shape or forecast.dim() != 5:
+            raise ValueError(
+                f"forecast {tuple(forecast.shape)} and truth {tuple(truth.shape)} must both be "
+                "(B, L, V, h, w)"
+            )
+        if forecast.shape[-2] != self.weights.shape[0]:
+            raise ValueError(
+                f"the tile has {forecast.shape[-2]} rows but {self.weights.shape[0]} latitude weights; pass "
+                "this tile's rows of the global weights"
+            )
+        f, o = forecast.to(torch.float64), truth.to(torch.float64)
+        w = self.weights.to(f.device)
+
+        def share(x: torch.Tensor) -> torch.Tensor:
+            return (x * w).sum((-2, -1)) / self.area
+
+        err = f - o
+        parts = [share(err**2), share(err)]
+        if climatology is not None:
+            c = climatology.to(torch.float64)
+            fa, oa = f - c, o - c
+            parts += [share(fa * oa), share(fa**2), share(oa**2)]
+        self._parts.append(torch.stack(parts, dim=-1).cpu())  # (B, L, V, k)
+
+    @torch.no_grad()
+    def compute(self) -> dict[str, torch.Tensor]:
+        """``{"rmse", "mse", "bias"[, "acc"]}`` as ``(L, V)`` float64 tensors and ``"count"``.
+
+        Collective: every rank of the domain (and data) axis must call it.
+        """
+        if not self._parts:
+            raise ValueError("MetricAccumulator.compute() called before any update()")
+        k = {p.shape[-1] for p in self._parts}
+        if len(k) != 1:
+            raise ValueError("pass a climatology to every update() or to none")
+        sums = _all_reduce(torch.cat(self._parts), self.domain)  # per-sample global means
+        per_sample = {"mse": sums[..., 0], "bias": sums[..., 1]}
+        if sums.shape[-1] == 5:
+            per_sample["acc"] = sums[..., 2] / torch.sqrt(sums[..., 3] * sums[..., 4])
+        stacked = torch.stack([v.sum(0) for v in per_sample.values()])
+        count = torch.tensor([float(sums.shape[0])], dtype=torch.float64)
+        stacked, count = _all_reduce(stacked, self.data), _all_reduce(count, self.data)
+        out = {name: stacked[i] / count for i, name in enumerate(per_sample)}
+        out["rmse"] = torch.sqrt(out["mse"])
+        out["count"] = count
+        return out
+
+    def as_dict(
+        self, result: dict[str, torch.Tensor], leads: Sequence[str] | None = None
+    ) -> dict[str, float]:
+        """Flat ``{"rmse/<variable>/<lead>": value}`` for logging."""
+        variables = self.variables or [str(v) for v in range(result["rmse"].shape[1])]
+        lead_names = (
+            list(leads) if leads is not None else [str(i + 1) for i in range(result["rmse"].shape[0])]
+        )
+        return {
+            f"{name}/{var}/{lead}": float(result[name][i, j])
+            for name in ("rmse", "bias", "acc")
+            if name in result
+            for i, lead in enumerate(lead_names)
+            for j, var in enumerate(variables)
+        }
