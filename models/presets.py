@@ -109,7 +109,7 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "tiny": dict(base_channels=8, channel_mults=(1, 2), groups=4),
         "small": dict(base_channels=64, channel_mults=(1, 2, 4, 8), groups=16),
         "1b": dict(base_channels=384, channel_mults=(1, 2, 4, 8, 8), convs_per_block=2, groups=32),
-        "3b": dict(base_channels=640, channel_mults=(1, 2, 4, 8, 8), convs_per_block=2, groups=32),
+        "3b": dict(base_channels=704, channel_mults=(1, 2, 4, 8, 8), convs_per_block=2, groups=32),
     },
     "weathermixer": {
         "tiny": dict(embed_dim=16, depth=2, channel_hidden=32, token_hidden=24, patch=4),

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -24,7 +25,7 @@ from torch.overrides import TorchFunctionMode
 
 from ..distributed.mesh import DomainMesh, MeshShape
 from ..layers.base import Domain, spec_of
-from . import build_model
+from . import MODELS, build_model, model_class
 from .comm_model import layer_bytes
 
 __all__ = ["ModelSummary", "meta_construction", "rank_models", "summarize"]
@@ -43,11 +44,32 @@ class _MetaFactories(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+def _skip_fill(p: torch.Tensor, *args: Any, **kwargs: Any) -> None:
+    """Initialisation of a ``meta`` parameter: nothing to fill."""
+
+
 @contextlib.contextmanager
 def meta_construction() -> Iterator[None]:
-    """Construct modules with every parameter on the ``meta`` device (no storage, no init cost)."""
-    with _MetaFactories():
-        yield
+    """Construct modules with every parameter on the ``meta`` device (no storage, no init cost).
+
+    The layers' counter-based fills are skipped while inside (the values of a meta tensor do not
+    exist; computing them on meta would only cost time), and restored on exit.
+    """
+    for name in MODELS:
+        model_class(name)  # import every model's layers before patching them
+    saved = []
+    for mod_name, mod in list(sys.modules.items()):
+        if mod_name.startswith("jigsaw_earth.layers") and mod is not None:
+            for fn in ("fill_uniform_", "fill_normal_"):
+                if hasattr(mod, fn):
+                    saved.append((mod, fn, getattr(mod, fn)))
+                    setattr(mod, fn, _skip_fill)
+    try:
+        with _MetaFactories():
+            yield
+    finally:
+        for mod, fn, orig in saved:
+            setattr(mod, fn, orig)
 
 
 def rank_models(
