@@ -11,11 +11,14 @@ never the whole field. Results are reassembled by index, then checked for NaNs.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+from zarr.core.sync import sync
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.tiles import Tile, TileGrid
@@ -85,45 +88,71 @@ class TileReader:
             )
 
     # ---- low-level block read -------------------------------------------------------------
-    def _read(self, name: str, times: np.ndarray | None, levels: np.ndarray | None,
-              rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        """``(T?, L?, len(rows), len(cols))`` for normalised rows/cols (-1 = zeros)."""
+    def _plan(self, name: str, times: np.ndarray | None, levels: np.ndarray | None,
+              rows: np.ndarray, cols: np.ndarray) -> tuple[list, Callable[[list], np.ndarray]]:
+        """Zarr reads for normalised ``rows``/``cols`` (-1 = zeros), and how to assemble them.
+
+        Returns ``(requests, assemble)``: ``requests`` are ``(store name, selection)`` pairs;
+        ``assemble(results)`` gives ``(T?, L?, len(rows), len(cols))`` float32.
+        """
         view = self.view
-        dims = [d for d in view.dims(name) if not (d == "time" and times is None)]
-        arr = view.array(name)
+        all_dims = view.dims(name)
+        dims = [d for d in all_dims if not (d == "time" and times is None)]
         ok_r, ok_c = rows >= 0, cols >= 0
         s_rows = np.unique(view.lat_storage[rows[ok_r]])
         s_cols = np.unique(view.lon_storage[cols[ok_c]])
         lead = [len(times)] if times is not None else []
         lead += [len(levels)] if levels is not None else []
-        dense = np.zeros((*lead, len(s_rows), len(s_cols)), dtype=np.float32)
+        order = [d for d in ("time", "level", "latitude", "longitude") if d in dims]
+        perm = [dims.index(d) for d in order]
+        requests, places = [], []
         for i0, i1 in contiguous_runs(s_rows):
             for j0, j1 in contiguous_runs(s_cols):
                 picks = {"time": times if times is not None else 0, "level": levels,
                          "latitude": slice(int(s_rows[i0]), int(s_rows[i1 - 1]) + 1),
                          "longitude": slice(int(s_cols[j0]), int(s_cols[j1 - 1]) + 1)}
-                sel = tuple(picks.get(d, 0) for d in view.dims(name))
-                try:
-                    block = np.asarray(arr.oindex[sel])
-                except Exception as err:
-                    raise ValueError(self._unreadable(name, times, err)) from err
-                order = [d for d in ("time", "level", "latitude", "longitude") if d in dims]
-                block = np.transpose(block, [dims.index(d) for d in order])
-                dense[..., i0:i1, j0:j1] = self._decode(name, block)
-        r_pos = np.searchsorted(s_rows, view.lat_storage[np.where(ok_r, rows, 0)])
-        c_pos = np.searchsorted(s_cols, view.lon_storage[np.where(ok_c, cols, 0)])
-        if len(s_rows) == 0 or len(s_cols) == 0:
-            return np.zeros((*lead, len(rows), len(cols)), dtype=np.float32)
-        out = dense[..., r_pos, :][..., c_pos]
-        out[..., ~ok_r, :] = 0.0
-        out[..., ~ok_c] = 0.0
-        return out
+                requests.append((name, tuple(picks.get(d, 0) for d in all_dims)))
+                places.append((i0, i1, j0, j1))
+
+        def assemble(results: list) -> np.ndarray:
+            if not places:
+                return np.zeros((*lead, len(rows), len(cols)), dtype=np.float32)
+            dense = np.zeros((*lead, len(s_rows), len(s_cols)), dtype=np.float32)
+            for (i0, i1, j0, j1), block in zip(places, results):
+                dense[..., i0:i1, j0:j1] = self._decode(name, np.transpose(np.asarray(block), perm))
+            r_pos = np.searchsorted(s_rows, view.lat_storage[np.where(ok_r, rows, 0)])
+            c_pos = np.searchsorted(s_cols, view.lon_storage[np.where(ok_c, cols, 0)])
+            out = dense[..., r_pos, :][..., c_pos]
+            out[..., ~ok_r, :] = 0.0
+            out[..., ~ok_c] = 0.0
+            return out
+
+        return requests, assemble
+
+    def _fetch(self, requests: list, times: np.ndarray | None) -> list:
+        """Run all zarr reads concurrently (one event-loop round trip for a whole sample)."""
+
+        arrays = {name: self.view.array(name)._async_array for name, _ in requests}
+
+        async def one(name: str, sel: tuple) -> Any:
+            try:
+                return await arrays[name].oindex.getitem(sel)
+            except Exception as err:
+                raise ValueError(self._unreadable(name, times, err)) from err
+
+        async def every() -> list:
+            return list(await asyncio.gather(*(one(n, s) for n, s in requests)))
+
+        return sync(every())
+
+    def _read(self, name: str, times: np.ndarray | None, levels: np.ndarray | None,
+              rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
+        requests, assemble = self._plan(name, times, levels, rows, cols)
+        return assemble(self._fetch(requests, times))
 
     def _decode(self, name: str, raw: np.ndarray) -> np.ndarray:
-        scale, offset = self.view.encoding(name)
-        enc = self.view.dataset[name].encoding
+        scale, offset, fill = self.view.encoding(name)
         out = raw.astype(np.float32)
-        fill = enc.get("_FillValue")
         if fill is not None and not (isinstance(fill, float) and np.isnan(fill)):
             out[raw == fill] = np.nan
         if scale != 1.0 or offset != 0.0:
@@ -148,29 +177,62 @@ class TileReader:
             )
 
     # ---- public reads ---------------------------------------------------------------------
-    def _read_padded(self, name: str, times: np.ndarray | None, levels: np.ndarray | None) -> np.ndarray:
+    def _padded_plan(self, name: str, times: np.ndarray | None, levels: np.ndarray | None):
         lead = ([len(times)] if times is not None else []) + ([len(levels)] if levels is not None else [])
-        out = np.zeros((*lead, *self.padded_shape), dtype=np.float32)
-        for pos, src, cols in self._groups:
-            out[..., pos, :] = self._read(name, times, levels, src, cols)
-        return out
+        parts = [(pos, *self._plan(name, times, levels, src, cols)) for pos, src, cols in self._groups]
+        requests = [r for _, reqs, _ in parts for r in reqs]
+
+        def assemble(results: list) -> np.ndarray:
+            out = np.zeros((*lead, *self.padded_shape), dtype=np.float32)
+            k = 0
+            for pos, reqs, fn in parts:
+                out[..., pos, :] = fn(results[k : k + len(reqs)])
+                k += len(reqs)
+            return out
+
+        return requests, assemble
+
+    def _read_padded(self, name: str, times: np.ndarray | None, levels: np.ndarray | None) -> np.ndarray:
+        requests, assemble = self._padded_plan(name, times, levels)
+        return assemble(self._fetch(requests, times))
+
+    def read_sample(self, t: int, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``read_inputs(t)`` and ``read_targets(ts)`` with all reads issued concurrently."""
+        t_in, ts = np.array([t]), np.asarray(ts)
+        tile = self.tile
+        rows, cols = np.arange(tile.lat_start, tile.lat_stop), np.arange(tile.lon_start, tile.lon_stop)
+        plans = []
+        for _, name, levels in self.fields:
+            plans.append((name, t_in, levels, *self._padded_plan(name, t_in, levels)))
+            if len(ts):
+                plans.append((name, ts, levels, *self._plan(name, ts, levels, rows, cols)))
+        results = self._fetch([r for *_, reqs, _ in plans for r in reqs], np.concatenate([t_in, ts]))
+        inputs, targets, k = [], [], 0
+        for name, times, levels, reqs, assemble in plans:
+            x = assemble(results[k : k + len(reqs)])
+            k += len(reqs)
+            self._check_nan(name, x, times)
+            x = x if levels is not None else x[:, None]
+            (inputs if times is t_in else targets).append(x)
+        tgt = np.concatenate(targets, axis=1) if targets else np.zeros((0, self.spec.n_channels, *tile.shape),
+                                                                         np.float32)
+        return np.concatenate(inputs, axis=1)[0], tgt
 
     def read_inputs(self, t: int) -> np.ndarray:
         """``(C, H, W)`` at time index ``t``, with the halo."""
-        parts = []
-        for _, name, levels in self.fields:
-            x = self._read_padded(name, np.array([t]), levels)[0]
-            self._check_nan(name, x[None], np.array([t]))
-            parts.append(x if levels is not None else x[None])
-        return np.concatenate(parts, axis=0)
+        return self.read_sample(t, np.array([], dtype=np.int64))[0]
 
     def read_targets(self, ts: np.ndarray) -> np.ndarray:
         """``(len(ts), C, h, w)`` at time indices ``ts``, the tile only (no halo)."""
         t = self.tile
         rows, cols = np.arange(t.lat_start, t.lat_stop), np.arange(t.lon_start, t.lon_stop)
-        parts = []
-        for _, name, levels in self.fields:
-            x = self._read(name, np.asarray(ts), levels, rows, cols)
+        plans = [(name, levels, *self._plan(name, np.asarray(ts), levels, rows, cols))
+                 for _, name, levels in self.fields]
+        results = self._fetch([r for *_, reqs, _ in plans for r in reqs], np.asarray(ts))
+        parts, k = [], 0
+        for name, levels, reqs, assemble in plans:
+            x = assemble(results[k : k + len(reqs)])
+            k += len(reqs)
             self._check_nan(name, x, np.asarray(ts))
             parts.append(x if levels is not None else x[:, None])
         return np.concatenate(parts, axis=1)

@@ -267,14 +267,24 @@ class StoreView:
         return np.asarray(out)
 
     def array(self, store_name: str) -> Any:
-        return self.group[store_name]
+        cache = self.__dict__.setdefault("_arrays", {})
+        if store_name not in cache:
+            cache[store_name] = self.group[store_name]
+        return cache[store_name]
 
     def dims(self, store_name: str) -> tuple[str, ...]:
         """Dimensions of a variable, as canonical coordinate names."""
-        inverse = {v: k for k, v in self.coord_names.items()}
-        return tuple(inverse.get(str(d), str(d)) for d in self.dataset[store_name].dims)
+        cache = self.__dict__.setdefault("_dims", {})
+        if store_name not in cache:
+            inverse = {v: k for k, v in self.coord_names.items()}
+            cache[store_name] = tuple(inverse.get(str(d), str(d)) for d in self.dataset[store_name].dims)
+        return cache[store_name]
 
-    def encoding(self, store_name: str) -> tuple[float, float]:
-        """(scale_factor, add_offset) of a CF-packed variable, (1, 0) otherwise."""
-        enc = self.dataset[store_name].encoding
-        return float(enc.get("scale_factor", 1.0)), float(enc.get("add_offset", 0.0))
+    def encoding(self, store_name: str) -> tuple[float, float, Any]:
+        """(scale_factor, add_offset, _FillValue) of a variable: (1, 0, fill) unless CF-packed."""
+        cache = self.__dict__.setdefault("_enc", {})
+        if store_name not in cache:
+            enc = self.dataset[store_name].encoding
+            cache[store_name] = (float(enc.get("scale_factor", 1.0)), float(enc.get("add_offset", 0.0)),
+                                 enc.get("_FillValue"))
+        return cache[store_name]
