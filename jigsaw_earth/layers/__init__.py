@@ -1,5 +1,6 @@
 """jigsaw layers: nn.Modules that take and return this rank's tile, exact under any mesh."""
 
+from .attention import GlobalAttention, LocalAttention
 from .base import Domain, gather_field, init_model, local_domain, parameter_bytes
 from .conv import Conv2d
 from .conv_transpose import ConvTranspose2d
@@ -18,10 +19,12 @@ __all__ = [
     "Domain",
     "Downsample",
     "Dropout",
+    "GlobalAttention",
     "GroupNorm",
     "InstanceNorm",
     "LayerNorm",
     "Linear",
+    "LocalAttention",
     "PatchEmbed",
     "PatchRecovery",
     "TokenMixing",
