@@ -53,6 +53,16 @@ def _send_recv(axis: Axis, to: int, tensor: torch.Tensor, frm: int, shape, *, op
     )
 
 
+def _as(dtype: torch.dtype, *tensors: torch.Tensor | None) -> list:
+    """Backward runs outside autocast: compute every product in the gradient's dtype."""
+    return [t if t is None or t.dtype == dtype else t.to(dtype) for t in tensors]
+
+
+def _like(grad: torch.Tensor | None, ref: torch.Tensor | None) -> torch.Tensor | None:
+    """Return a gradient in the dtype of the tensor it belongs to."""
+    return grad if grad is None or ref is None or grad.dtype == ref.dtype else grad.to(ref.dtype)
+
+
 def _with_bias(w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
     return w if b is None else torch.cat([w, b.unsqueeze(0)], dim=0)
 
@@ -84,7 +94,8 @@ class _ChannelWeights(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x, w, b = ctx.saved_tensors
+        x0, w0, b0 = ctx.saved_tensors
+        x, w, b = _as(dy.dtype, x0, w0, b0)
         axis, out_sizes = ctx.args
         P, q = axis.size, axis.index
         cin, bias = w.shape[0], b is not None
@@ -111,7 +122,7 @@ class _ChannelWeights(torch.autograd.Function):
             if w_next is not None:
                 cur = w_next.wait()[0]
         gw, gb = (grad_wb[:cin], grad_wb[cin]) if bias else (grad_wb, None)
-        return dx, gw, gb, None, None
+        return _like(dx, x0), _like(gw, w0), _like(gb, b0), None, None
 
 
 # ------------------------------------------------------------ channel form, moving activations
@@ -140,11 +151,12 @@ class _ChannelActivations(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x, w, b = ctx.saved_tensors
+        x0, w0, b0 = ctx.saved_tensors
+        x, w, b = _as(dy.dtype, x0, w0, b0)
         axis, out_sizes, counts = ctx.args
         P, q = axis.size, axis.index
         cin = w.shape[0]
-        dys = dy.to(x.dtype).split(list(out_sizes), dim=-1)
+        dys = dy.split(list(out_sizes), dim=-1)
         dx = dys[q] @ w.T
         dw = x.T @ dys[q]
         db = dys[q].sum(0) if b is not None else None
@@ -168,7 +180,7 @@ class _ChannelActivations(torch.autograd.Function):
             dx_in.append(_send_recv(axis, -s, dyr @ w.T, s, x.shape, op=op, tag=_ACC))
         for pending in dx_in:
             dx += pending.wait()[0]
-        return dx, dw, db, None, None, None
+        return _like(dx, x0), _like(dw, w0), _like(db, b0), None, None, None
 
 
 # -------------------------------------------------------------- token form, moving activations
@@ -192,7 +204,8 @@ class _TokenActivations(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x, a, b = ctx.saved_tensors
+        x0, a0, b0 = ctx.saved_tensors
+        x, a, b = _as(dy.dtype, x0, a0, b0)
         axis, counts = ctx.args
         P, q = axis.size, axis.index
         off = split_offsets(counts)
@@ -217,7 +230,7 @@ class _TokenActivations(torch.autograd.Function):
             if x_next is not None:
                 cur = x_next.wait()[0]
         db = dy.sum(-1) if b is not None else None
-        return dx, da, db, None, None
+        return _like(dx, x0), _like(da, a0), _like(db, b0), None, None
 
 
 # ------------------------------------------------------------------ token form, moving weights
@@ -246,13 +259,14 @@ class _TokenWeights(torch.autograd.Function):
         for pending in partials:
             y = y + pending.wait()[0]
         ctx.save_for_backward(x, b, *col_blocks)
-        ctx.args = (axis, in_counts, out_counts, a.shape)
+        ctx.args = (axis, in_counts, out_counts, a.shape, a.dtype)
         return y
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x, b, *col_blocks = ctx.saved_tensors
-        axis, in_counts, out_counts, a_shape = ctx.args
+        x0, b0, *blocks0 = ctx.saved_tensors
+        x, b, *col_blocks = _as(dy.dtype, x0, b0, *blocks0)
+        axis, in_counts, out_counts, a_shape, a_dtype = ctx.args
         P, q = axis.size, axis.index
         off = split_offsets(in_counts)
         op = "matmul.tokens.weights.backward"
@@ -273,7 +287,7 @@ class _TokenWeights(torch.autograd.Function):
             k = (q + s) % P
             da[:, off[k] : off[k + 1]] = pending.wait()[0]
         db = dy.sum(-1) if b is not None else None
-        return dx, da, db, None, None, None
+        return _like(dx, x0), da.to(a_dtype), _like(db, b0), None, None, None
 
 
 # ------------------------------------------------------------------------------ cost and API

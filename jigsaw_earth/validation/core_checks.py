@@ -296,3 +296,72 @@ def check_collectives(mesh: DomainMesh) -> Iterator[Record]:
         y.backward(cot)
         rec = Record("all_reduce", _mesh_name(mesh), shape)
         yield measure(rec, [rel_error(y, sum(fulls))], [rel_error(x.grad, cot * P)], ledger.bytes_sent)
+
+
+@register("matmul_bf16")
+def check_matmul_bf16(mesh: DomainMesh) -> Iterator[Record]:
+    """Both forms and strategies under bf16 autocast, against the fp32 serial result.
+
+    Gradients must come back in each input's dtype (fp32 weights), and within bf16 accuracy.
+    """
+    axis, q = mesh.domain, mesh.domain.index
+    grid = TileGrid(7, 10, mesh.shape.lat, mesh.shape.lon)
+    counts = [t.shape[0] * t.shape[1] for t in grid.tiles()]
+    rows = split_offsets(tuple(counts))
+    gen = torch.Generator().manual_seed(5)
+    for strategy in ("weights", "activations"):
+        for bias in (False, True):
+            cin, cout = 16, 12
+            outs = split_sizes(cout, axis.size)
+            cols = split_offsets(outs)
+            x = torch.randn(sum(counts), cin, generator=gen, requires_grad=True)
+            w = torch.randn(cin, cout, generator=gen, requires_grad=True)
+            b = torch.randn(cout, generator=gen, requires_grad=True) if bias else None
+            g = torch.randn(sum(counts), cout, generator=gen)
+            ((x @ w + (b if bias else 0)) * g).sum().backward()
+            xl = x.detach()[rows[q] : rows[q + 1]].clone().requires_grad_(True)
+            wl = w.detach()[:, cols[q] : cols[q + 1]].clone().requires_grad_(True)
+            bl = b.detach()[cols[q] : cols[q + 1]].clone().requires_grad_(True) if bias else None
+            ledger.reset()
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                yl = matmul_channels(xl, wl, bl, axis, outs, counts, strategy)  # type: ignore[arg-type]
+            yl.float().backward(g[rows[q] : rows[q + 1]])
+            ok_dtype = wl.grad.dtype == torch.float32 and xl.grad.dtype == torch.float32
+            ref = (x @ w + (b if bias else 0)).detach()[rows[q] : rows[q + 1]]
+            rec = Record(
+                f"matmul_channels_bf16.{strategy}",
+                _mesh_name(mesh),
+                f"grid7x10 {cin}->{cout}{' +bias' if bias else ''}",
+                tolerance=3e-2,
+            )
+            errs_b = [
+                rel_error(xl.grad, x.grad[rows[q] : rows[q + 1]]),
+                rel_error(wl.grad, w.grad[:, cols[q] : cols[q + 1]]),
+            ]
+            rec = measure(
+                rec, [rel_error(yl.float(), ref)], errs_b if ok_dtype else [float("inf")], ledger.bytes_sent
+            )
+            yield rec
+        n = sum(counts)
+        x = torch.randn(n, 6, generator=gen, requires_grad=True)
+        a = torch.randn(n, n, generator=gen).div(4).requires_grad_(True)
+        g = torch.randn(n, 6, generator=gen)
+        ((a @ x) * g).sum().backward()
+        xl = x.detach()[rows[q] : rows[q + 1]].clone().requires_grad_(True)
+        al = a.detach()[rows[q] : rows[q + 1]].clone().requires_grad_(True)
+        ledger.reset()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yl = matmul_tokens(xl, al, None, axis, counts, counts, strategy)  # type: ignore[arg-type]
+        yl.float().backward(g[rows[q] : rows[q + 1]])
+        ok_dtype = al.grad.dtype == torch.float32 and xl.grad.dtype == torch.float32
+        rec = Record(f"matmul_tokens_bf16.{strategy}", _mesh_name(mesh), "tokens 7x10 c6", tolerance=3e-2)
+        errs_b = [
+            rel_error(xl.grad, x.grad[rows[q] : rows[q + 1]]),
+            rel_error(al.grad, a.grad[rows[q] : rows[q + 1]]),
+        ]
+        yield measure(
+            rec,
+            [rel_error(yl.float(), (a @ x).detach()[rows[q] : rows[q + 1]])],
+            errs_b if ok_dtype else [float("inf")],
+            ledger.bytes_sent,
+        )
