@@ -33,13 +33,24 @@ log = logging.getLogger(__name__)
 KNOWN_DIMS = ("time", "level", "latitude", "longitude")
 
 
-def contiguous_runs(sorted_values: np.ndarray) -> list[tuple[int, int]]:
-    """Positions ``[i, j)`` of maximal runs of consecutive integers in a sorted array."""
+def contiguous_runs(sorted_values: np.ndarray, chunk: int = 1) -> list[tuple[int, int]]:
+    """Positions ``[i, j)`` of runs of consecutive integers in a sorted array.
+
+    Runs that touch the same storage chunk (of size ``chunk``) are merged: reading the span
+    between them costs no extra chunk, and one read is cheaper than two of the same chunk.
+    """
     if len(sorted_values) == 0:
         return []
     breaks = np.nonzero(np.diff(sorted_values) != 1)[0] + 1
     edges = [0, *breaks.tolist(), len(sorted_values)]
-    return list(itertools.pairwise(edges))
+    runs = list(itertools.pairwise(edges))
+    merged = [runs[0]]
+    for i, j in runs[1:]:
+        if sorted_values[i] // chunk <= sorted_values[merged[-1][1] - 1] // chunk:
+            merged[-1] = (merged[-1][0], j)
+        else:
+            merged.append((i, j))
+    return merged
 
 
 class TileReader:
@@ -106,8 +117,9 @@ class TileReader:
         order = [d for d in ("time", "level", "latitude", "longitude") if d in dims]
         perm = [dims.index(d) for d in order]
         requests, places = [], []
-        for i0, i1 in contiguous_runs(s_rows):
-            for j0, j1 in contiguous_runs(s_cols):
+        chunks = dict(zip(all_dims, view.array(name).chunks))
+        for i0, i1 in contiguous_runs(s_rows, chunks["latitude"]):
+            for j0, j1 in contiguous_runs(s_cols, chunks["longitude"]):
                 picks = {"time": times if times is not None else 0, "level": levels,
                          "latitude": slice(int(s_rows[i0]), int(s_rows[i1 - 1]) + 1),
                          "longitude": slice(int(s_cols[j0]), int(s_cols[j1 - 1]) + 1)}
@@ -119,7 +131,10 @@ class TileReader:
                 return np.zeros((*lead, len(rows), len(cols)), dtype=np.float32)
             dense = np.zeros((*lead, len(s_rows), len(s_cols)), dtype=np.float32)
             for (i0, i1, j0, j1), block in zip(places, results):
-                dense[..., i0:i1, j0:j1] = self._decode(name, np.transpose(np.asarray(block), perm))
+                block = np.transpose(np.asarray(block), perm)  # spans merged runs' gaps too
+                block = block.take(s_rows[i0:i1] - s_rows[i0], axis=-2)
+                block = block.take(s_cols[j0:j1] - s_cols[j0], axis=-1)
+                dense[..., i0:i1, j0:j1] = self._decode(name, block)
             r_pos = np.searchsorted(s_rows, view.lat_storage[np.where(ok_r, rows, 0)])
             c_pos = np.searchsorted(s_cols, view.lon_storage[np.where(ok_c, cols, 0)])
             out = dense[..., r_pos, :][..., c_pos]

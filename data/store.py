@@ -173,6 +173,17 @@ class StoreView:
                     f"no Zarr store at {str(path)!r}; check the path or URL, or create one with "
                     f"`jigsaw-earth data synth --out PATH`"
                 ) from None
+        info = group.attrs.get("jigsaw_earth")
+        if str(path).rstrip("/").rsplit("/", 1)[-1].find(".tmp-") >= 0 or (
+                isinstance(info, dict) and info.get("complete") is False):
+            raise ValueError(f"store {str(path)!r} is an incomplete write (a crashed prepare/synth); "
+                             f"delete it and run the command again")
+        return cls.from_dataset(ds, path, store=store, group=group, names=names)
+
+    @classmethod
+    def from_dataset(cls, ds: xr.Dataset, path: str | Path, store: Any = None, group: Any = None,
+                     names: dict[str, str] | None = None) -> StoreView:
+        """A view of an opened dataset (zarr reads need ``group``; netCDF sources have none)."""
         mapping = dict(names or {})
         present = [str(n) for n in ds.variables]
         coords: dict[str, str] = {}

@@ -70,8 +70,8 @@ class ChunkLayout:
         """Tile-aligned: one shard per tile of ``mesh``, inner chunks ~1/``per_tile`` of a tile."""
         grid = TileGrid(n_lat, n_lon, mesh.lat, mesh.lon)
         s_lat, s_lon = max(grid.lat_sizes), max(grid.lon_sizes)
-        c_lat = _divisor_at_most(s_lat, max(2, s_lat // per_tile))
-        c_lon = _divisor_at_most(s_lon, max(2, s_lon // per_tile))
+        c_lat = _divisor_at_most(s_lat, max(4, s_lat // per_tile))
+        c_lon = _divisor_at_most(s_lon, max(4, s_lon // per_tile))
         return cls(c_lat, c_lon, s_lat, s_lon, time_shard)
 
     def shapes(self, n_time: int, n_level: int | None, n_lat: int, n_lon: int

@@ -11,6 +11,7 @@ __all__ = ["main"]
 
 COMMANDS = {
     "validate": "jigsaw_earth.commands.validate",
+    "data": "jigsaw_earth.commands.data",
     "bench": "jigsaw_earth.commands.bench",
     "model": "jigsaw_earth.commands.model",
     "train": "jigsaw_earth.commands.train",
