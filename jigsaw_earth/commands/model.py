@@ -41,9 +41,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--grid", default="721x1440", metavar="NLATxNLON", help="global grid (default 721x1440)")
     s.add_argument(
         "--channels",
-        default="69,2,4",
         metavar="STATE,STATIC,TIME",
-        help="input channels: state (variables × levels), static fields, time features (default 69,2,4)",
+        help="input channels: state (variables × levels), static fields, time features (default: from the "
+        "config's data section, else 69,2,4 — the paper's 5 upper-air variables × 13 levels + 4 surface)",
     )
     s.add_argument("--batch", type=int, default=1, help="samples per domain group per step (default 1)")
     s.add_argument("--json", type=Path, metavar="PATH", help="write the summaries as JSON")
@@ -60,6 +60,15 @@ def _pair(text: str, what: str, sep: str = "x", minimum: int = 1) -> tuple[int, 
     return values
 
 
+def _config_channels(doc: dict) -> str | None:
+    """``STATE,STATIC,TIME`` from a config's data section (upper_air × levels + surface)."""
+    data = doc.get("data") or {}
+    if not all(k in data for k in ("upper_air", "levels", "surface")):
+        return None
+    n_state = len(data["upper_air"]) * len(data["levels"]) + len(data["surface"])
+    return f"{n_state},2,4"
+
+
 def model_spec(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]]:
     """``(name, preset, overrides)`` for each model to summarise, from ``--config`` and flags."""
     name, preset, overrides = args.model, args.preset, {}
@@ -68,7 +77,9 @@ def model_spec(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]
         path = Path(cfg)
         if not path.exists():
             raise FileNotFoundError(f"--config {cfg}: no such file; pass an existing YAML or a preset name")
-        section = (yaml.safe_load(path.read_text()) or {}).get("model")
+        doc = yaml.safe_load(path.read_text()) or {}
+        args.channels = args.channels or _config_channels(doc)
+        section = doc.get("model")
         if not isinstance(section, dict):
             raise ValueError(f"--config {cfg}: no 'model:' section (with name, preset and overrides)")
         section = dict(section)
@@ -90,7 +101,11 @@ def model_spec(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:8.2f} GiB"
+    """Bytes in the largest binary unit that keeps the number ≥ 1 (fixed width)."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if n >= scale:
+            return f"{n / scale:8.2f} {unit}"
+    return f"{n:8d} B  "
 
 
 def _print(s: ModelSummary) -> None:
@@ -116,7 +131,8 @@ def _print(s: ModelSummary) -> None:
 def run(args: argparse.Namespace) -> int:
     shape = parse_mesh(args.mesh)
     grid = _pair(args.grid, "grid")
-    chans = _pair(args.channels, "channels", ",", minimum=0)
+    specs = model_spec(args)
+    chans = _pair(args.channels or "69,2,4", "channels", ",", minimum=0)
     if len(grid) != 2 or len(chans) != 3:
         raise ValueError(
             f"--grid {args.grid!r} needs NLATxNLON and --channels {args.channels!r} STATE,STATIC,TIME"
@@ -124,7 +140,7 @@ def run(args: argparse.Namespace) -> int:
     if args.batch < 1:
         raise ValueError(f"--batch {args.batch}: use a positive number of samples")
     out = []
-    for name, preset, overrides in model_spec(args):
+    for name, preset, overrides in specs:
         s = summarize(name, shape, (grid[0], grid[1]), *chans, preset=preset, batch=args.batch, **overrides)
         _print(s)
         out.append(s.as_dict())
