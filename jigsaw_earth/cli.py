@@ -19,21 +19,39 @@ COMMANDS = {
     "score": "jigsaw_earth.commands.score",
 }
 
+# One line per command for ``--help``; a command's module (and its heavy imports) is loaded only
+# when that command runs.
+SUMMARIES = {
+    "validate": "check every distributed op, layer and model against its serial counterpart",
+    "data": "synthesise, prepare, inspect ERA5-style Zarr stores; per-rank I/O report",
+    "bench": "micro-benchmarks of the distributed core",
+    "model": "model summary: parameters, per-rank memory and communication without allocating",
+    "train": "train from a YAML config (single process, torchrun or Slurm srun)",
+    "config": "validate or show a training config",
+    "score": "WeatherBench 2 scorecard of a forecast store",
+    "predict": "sharded inference: forecasts written by all ranks into one WB2-layout Zarr",
+}
 
-def _parser() -> argparse.ArgumentParser:
+
+def _parser(chosen: str | None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="jigsaw-earth",
         description="Domain- and weight-sharded weather forecasting (Jigsaw) on any lat × lon mesh.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for module in COMMANDS.values():
-        importlib.import_module(module).add_parser(sub)
+    for name, module in COMMANDS.items():
+        if name == chosen:
+            importlib.import_module(module).add_parser(sub)
+        else:
+            sub.add_parser(name, help=SUMMARIES.get(name, ""), add_help=False)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    chosen = next((a for a in argv if not a.startswith("-")), None)
+    args = _parser(chosen).parse_args(argv)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
