@@ -76,6 +76,7 @@ class TileReader:
             self.fields.append((v, view.resolve(v, upper_air=False), None))
         for _, name, _ in self.fields:
             self._check_dims(name)
+            view.array(name)  # open the array's metadata now, not during the first sample
         rows = halo_rows(grid, tile, halo)
         self._groups = []  # (padded row positions, source rows, source cols) per pole flag
         for flip in sorted({f for _, f in rows}):
@@ -135,8 +136,10 @@ class TileReader:
                 block = block.take(s_rows[i0:i1] - s_rows[i0], axis=-2)
                 block = block.take(s_cols[j0:j1] - s_cols[j0], axis=-1)
                 dense[..., i0:i1, j0:j1] = self._decode(name, block)
+            # zero-padded rows/cols (-1) may point anywhere valid: they are zeroed below
             r_pos = np.searchsorted(s_rows, view.lat_storage[np.where(ok_r, rows, 0)])
             c_pos = np.searchsorted(s_cols, view.lon_storage[np.where(ok_c, cols, 0)])
+            r_pos, c_pos = np.minimum(r_pos, len(s_rows) - 1), np.minimum(c_pos, len(s_cols) - 1)
             out = dense[..., r_pos, :][..., c_pos]
             out[..., ~ok_r, :] = 0.0
             out[..., ~ok_c] = 0.0

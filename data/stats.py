@@ -153,6 +153,11 @@ class Normalizer:
                    n_geometry: int) -> Normalizer:
         """Channel statistics in ``spec.channels`` order; checks the grid and names every miss."""
         grid = (stats.attrs.get("n_lat"), stats.attrs.get("n_lon"))
+        lat_range = stats.attrs.get("lat_range")
+        if lat_range is not None and grid == view.grid_shape and not np.allclose(
+                sorted(lat_range), sorted([view.lat[0], view.lat[-1]]), atol=1e-6):
+            raise ValueError(f"statistics are for latitudes {lat_range} but store {view.path!r} spans "
+                             f"{[float(view.lat[0]), float(view.lat[-1])]}; recompute them on this store")
         if grid != view.grid_shape:
             raise ValueError(
                 f"statistics are for a {grid[0]}x{grid[1]} grid but store {view.path!r} is "
