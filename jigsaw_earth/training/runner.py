@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import logging
 import os
+from datetime import timedelta
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from ..config.schema import TrainConfig
@@ -25,10 +27,44 @@ def world_size_from_env() -> int:
     return int(env.get("WORLD_SIZE", "1"))
 
 
+def _init_elastic_group(backend: str | None, timeout_s: float) -> None:
+    """Under torchrun, start the default group on a store prefixed by the restart attempt.
+
+    After ``torchrun --max-restarts`` restarts the workers, the rendezvous store still holds the
+    first attempt's keys (the dead ranks' addresses); a restarted rank could read one before its
+    peer overwrites it and wait for a process that no longer exists. A per-attempt prefix makes
+    every key of the default group and of every sub-group fresh.
+    """
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if restart is None or world == 1 or dist.is_initialized():
+        return
+    rank = int(os.environ["RANK"])
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world,
+        is_master=rank == 0 and not agent_store,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    use_cuda = torch.cuda.is_available() and backend != "gloo"
+    if use_cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dist.init_process_group(
+        backend or ("nccl" if use_cuda else "gloo"),
+        store=dist.PrefixStore(f"jigsaw-earth/attempt-{restart}", store),
+        rank=rank,
+        world_size=world,
+        timeout=timedelta(seconds=timeout_s),
+    )
+
+
 def setup_mesh(cfg: TrainConfig) -> DomainMesh:
     """``init_mesh`` with the config's mesh, backend and timeout; a clear error on a missing peer."""
     backend = None if cfg.distributed.backend == "auto" else cfg.distributed.backend
     try:
+        _init_elastic_group(backend, cfg.distributed.timeout_s)
         return init_mesh(cfg.mesh.shape, backend=backend, timeout_s=cfg.distributed.timeout_s)
     except (RuntimeError, dist.DistError) as err:
         if isinstance(err, ValueError):
