@@ -73,7 +73,7 @@ class Dynamics:
         d = days[:, None, None]
         for m, hemi, period, chi, theta in self.modes:
             env = np.exp(-(((phi_deg - 45.0 * hemi) / 14.0) ** 2))
-            speed = np.deg2rad(12.0 - m) * np.cos(self.phi) / np.cos(np.pi / 4)  # rad/day eastward
+            speed = np.deg2rad(20.0 - m) * np.cos(self.phi) / np.cos(np.pi / 4)  # rad/day eastward
             amp = 600.0 * (0.75 + 0.25 * np.cos(2 * np.pi * d / period + chi))
             out += amp * env * np.cos(m * (self.lam - speed * d) + theta)
         return out
@@ -87,7 +87,7 @@ class Dynamics:
         doy = (t - t.astype("datetime64[Y]")).astype(np.float64) / 1440.0
         hour = (t - t.astype("datetime64[D]")).astype(np.float64) / 60.0
         season = np.cos(2 * np.pi * (doy - 15.0) / 365.25)[:, None, None]
-        psi = np.zeros((len(t), *self.lsm.shape)) if mean_only else self._waves(days) + 300.0 * self._noise(t)
+        psi = np.zeros((len(t), *self.lsm.shape)) if mean_only else self._waves(days) + 200.0 * self._noise(t)
         phi, c2, s = self.phi, np.cos(self.phi) ** 2 - 0.5, np.sin(self.phi)
         h500 = _height(np.array(500.0))
         out: dict[str, np.ndarray] = {}
