@@ -5,21 +5,21 @@ latitude-weighted spatial mean of ``(forecast − truth)²`` over the GLOBAL gri
 RMSE is ``sqrt`` of the mean of MSE over initialisation times (sqrt after the time mean).
 Persistence is the truth at the init time; climatology is the climatology at the valid time.
 
-Each rank sums weighted squared errors over its tile and its replica's inits; one all-reduce
-over every rank gives the global sums, so the figures are the same on every mesh.
+Each rank adds its tile's share of the weighted sums for its replica's inits
+(``metrics.MetricAccumulator``); reductions over the domain and data axes give the global figures,
+so they are the same on every mesh.
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from typing import Any
 
 import numpy as np
 import torch
-import torch.distributed as dist
 
 from ..config.schema import TrainConfig
+from ..metrics.accumulator import MetricAccumulator
 from .data import TrainData
 
 __all__ = ["SHORT_NAMES", "format_table", "short_name", "validate"]
@@ -50,57 +50,56 @@ def validate(model: torch.nn.Module, data: TrainData, cfg: TrainConfig, forward:
     """RMSE per headline variable and lead for the model, persistence and climatology.
 
     ``forward(state, static, time_features) -> next state`` runs the model (autocast etc.).
-    Returns ``{"<var>@<lead>h/<model|persistence|climatology>": rmse}`` plus ``n_inits``.
+    Returns ``{"<var>@<lead>h/<model|persistence|climatology>": rmse}``, the model's ACC as
+    ``.../acc`` (when a climatology exists) and ``n_inits``. Sums go through the metrics
+    package's ``MetricAccumulator`` (per-sample global weighted means, sqrt after the time mean).
     """
     v = cfg.validation
     leads = sorted(set(v.lead_hours))
     steps = [lead // data.step_hours for lead in leads]
     chans = [data.channels.index(name) for name in v.variables]
-    sums = torch.zeros(len(leads), len(chans), len(BASELINES), dtype=torch.float64)
-    count = torch.zeros((), dtype=torch.float64)
-    have_clim = torch.ones((), dtype=torch.float64)
-    grid_points = data.grid.n_lat * data.grid.n_lon
-    w = data.lat_weights.double().view(1, 1, -1, 1)
+    mesh = data.mesh
+    accs = {
+        base: MetricAccumulator(
+            data.lat_weights, (data.grid.n_lat, data.grid.n_lon), mesh.domain, mesh.axis("data"), v.variables
+        )
+        for base in BASELINES
+    }
+    have_clim = True
     was_training = model.training
     model.eval()
     try:
         for batch in data.val_batches(max(steps), v.max_samples, v.batch_size):
-            state = batch.inputs
-            truth0 = data.denormalise(batch.inputs).double()[:, chans]
-            clim_all = data.source.climatology(batch.target_times.reshape(-1))
+            state, preds = batch.inputs, []
             for k in range(1, max(steps) + 1):
                 state = forward(state, batch.static, data.step_time_features(batch, k - 1)).float()
-                if k not in steps:
-                    continue
-                li = steps.index(k)
-                truth = data.denormalise(batch.targets[:, k - 1]).double()[:, chans]
-                pred = data.denormalise(state).double()[:, chans]
-                sums[li, :, 0] += ((pred - truth).square() * w).sum(dim=(0, 2, 3))
-                sums[li, :, 1] += ((truth0 - truth).square() * w).sum(dim=(0, 2, 3))
-                if clim_all is None:
-                    have_clim.zero_()
-                    continue
-                clim = (
-                    torch.from_numpy(clim_all).double().view(*batch.target_times.shape, *clim_all.shape[1:])
-                )
-                sums[li, :, 2] += ((clim[:, k - 1, chans] - truth).square() * w).sum(dim=(0, 2, 3))
-            if data.mesh.domain.index == 0:  # one count per replica, not one per tile
-                count += batch.batch_size
+                if k in steps:
+                    preds.append(data.denormalise(state)[:, chans])
+            pick = [k - 1 for k in steps]
+            truth = data.denormalise(batch.targets[:, pick])[:, :, chans].double()
+            pred = torch.stack(preds, dim=1).double()
+            persistence = data.denormalise(batch.inputs)[:, None, chans].double().expand_as(truth)
+            clim_all = data.source.climatology(batch.target_times.reshape(-1))
+            clim = None
+            if clim_all is not None:
+                clim = torch.from_numpy(clim_all).double()
+                clim = clim.view(*batch.target_times.shape, *clim.shape[1:])[:, pick][:, :, chans]
+            have_clim = have_clim and clim is not None
+            accs["model"].update(pred, truth, clim)
+            accs["persistence"].update(persistence, truth)
+            if clim is not None:
+                accs["climatology"].update(clim, truth)
     finally:
         model.train(was_training)
-    if dist.is_initialized() and data.mesh.is_distributed:
-        dist.all_reduce(sums)
-        dist.all_reduce(count)
-        dist.all_reduce(have_clim, op=dist.ReduceOp.MIN)
-    n_inits = int(count)
-    out: dict[str, float] = {"n_inits": float(n_inits)}
+    results = {base: acc.compute() for base, acc in accs.items() if have_clim or base != "climatology"}
+    out: dict[str, float] = {"n_inits": float(results["model"]["count"].item())}
     for li, lead in enumerate(leads):
         for ci, name in enumerate(v.variables):
-            for bi, base in enumerate(BASELINES):
-                if base == "climatology" and not have_clim:
-                    continue
-                mse = float(sums[li, ci, bi]) / (grid_points * n_inits)
-                out[f"{short_name(name)}@{lead}h/{base}"] = math.sqrt(mse)
+            key = f"{short_name(name)}@{lead}h"
+            for base, res in results.items():
+                out[f"{key}/{base}"] = float(res["rmse"][li, ci])
+            if "acc" in results["model"]:
+                out[f"{key}/acc"] = float(results["model"]["acc"][li, ci])
     return out
 
 
