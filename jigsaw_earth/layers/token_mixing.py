@@ -74,7 +74,7 @@ class TokenMixing(nn.Module):
         """``W1``'s row block ``(D_q, N)`` with columns in rank-major token order."""
         w1 = self.w1
         blocks = [w1[:, t.lat_start : t.lat_stop, t.lon_start : t.lon_stop] for t in self._tiles]
-        return torch.cat([b.reshape(w1.shape[0], -1) for b in blocks], dim=1)
+        return torch.cat([b.reshape(w1.shape[0], b.shape[1] * b.shape[2]) for b in blocks], dim=1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tile = self._tile

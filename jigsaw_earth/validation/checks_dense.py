@@ -212,6 +212,7 @@ def check_instance_norm(mesh: DomainMesh) -> Iterator[Record]:
 def check_token_mixing(mesh: DomainMesh) -> Iterator[Record]:
     cases = [((8, 12), 10, "weights"), ((8, 12), 10, "activations"), ((7, 10), 7, "auto")]
     cases += [((7, 10), 5, "activations"), ((9, 14), 11, "weights")]
+    cases += [((7, 10), 3, "weights"), ((7, 10), 3, "activations")]  # hidden < ranks: empty shards
     batch, channels = 2, 3
     for grid, hidden, strategy in cases:
         if not _fits(mesh, grid):
