@@ -194,6 +194,8 @@ class _TokenActivations(torch.autograd.Function):
         y = a[:, off[q] : off[q + 1]] @ x
         if b is not None:
             y = y + b.unsqueeze(-1)
+        if y.dtype in (torch.bfloat16, torch.float16):
+            y = y.float()  # accumulate the ring's partial sums in fp32 under autocast
         cur = x
         for s in range(1, P):
             k = (q + s) % P

@@ -6,8 +6,7 @@ Sizes may be uneven: ``n`` rows over ``k`` ranks gives the first ``n % k`` ranks
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
 
 import torch
 
@@ -50,12 +49,20 @@ class Tile:
 
 @dataclass(frozen=True)
 class TileGrid:
-    """A ``n_lat × n_lon`` grid split into ``mesh_lat × mesh_lon`` tiles."""
+    """A ``n_lat × n_lon`` grid split into ``mesh_lat × mesh_lon`` tiles.
+
+    Sizes and offsets are computed once at construction (plain attributes, so ``torch.compile``
+    traces through them without graph breaks).
+    """
 
     n_lat: int
     n_lon: int
     mesh_lat: int = 1
     mesh_lon: int = 1
+    lat_sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    lon_sizes: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    lat_offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    lon_offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         for name, n, k in (("latitude", self.n_lat, self.mesh_lat), ("longitude", self.n_lon, self.mesh_lon)):
@@ -64,22 +71,10 @@ class TileGrid:
                     f"{name} has {n} points but the mesh splits it over {k} ranks; every rank "
                     f"needs at least one point: use a mesh with at most {n} ranks along {name}"
                 )
-
-    @cached_property
-    def lat_sizes(self) -> tuple[int, ...]:
-        return split_sizes(self.n_lat, self.mesh_lat)
-
-    @cached_property
-    def lon_sizes(self) -> tuple[int, ...]:
-        return split_sizes(self.n_lon, self.mesh_lon)
-
-    @cached_property
-    def lat_offsets(self) -> tuple[int, ...]:
-        return split_offsets(self.lat_sizes)
-
-    @cached_property
-    def lon_offsets(self) -> tuple[int, ...]:
-        return split_offsets(self.lon_sizes)
+        object.__setattr__(self, "lat_sizes", split_sizes(self.n_lat, self.mesh_lat))
+        object.__setattr__(self, "lon_sizes", split_sizes(self.n_lon, self.mesh_lon))
+        object.__setattr__(self, "lat_offsets", split_offsets(self.lat_sizes))
+        object.__setattr__(self, "lon_offsets", split_offsets(self.lon_sizes))
 
     @property
     def n_tiles(self) -> int:
