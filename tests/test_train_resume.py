@@ -157,7 +157,7 @@ def test_config_file_world_size_and_overrides(tmp_path: Path) -> None:
         load_config(path, world_size=2)
     cfg = load_config(path, ["mesh.lon=1", "optim.lr=3e-4"], world_size=2)
     assert cfg.mesh.lon == 1 and cfg.optim.lr == pytest.approx(3e-4)
-    with pytest.raises(ValueError, match="unknown key 'mesh.lom'; did you mean 'lon'"):
+    with pytest.raises(ValueError, match=r"unknown key 'mesh\.lom'; did you mean 'lon'"):
         load_config(path, ["mesh.lom=1"])
     path.write_text("data: {store: x}\nrun: !!python/object/apply:os.system ['echo pwned']\n")
     with pytest.raises(ValueError, match="not valid YAML"):
