@@ -31,8 +31,6 @@ __all__ = [
     "UPPER_AIR_VARIABLES",
     "CountingStore",
     "StoreView",
-    "check_same_grid",
-    "open_climatology",
     "open_store",
 ]
 
@@ -302,30 +300,3 @@ class StoreView:
                                  enc.get("_FillValue"))
         return cache[store_name]
 
-
-def check_same_grid(view: StoreView, lat: np.ndarray, lon: np.ndarray, what: str) -> None:
-    """Refuse ``what`` (statistics, climatology, ...) on another grid than the store's."""
-    lat_n, lon_n = np.sort(np.asarray(lat, float))[::-1], np.sort(np.asarray(lon, float))
-    if lat_n.shape != view.lat.shape or lon_n.shape != view.lon.shape or not (
-            np.allclose(lat_n, view.lat, atol=1e-6) and np.allclose(lon_n, view.lon, atol=1e-6)):
-        raise ValueError(
-            f"{what} has a {len(lat_n)}x{len(lon_n)} grid (latitude {lat_n[0]:.3f}..{lat_n[-1]:.3f}) "
-            f"but store {view.path!r} is {len(view.lat)}x{len(view.lon)} (latitude "
-            f"{view.lat[0]:.3f}..{view.lat[-1]:.3f}); regrid it or recompute it from this store"
-        )
-
-
-def open_climatology(path: str | Path, view: StoreView) -> xr.Dataset:
-    """A WB2-layout climatology (hour, dayofyear, [level], lat, lon) on ``view``'s normalised grid."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ds = xr.open_zarr(open_store(path), chunks=None, consolidated=None)
-    clim = StoreView.from_dataset(ds.assign_coords(time=[np.datetime64("2000-01-01", "ns")])
-                                  if "time" not in ds.variables else ds, path)
-    missing = [d for d in ("hour", "dayofyear") if d not in ds.dims]
-    if missing:
-        raise ValueError(f"climatology {str(path)!r} lacks dimension(s) {missing}; WB2 climatologies "
-                         f"have (hour, dayofyear, [level], latitude, longitude)")
-    check_same_grid(view, clim.lat, clim.lon, f"climatology {str(path)!r}")
-    lat_dim, lon_dim = clim.coord_names["latitude"], clim.coord_names["longitude"]
-    return ds.isel({lat_dim: clim.lat_storage, lon_dim: clim.lon_storage})

@@ -9,11 +9,12 @@ import pytest
 import xarray as xr
 from jigsaw_earth.data import prepare as prepare_module
 from jigsaw_earth.data.batch import VariableSpec
+from jigsaw_earth.data.climatology import open_climatology
 from jigsaw_earth.data.prepare import prepare_store
 from jigsaw_earth.data.reader import TileReader
 from jigsaw_earth.data.sampler import SampleTimes
 from jigsaw_earth.data.stats import Normalizer, read_statistics
-from jigsaw_earth.data.store import StoreView, open_climatology
+from jigsaw_earth.data.store import StoreView
 
 from jigsaw_earth.cli import main
 from jigsaw_earth.distributed.halo import Halo
