@@ -9,6 +9,7 @@ Time features: sin/cos of hour of day and of day of year, at the input time.
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -25,6 +26,8 @@ __all__ = [
     "VariableSpec",
     "channel_names",
 ]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_UPPER_AIR = (
     "geopotential", "temperature", "u_component_of_wind", "v_component_of_wind",

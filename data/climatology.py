@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 from pathlib import Path
 
@@ -11,6 +12,8 @@ import xarray as xr
 from .store import StoreView, open_store
 
 __all__ = ["check_same_grid", "open_climatology"]
+
+log = logging.getLogger(__name__)
 
 
 

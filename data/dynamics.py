@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 __all__ = ["Dynamics"]
+
+log = logging.getLogger(__name__)
 
 G = 9.80665
 OMEGA = 7.292e-5

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.tiles import Tile, TileGrid
 
 __all__ = ["halo_cols", "halo_rows", "latitude_weights", "tile_latitude_weights", "time_features"]
+
+log = logging.getLogger(__name__)
 
 
 def latitude_weights(lat: np.ndarray) -> np.ndarray:

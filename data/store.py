@@ -117,7 +117,14 @@ def open_store(path: str | Path, *, count: bool = False, read_only: bool = True)
     """A zarr store for a local path or any fsspec URL (``gs://``, ``memory://``, ...)."""
     text = str(path)
     if _is_url(text) and not text.startswith("file://"):
-        store: Any = zarr.storage.FsspecStore.from_url(text, read_only=read_only)
+        try:
+            store: Any = zarr.storage.FsspecStore.from_url(text, read_only=read_only)
+        except (ImportError, ValueError) as err:
+            protocol = text.split("://", 1)[0]
+            raise ValueError(
+                f"cannot open {text!r}: {err}. Install the fsspec backend for {protocol}:// "
+                f"(e.g. `pip install gcsfs` for gs://, `s3fs` for s3://)"
+            ) from None
     else:
         local = Path(text.removeprefix("file://"))
         if read_only and not local.exists():
