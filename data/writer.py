@@ -157,3 +157,4 @@ def mark_complete(path: Path, **info: Any) -> None:
     """Record completeness (and provenance) in the root attributes: the last thing written."""
     group = zarr.open_group(path, mode="r+")
     group.attrs["jigsaw_earth"] = {"complete": True, **info}
+    zarr.consolidate_metadata(path)  # xarray opens it without listing every array

@@ -17,6 +17,7 @@ COMMANDS = {
     "train": "jigsaw_earth.commands.train",
     "config": "jigsaw_earth.commands.config",
     "score": "jigsaw_earth.commands.score",
+    "predict": "jigsaw_earth.commands.predict",
 }
 
 # One line per command for ``--help``; a command's module (and its heavy imports) is loaded only
