@@ -36,8 +36,8 @@ def select_inits(
     times = np.asarray(data.times).astype("datetime64[h]")
     lo, hi = np.datetime64(start, "h"), np.datetime64(end, "h")
     hours = (times - times.astype("datetime64[D]")).astype(int)
-    mask = (times >= lo) & (times <= hi) & (hours % every_hours == 0)
-    idx = data._inits(mask, steps)
+    idx = np.nonzero((times >= lo) & (times <= hi) & (hours % every_hours == 0))[0]
+    idx = idx[idx + steps * data.stride < len(times)]
     if len(idx) == 0:
         raise ValueError(
             f"no initialisation time in [{start}, {end}] every {every_hours} h has {steps} forecast "
