@@ -26,6 +26,7 @@ from ..distributed.tiles import Tile, TileGrid, split_offsets, split_sizes
 __all__ = [
     "Domain",
     "ShardSpec",
+    "fill_fan_in_",
     "gather_field",
     "init_model",
     "local_domain",
@@ -174,6 +175,16 @@ def fill_normal_(p: torch.Tensor, seed: int, key: str, std: float, mean: float =
 def fill_uniform_(p: torch.Tensor, seed: int, key: str, low: float, high: float) -> None:
     idx = spec_of(p).flat_indices(p.shape, p.device)
     p.copy_(uniform_at(idx, seed, key) * (high - low) + low)
+
+
+def fill_fan_in_(
+    weight: torch.Tensor, bias: torch.Tensor | None, seed: int, key: str, fan_in: int
+) -> None:
+    """torch's default for linear and conv layers: weight and bias uniform in ±1/sqrt(fan_in)."""
+    bound = 1.0 / math.sqrt(fan_in)
+    fill_uniform_(weight, seed, f"{key}.weight", -bound, bound)
+    if bias is not None:
+        fill_uniform_(bias, seed, f"{key}.bias", -bound, bound)
 
 
 def init_model(model: nn.Module, seed: int) -> nn.Module:

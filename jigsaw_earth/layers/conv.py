@@ -17,7 +17,6 @@ matrix ``weight[out_q].reshape(out_q, in_ch*kh*kw).T`` it is the column block ``
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -28,7 +27,7 @@ from ..distributed.comm import comm_site
 from ..distributed.halo import LatMode, LonMode, Window, gather_windows
 from ..distributed.matmul import Strategy, matmul_channels
 from ..distributed.tiles import TileGrid
-from .base import Domain, fill_uniform_, sharded_parameter
+from .base import Domain, fill_fan_in_, sharded_parameter
 
 __all__ = ["Conv2d", "Padding", "autocast_operands", "conv_out_size", "conv_windows", "resolve_padding"]
 
@@ -191,10 +190,7 @@ class Conv2d(nn.Module):
 
     def reset_parameters(self, seed: int = 0, key: str = "conv") -> None:
         """``torch.nn.Conv2d``'s default: uniform in ±1/sqrt(fan_in)."""
-        bound = 1.0 / math.sqrt(self.in_ch * self.kernel[0] * self.kernel[1])
-        fill_uniform_(self.weight, seed, f"{key}.weight", -bound, bound)
-        if self.bias is not None:
-            fill_uniform_(self.bias, seed, f"{key}.bias", -bound, bound)
+        fill_fan_in_(self.weight, self.bias, seed, key, self.in_ch * self.kernel[0] * self.kernel[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_field(x, self.domain, self.in_ch, "Conv2d")

@@ -23,7 +23,6 @@ gathered at use (``all_gather``; its backward reduce-scatters).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import torch
@@ -35,7 +34,7 @@ from ..distributed.comm import comm_site
 from ..distributed.halo import LatMode, LonMode, Window, gather_windows
 from ..distributed.matmul import Strategy, matmul_channels
 from ..distributed.tiles import TileGrid
-from .base import Domain, fill_uniform_, sharded_parameter
+from .base import Domain, fill_fan_in_, sharded_parameter
 from .conv import _pair, autocast_operands, check_field
 
 __all__ = ["ConvTranspose2d", "transposed_windows"]
@@ -112,10 +111,7 @@ class ConvTranspose2d(nn.Module):
 
     def reset_parameters(self, seed: int = 0, key: str = "conv_transpose") -> None:
         """``torch.nn.ConvTranspose2d``'s default: uniform in ±1/sqrt(out_ch*kh*kw)."""
-        bound = 1.0 / math.sqrt(self.out_ch * self.kernel[0] * self.kernel[1])
-        fill_uniform_(self.weight, seed, f"{key}.weight", -bound, bound)
-        if self.bias is not None:
-            fill_uniform_(self.bias, seed, f"{key}.bias", -bound, bound)
+        fill_fan_in_(self.weight, self.bias, seed, key, self.out_ch * self.kernel[0] * self.kernel[1])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_field(x, self.domain, self.in_ch, "ConvTranspose2d")

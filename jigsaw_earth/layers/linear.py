@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
-import math
-
 import torch
 from torch import nn
 
 from ..distributed.matmul import Strategy, matmul_channels
-from .base import Domain, fill_uniform_, sharded_parameter
+from .base import Domain, fill_fan_in_, sharded_parameter
 
 __all__ = ["Linear"]
 
@@ -42,10 +40,7 @@ class Linear(nn.Module):
 
     def reset_parameters(self, seed: int = 0, key: str = "linear") -> None:
         """``torch.nn.Linear``'s default: uniform in ±1/sqrt(in_features)."""
-        bound = 1.0 / math.sqrt(self.in_features)
-        fill_uniform_(self.weight, seed, f"{key}.weight", -bound, bound)
-        if self.bias is not None:
-            fill_uniform_(self.bias, seed, f"{key}.bias", -bound, bound)
+        fill_fan_in_(self.weight, self.bias, seed, key, self.in_features)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[-1] != self.in_features:

@@ -30,7 +30,6 @@ Weights are matrices like ``Linear``'s: embedding ``(C*p*p, D)`` with rows order
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -41,7 +40,7 @@ from torch import nn
 from ..distributed.comm import comm_site
 from ..distributed.halo import LatMode, LonMode, scatter_add_windows
 from ..distributed.matmul import Strategy, matmul_channels
-from .base import Domain, fill_uniform_, sharded_parameter
+from .base import Domain, fill_fan_in_, sharded_parameter
 from .conv import _pair, autocast_operands, check_field, conv_windows, unfold_matmul
 
 __all__ = ["PatchEmbed", "PatchRecovery", "patch_layout"]
@@ -101,10 +100,7 @@ class PatchEmbed(nn.Module):
 
     def reset_parameters(self, seed: int = 0, key: str = "patch_embed") -> None:
         """A ``Conv2d``'s default: uniform in ±1/sqrt(in_ch*p*p)."""
-        bound = 1.0 / math.sqrt(self.weight.shape[0])
-        fill_uniform_(self.weight, seed, f"{key}.weight", -bound, bound)
-        if self.bias is not None:
-            fill_uniform_(self.bias, seed, f"{key}.bias", -bound, bound)
+        fill_fan_in_(self.weight, self.bias, seed, key, self.weight.shape[0])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_field(x, self.domain, self.in_ch, "PatchEmbed")
@@ -182,10 +178,7 @@ class PatchRecovery(nn.Module):
 
     def reset_parameters(self, seed: int = 0, key: str = "patch_recovery") -> None:
         """``torch.nn.Linear``'s default: uniform in ±1/sqrt(embed_dim)."""
-        bound = 1.0 / math.sqrt(self.embed_dim)
-        fill_uniform_(self.weight, seed, f"{key}.weight", -bound, bound)
-        if self.bias is not None:
-            fill_uniform_(self.bias, seed, f"{key}.bias", -bound, bound)
+        fill_fan_in_(self.weight, self.bias, seed, key, self.embed_dim)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = self.domain.tile.shape

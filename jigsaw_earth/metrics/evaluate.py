@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ..data.store import ALIASES, SURFACE_VARIABLES, UPPER_AIR_VARIABLES
 from . import wb2
 
 __all__ = ["DIM_ALIASES", "VAR_ALIASES", "evaluate", "normalise"]
@@ -31,18 +32,13 @@ DIM_ALIASES = {
     "pressure_level": "level",
     "plev": "level",
 }
+# Other sources' variable names -> WB2 names, from the data package's one table (upper-air first,
+# so ``z`` is geopotential, as in forecast files on pressure levels).
 VAR_ALIASES = {
-    "t2m": "2m_temperature",
-    "u10": "10m_u_component_of_wind",
-    "v10": "10m_v_component_of_wind",
-    "msl": "mean_sea_level_pressure",
-    "z": "geopotential",
-    "t": "temperature",
-    "u": "u_component_of_wind",
-    "v": "v_component_of_wind",
-    "q": "specific_humidity",
-    "w": "vertical_velocity",
-    "tp6h": "total_precipitation_6hr",
+    alias: name
+    for name in (*UPPER_AIR_VARIABLES, *SURFACE_VARIABLES)
+    for alias in ALIASES.get(name, ())
+    if alias not in {"z"} or name == "geopotential"
 }
 
 

@@ -19,23 +19,15 @@ import numpy as np
 import torch
 
 from ..config.schema import TrainConfig
+from ..data.store import ALIASES
 from ..metrics.accumulator import MetricAccumulator
 from .data import TrainData
 
 __all__ = ["SHORT_NAMES", "format_table", "short_name", "validate"]
 
 log = logging.getLogger(__name__)
-SHORT_NAMES = {
-    "geopotential": "z",
-    "temperature": "t",
-    "u_component_of_wind": "u",
-    "v_component_of_wind": "v",
-    "specific_humidity": "q",
-    "2m_temperature": "t2m",
-    "10m_u_component_of_wind": "u10",
-    "10m_v_component_of_wind": "v10",
-    "mean_sea_level_pressure": "msl",
-}
+# WB2 name -> the short name used in tables (z, t, t2m, u10, msl, ...): the data package's first alias.
+SHORT_NAMES = {name: aliases[0] for name, aliases in ALIASES.items() if aliases}
 BASELINES = ("model", "persistence", "climatology")
 
 
