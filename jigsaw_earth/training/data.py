@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -121,6 +122,8 @@ class TrainData:
                 f"({sorted(set(spacing.tolist()))[:5]} h)"
             )
         self.stride = step_hours // int(spacing[0])
+        self._pool: ThreadPoolExecutor | None = None
+        self._ahead: dict[int, Future] = {}
         self.step_hours = step_hours
         self.times = times
         self.train_mask = _period_mask(times, train_period)
@@ -189,11 +192,25 @@ class TrainData:
             halo=Halo(),
         )
 
-    def train_batch(self, step: int) -> Batch:
-        """This replica's rows of global batch ``step``, this rank's tile."""
+    def _read_train_batch(self, step: int) -> Batch:
         idx = self.global_indices(step)
         mine = idx[self.replica * self.local_batch : (self.replica + 1) * self.local_batch]
-        return self._batch(mine, self.rollout_steps)
+        batch = self._batch(mine, self.rollout_steps)
+        return batch.pin_memory() if self.mesh.device.type == "cuda" else batch
+
+    def train_batch(self, step: int) -> Batch:
+        """This replica's rows of global batch ``step``, this rank's tile.
+
+        The next step's batch is read in a background thread while the caller computes on this
+        one (I/O overlapped with compute; pinned host memory on GPU for non-blocking copies).
+        A batch is a pure function of its step, so prefetching cannot change what is read.
+        """
+        ahead = self._ahead.pop(step, None) if self._ahead else None
+        batch = ahead.result() if ahead is not None else self._read_train_batch(step)
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jigsaw-prefetch")
+        self._ahead = {step + 1: self._pool.submit(self._read_train_batch, step + 1)}
+        return batch
 
     def val_inits(self, lead_steps: int, max_samples: int) -> np.ndarray:
         """Validation initialisation indices, evenly spaced over the period (every rank agrees)."""

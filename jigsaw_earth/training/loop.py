@@ -161,7 +161,7 @@ class Trainer:
 
     def _loss_local(self, step: int) -> torch.Tensor:
         dev = self.mesh.device
-        batch = self.data.train_batch(step - 1).to(dev)
+        batch = self.data.train_batch(step - 1).to(dev, non_blocking=True)
         state, static = batch.inputs, batch.static
         lat_w, ch_w = self.data.lat_weights.to(dev), self.ch_weights.to(dev)
         total = torch.zeros((), device=dev)
