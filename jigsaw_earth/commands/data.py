@@ -42,16 +42,24 @@ def _variables(p: argparse.ArgumentParser, levels_default: str | None = "500,850
     p.add_argument("--upper-air", help="comma-separated upper-air variables (WB2 names)")
     p.add_argument("--levels", default=levels_default, help="comma-separated levels in hPa, or 'all'")
     p.add_argument("--surface", help="comma-separated surface variables (WB2 names)")
-    p.add_argument("--name", action="append", metavar="CANONICAL=STORE_NAME",
-                   help="map a WB2 name (or latitude/longitude/level/time) to the store's name")
+    p.add_argument(
+        "--name",
+        action="append",
+        metavar="CANONICAL=STORE_NAME",
+        help="map a WB2 name (or latitude/longitude/level/time) to the store's name",
+    )
 
 
 def _layout_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--chunk", metavar="LATxLON", help="inner chunk size (default: whole grid)")
     p.add_argument("--shard", metavar="LATxLON", help="shard size (default: whole grid)")
     p.add_argument("--time-shard", type=int, help="times per shard")
-    p.add_argument("--for-mesh", metavar="LATxLON", help="tile-aligned layout for this mesh: one shard "
-                   "per tile, inner chunks ~1/16 of a tile (overrides --chunk/--shard)")
+    p.add_argument(
+        "--for-mesh",
+        metavar="LATxLON",
+        help="tile-aligned layout for this mesh: one shard "
+        "per tile, inner chunks ~1/16 of a tile (overrides --chunk/--shard)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
 
 
@@ -60,43 +68,52 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
 
     s = dsub.add_parser("synth", help="write a synthetic ERA5-like store (WB2 layout) + climatology")
-    s.add_argument("--out", required=True, type=Path)
-    s.add_argument("--grid", default="32x64", metavar="LATxLON")
-    s.add_argument("--start", default="2019-01-01T00")
-    s.add_argument("--end", default="2020-12-31T18")
+    s.add_argument("--out", required=True, type=Path, help="store to write (its climatology goes beside it)")
+    s.add_argument("--grid", default="32x64", metavar="LATxLON", help="global grid (default 32x64, 5.625°)")
+    s.add_argument("--start", default="2019-01-01T00", help="first time (default 2019-01-01T00)")
+    s.add_argument("--end", default="2020-12-31T18", help="last time, 6-hourly (default 2020-12-31T18)")
     s.add_argument("--levels", default="500,850", help="comma-separated hPa levels, or 'all' (13)")
-    s.add_argument("--seed", type=int, default=0)
-    s.add_argument("--no-climatology", action="store_true")
+    s.add_argument("--seed", type=int, default=0, help="seed of the synthetic weather")
+    s.add_argument("--no-climatology", action="store_true", help="skip the WB2-layout climatology store")
     _layout_args(s)
 
     r = dsub.add_parser("prepare", help="convert a WB2-layout store or netCDF folder to the training layout")
-    r.add_argument("src")
-    r.add_argument("--out", required=True, type=Path)
+    r.add_argument("src", help="WB2-layout Zarr store (path or fsspec URL) or a folder of netCDF files")
+    r.add_argument("--out", required=True, type=Path, help="training store to write (local path)")
     _variables(r, levels_default=None)
-    r.add_argument("--start")
-    r.add_argument("--end")
-    r.add_argument("--step-hours", type=int)
-    r.add_argument("--stats-start")
-    r.add_argument("--stats-end")
-    r.add_argument("--no-progress", action="store_true")
+    r.add_argument("--start", help="first time to keep")
+    r.add_argument("--end", help="last time to keep")
+    r.add_argument("--step-hours", type=int, help="keep every N hours (default: the source spacing)")
+    r.add_argument("--stats-start", help="first time of the statistics period")
+    r.add_argument("--stats-end", help="last time of the statistics period")
+    r.add_argument("--no-progress", action="store_true", help="no progress bar")
     _layout_args(r)
 
     i = dsub.add_parser("inspect", help="variables, levels, grid, times, chunking, gaps, NaNs")
-    i.add_argument("path")
-    i.add_argument("--nans", choices=["none", "sample", "full"], default="sample",
-                   help="NaN scan: none, 5 sampled times (default) or every time")
+    i.add_argument("path", help="store to describe")
+    i.add_argument(
+        "--nans",
+        choices=["none", "sample", "full"],
+        default="sample",
+        help="NaN scan: none, 5 sampled times (default) or every time",
+    )
     i.add_argument("--name", action="append", metavar="CANONICAL=STORE_NAME")
     i.add_argument("--json", type=Path, metavar="PATH")
 
     o = dsub.add_parser("io-report", help="bytes each rank of a mesh reads for one sample")
-    o.add_argument("path")
+    o.add_argument("path", help="store to read one sample from")
     o.add_argument("--mesh", action="append", metavar="LATxLON", help="repeatable; default 2x2")
     o.add_argument("--halo", type=int, default=1, help="halo width (default 1)")
     o.add_argument("--pole", default="zeros", choices=["zeros", "replicate", "pole"])
-    o.add_argument("--lead-steps", type=int, default=1)
-    o.add_argument("--time-index", type=int, default=0)
-    o.add_argument("--bench", type=int, default=0, metavar="N",
-                   help="also time N samples: tile reader vs xarray whole-field read + slicing")
+    o.add_argument("--lead-steps", type=int, default=1, help="target steps per sample")
+    o.add_argument("--time-index", type=int, default=0, help="which time to read")
+    o.add_argument(
+        "--bench",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time N samples: tile reader vs xarray whole-field read + slicing",
+    )
     _variables(o)
     o.add_argument("--json", type=Path, metavar="PATH")
     p.set_defaults(run=run)
@@ -108,8 +125,12 @@ def _spec(args: argparse.Namespace, store_levels: list[float] | None = None):
     levels = args.levels
     if levels == "all":
         levels = ",".join(str(int(x)) for x in store_levels or [])
-    return VariableSpec(tuple(_csv(args.upper_air) or DEFAULT_UPPER_AIR), tuple(_csv(levels, int) or ()),
-                        tuple(_csv(args.surface) or DEFAULT_SURFACE), static=())
+    return VariableSpec(
+        tuple(_csv(args.upper_air) or DEFAULT_UPPER_AIR),
+        tuple(_csv(levels, int) or ()),
+        tuple(_csv(args.surface) or DEFAULT_SURFACE),
+        static=(),
+    )
 
 
 def _layout(args: argparse.Namespace, grid: tuple[int, int] | None, default_time_shard: int):
@@ -150,9 +171,11 @@ def _synth(args: argparse.Namespace) -> int:
         cfg = replace(cfg, layout=replace(layout, compress=False))
     t0 = time.perf_counter()
     info = synth_store(args.out, cfg, overwrite=args.overwrite, climatology=not args.no_climatology)
-    print(f"wrote {info['store']}: {info['times']} times, grid {n_lat}x{n_lon}, levels {info['levels']}"
-          f"{', climatology ' + info['climatology'] if 'climatology' in info else ''} "
-          f"({time.perf_counter() - t0:.1f} s)")
+    print(
+        f"wrote {info['store']}: {info['times']} times, grid {n_lat}x{n_lon}, levels {info['levels']}"
+        f"{', climatology ' + info['climatology'] if 'climatology' in info else ''} "
+        f"({time.perf_counter() - t0:.1f} s)"
+    )
     return 0
 
 
@@ -168,12 +191,24 @@ def _prepare(args: argparse.Namespace) -> int:
     stats = (args.stats_start, args.stats_end) if args.stats_start and args.stats_end else None
     levels = None if args.levels in (None, "all") else _csv(args.levels, int)
     t0 = time.perf_counter()
-    info = prepare_store(args.src, args.out, upper_air=_csv(args.upper_air), levels=levels,
-                         surface=_csv(args.surface), period=period, step_hours=args.step_hours,
-                         stats_period=stats, names=names, layout=layout, overwrite=args.overwrite,
-                         progress=not args.no_progress)
-    print(f"wrote {info['store']}: {', '.join(info['variables'])}; {info['times']} times, grid "
-          f"{info['grid'][0]}x{info['grid'][1]} ({time.perf_counter() - t0:.1f} s)")
+    info = prepare_store(
+        args.src,
+        args.out,
+        upper_air=_csv(args.upper_air),
+        levels=levels,
+        surface=_csv(args.surface),
+        period=period,
+        step_hours=args.step_hours,
+        stats_period=stats,
+        names=names,
+        layout=layout,
+        overwrite=args.overwrite,
+        progress=not args.no_progress,
+    )
+    print(
+        f"wrote {info['store']}: {', '.join(info['variables'])}; {info['times']} times, grid "
+        f"{info['grid'][0]}x{info['grid'][1]} ({time.perf_counter() - t0:.1f} s)"
+    )
     return 0
 
 
@@ -183,18 +218,24 @@ def _inspect(args: argparse.Namespace) -> int:
     r = inspect_store(args.path, _names(args.name), args.nans)
     g, t = r["grid"], r["time"]
     print(f"store     {r['path']}  (complete marker: {r['complete']})")
-    print(f"grid      {g['n_lat']} x {g['n_lon']}  latitude {g['lat'][0]:.3f} .. {g['lat'][1]:.3f} "
-          f"(stored {g['latitude_order']}), longitude {g['lon'][0]:.3f} .. {g['lon'][1]:.3f}")
+    print(
+        f"grid      {g['n_lat']} x {g['n_lon']}  latitude {g['lat'][0]:.3f} .. {g['lat'][1]:.3f} "
+        f"(stored {g['latitude_order']}), longitude {g['lon'][0]:.3f} .. {g['lon'][1]:.3f}"
+    )
     print(f"levels    {r['levels']}")
-    print(f"time      {t['start']} .. {t['end']}  ({t['count']} times, step {t['step_hours']} h, "
-          f"{len(t['gaps'])} gaps)")
+    print(
+        f"time      {t['start']} .. {t['end']}  ({t['count']} times, step {t['step_hours']} h, "
+        f"{len(t['gaps'])} gaps)"
+    )
     for a, b in t["gaps"][:10]:
         print(f"  gap     {a} -> {b}")
     print(f"{'variable':<28} {'dims':<40} {'chunks':<22} {'shards':<22} NaNs ({r['nan_scan']})")
     for v in r["variables"]:
         shards = "-" if not v["shards"] else "x".join(map(str, v["shards"]))
-        print(f"{v['name']:<28} {','.join(v['dims']):<40} {'x'.join(map(str, v['chunks'])):<22} "
-              f"{shards:<22} {v.get('nans', '-')}")
+        print(
+            f"{v['name']:<28} {','.join(v['dims']):<40} {'x'.join(map(str, v['chunks'])):<22} "
+            f"{shards:<22} {v.get('nans', '-')}"
+        )
     _write_json(args.json, r)
     return 0
 
@@ -213,22 +254,30 @@ def _io(args: argparse.Namespace) -> int:
         r = io_report(args.path, m, spec, halo, args.lead_steps, time_index=args.time_index, names=names)
         ok = r["max_fraction"] <= r["bound"]
         failed |= not ok
-        print(f"mesh {r['mesh']}: whole sample {r['sample_bytes_read']} B read "
-              f"({r['sample_bytes_uncompressed']} B uncompressed, {r['channels']} channels, "
-              f"{1 + args.lead_steps} times); bound 1/N + halo + 10% = {r['bound']:.3f}")
-        print(f"  {'rank':>4} {'tile (rows, cols)':<24} {'bytes read':>12} {'requests':>8} {'fraction':>9} "
-              f"{'ideal':>7}")
+        print(
+            f"mesh {r['mesh']}: whole sample {r['sample_bytes_read']} B read "
+            f"({r['sample_bytes_uncompressed']} B uncompressed, {r['channels']} channels, "
+            f"{1 + args.lead_steps} times); bound 1/N + halo + 10% = {r['bound']:.3f}"
+        )
+        print(
+            f"  {'rank':>4} {'tile (rows, cols)':<24} {'bytes read':>12} {'requests':>8} {'fraction':>9} "
+            f"{'ideal':>7}"
+        )
         for k in r["ranks"]:
             a, b, c, d = k["tile"]
-            print(f"  {k['rank']:>4} {f'{a}:{b}, {c}:{d}':<24} {k['bytes_read']:>12} {k['requests']:>8} "
-                  f"{k['fraction']:>9.3f} {k['ideal_fraction']:>7.3f}")
+            print(
+                f"  {k['rank']:>4} {f'{a}:{b}, {c}:{d}':<24} {k['bytes_read']:>12} {k['requests']:>8} "
+                f"{k['fraction']:>9.3f} {k['ideal_fraction']:>7.3f}"
+            )
         print(f"  max fraction {r['max_fraction']:.3f} {'<=' if ok else '>'} bound {r['bound']:.3f}")
         if args.bench:
             b = throughput(args.path, m, spec, halo, args.bench, args.lead_steps, names=names)
             r["throughput"] = b
-            print(f"  throughput (rank 0, {b['samples']} samples): tile reader "
-                  f"{b['tile_reader_samples_per_s']:.1f} samples/s, xarray whole field + slicing "
-                  f"{b['xarray_full_then_slice_samples_per_s']:.1f} samples/s ({b['speedup']:.2f}x)")
+            print(
+                f"  throughput (rank 0, {b['samples']} samples): tile reader "
+                f"{b['tile_reader_samples_per_s']:.1f} samples/s, xarray whole field + slicing "
+                f"{b['xarray_full_then_slice_samples_per_s']:.1f} samples/s ({b['speedup']:.2f}x)"
+            )
         records.append(r)
     _write_json(args.json, records)
     return 1 if failed else 0
