@@ -57,6 +57,19 @@ def _expected_halo_bytes(grid: TileGrid, halo: Halo, lead: int, elsize: int) -> 
     return remote * lead * elsize
 
 
+def _expected_window_bytes(grid: TileGrid, windows, mode: str, lead: int, elsize: int) -> int:
+    """Window cells owned by another rank (zero padding excluded), found by gathering owner ids
+    with the serial ``window_reference`` — independent of the exchange plan."""
+    owners = torch.zeros(grid.n_lat, grid.n_lon)
+    for k, t in enumerate(grid.tiles()):
+        owners[t.slices] = k + 1
+    remote = 0
+    for k, w in enumerate(windows):
+        ids = window_reference(owners, w, mode, "periodic")  # type: ignore[arg-type]
+        remote += int(((ids != 0) & (ids != k + 1)).sum())
+    return remote * lead * elsize
+
+
 @register("halo_exchange")
 def check_halo(mesh: DomainMesh) -> Iterator[Record]:
     axis = mesh.domain
@@ -128,7 +141,8 @@ def check_windows(mesh: DomainMesh) -> Iterator[Record]:
         got = gather_windows(local, grid, windows, axis, mode, "periodic")
         got.backward(cot[me])
         shape = f"{n_lat}x{n_lon} p{patch} s{stride} pad{pad} {mode}"
-        rec = Record("gather_windows", _mesh_name(mesh), shape)
+        expected = 2 * _expected_window_bytes(grid, windows, mode, 2, 4)  # forward + backward
+        rec = Record("gather_windows", _mesh_name(mesh), shape, expected_bytes=expected)
         yield measure(
             rec,
             [rel_error(got, refs[me])],
@@ -143,7 +157,7 @@ def check_windows(mesh: DomainMesh) -> Iterator[Record]:
         got = scatter_add_windows(y, grid, windows, axis, mode, "periodic")
         cot2 = torch.randn(2, n_lat, n_lon, generator=gen)
         got.backward(grid.scatter(cot2, me))
-        rec = Record("scatter_add_windows", _mesh_name(mesh), shape)
+        rec = Record("scatter_add_windows", _mesh_name(mesh), shape, expected_bytes=expected)
         yield measure(
             rec,
             [rel_error(got, grid.scatter(z.grad, me))],
@@ -273,7 +287,10 @@ def check_collectives(mesh: DomainMesh) -> Iterator[Record]:
         y = all_gather(x, axis, 1, sizes)
         y.backward(cot)
         want_grad = cot[:, offs[k] : offs[k + 1]] * P
-        rec = Record("all_gather", _mesh_name(mesh), shape, expected_bytes=None)
+        # every rank sends its piece to P-1 peers; backward returns P-1 slices to their owners
+        groups = mesh.shape.world_size // P  # independent groups along this axis, all measured
+        moved = groups * 2 * (P - 1) * 2 * sum(sizes) * 5 * 4
+        rec = Record("all_gather", _mesh_name(mesh), shape, expected_bytes=moved)
         yield measure(
             rec, [rel_error(y, torch.cat(parts, 1))], [rel_error(x.grad, want_grad)], ledger.bytes_sent
         )
@@ -286,7 +303,7 @@ def check_collectives(mesh: DomainMesh) -> Iterator[Record]:
         y.backward(g)
         total = sum(fulls)[:, offs[k] : offs[k + 1]]
         # d/dx_k of sum_j <g_j, slice_j(sum fulls)> = concat of all ranks' g_j: check own slice
-        rec = Record("reduce_scatter", _mesh_name(mesh), shape)
+        rec = Record("reduce_scatter", _mesh_name(mesh), shape, expected_bytes=moved)
         yield measure(
             rec, [rel_error(y, total)], [rel_error(x.grad[:, offs[k] : offs[k + 1]], g)], ledger.bytes_sent
         )
