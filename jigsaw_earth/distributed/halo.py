@@ -306,6 +306,13 @@ def _check_tile(x: torch.Tensor, grid: TileGrid, axis: Axis) -> None:
         raise ValueError(f"tile has shape {tuple(x.shape[-2:])}, the grid expects {expected}")
 
 
+def _check_windows(grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, lon_mode: str) -> None:
+    if len(windows) != grid.n_tiles:
+        raise ValueError(f"{len(windows)} windows given for {grid.n_tiles} tiles")
+    overhang = max(max(-w[0], w[1] - grid.n_lat, 0) for w in windows)
+    _check_modes(grid, lat_mode, lon_mode, overhang)
+
+
 def gather_windows(
     x: torch.Tensor,
     grid: TileGrid,
@@ -321,10 +328,7 @@ def gather_windows(
     ``pad_reference``. Every rank passes the same ``windows`` (one per domain rank).
     """
     _check_tile(x, grid, axis)
-    if len(windows) != grid.n_tiles:
-        raise ValueError(f"{len(windows)} windows given for {grid.n_tiles} tiles")
-    overhang = max(max(-w[0], w[1] - grid.n_lat, 0) for w in windows)
-    _check_modes(grid, lat_mode, lon_mode, overhang)
+    _check_windows(grid, windows, lat_mode, lon_mode)
     return _WindowGather.apply(x, grid, tuple(windows), lat_mode, lon_mode, axis, op)
 
 
@@ -342,13 +346,10 @@ def scatter_add_windows(
 
     Overlapping patch recovery and transposed convolution sum their contributions with this.
     """
-    if len(windows) != grid.n_tiles:
-        raise ValueError(f"{len(windows)} windows given for {grid.n_tiles} tiles")
+    _check_windows(grid, windows, lat_mode, lon_mode)
     lat_lo, lat_hi, lon_lo, lon_hi = windows[axis.index]
     if tuple(y.shape[-2:]) != (lat_hi - lat_lo, lon_hi - lon_lo):
         raise ValueError(f"window data has shape {tuple(y.shape[-2:])}, its window is {windows[axis.index]}")
-    overhang = max(max(-w[0], w[1] - grid.n_lat, 0) for w in windows)
-    _check_modes(grid, lat_mode, lon_mode, overhang)
     return _WindowScatterAdd.apply(y, grid, tuple(windows), lat_mode, lon_mode, axis, op)
 
 
