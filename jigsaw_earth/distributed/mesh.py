@@ -157,6 +157,13 @@ class DomainMesh:
             if d == self.coord[0]:
                 axis = self._axes["domain"]
                 self._axes["domain"] = Axis("domain", axis.ranks, axis.index, group)
+        # NCCL requires every rank of a group in its first batch_isend_irecv; a halo exchange
+        # need not involve all of them, so open each group with a collective. Every rank visits
+        # its groups in the same axis order, so this cannot deadlock.
+        for name in ("data", "lat", "lon", "domain"):
+            group = self._axes[name].group
+            if group is not None:
+                dist.all_reduce(torch.zeros(1, device=self.device), group=group)
 
     def __repr__(self) -> str:
         return f"DomainMesh(shape={self.shape}, rank={self.rank}, coord={self.coord})"
