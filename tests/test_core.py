@@ -144,3 +144,41 @@ def test_matmul_cost_model_and_choice() -> None:
     assert choose(tok, training=False) == "weights"  # few output tokens: moving A is cheaper
     with pytest.raises(ValueError, match="strategy 'ring'"):
         matmul_channels(torch.zeros(2, 3), torch.zeros(3, 4), None, init_mesh().domain, (4,), (2,), "ring")  # type: ignore[arg-type]
+
+
+def test_processes_started_like_srun_form_a_group() -> None:
+    """Two processes that have only SLURM_* variables (as srun gives them) build a 1x2 mesh."""
+    import os
+    import subprocess
+    import sys
+
+    from jigsaw_earth.distributed.spawn import free_port
+
+    code = (
+        "import torch, torch.distributed as dist\n"
+        "from jigsaw_earth.distributed.mesh import MeshShape, init_mesh\n"
+        "mesh = init_mesh(MeshShape(1, 1, 2), backend='gloo', timeout_s=60)\n"
+        "t = torch.tensor([float(mesh.rank + 1)])\n"
+        "dist.all_reduce(t, group=mesh.domain.group)\n"
+        "print(mesh.rank, mesh.coord, int(t.item()))\n"
+        "dist.destroy_process_group()\n"
+    )
+    base = {
+        k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR")
+    }
+    base.update(
+        SLURM_NTASKS="2", SLURM_JOB_NODELIST="localhost", SLURM_JOB_ID="7", MASTER_PORT=str(free_port())
+    )
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code],
+            env={**base, "SLURM_PROCID": str(r), "SLURM_LOCALID": str(r)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in range(2)
+    ]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert all(p.returncode == 0 for p in procs), [err[-500:] for _, err in outs]
+    assert sorted(out.strip() for out, _ in outs) == ["0 (0, 0, 0) 3", "1 (0, 0, 1) 3"]
