@@ -110,8 +110,11 @@ def layer_bytes(module: nn.Module, parent: nn.Module | None, batch: int, elsize:
             elsize,
         )
         return {"linear": b}
-    if isinstance(module, Conv2d):
-        kh, kw = module.kernel
+    if isinstance(module, (Conv2d, PatchEmbed)):
+        # receptive-field gather, then im2col rows of in_ch·kh·kw through the distributed matmul
+        name, (kh, kw) = (
+            ("conv", module.kernel) if isinstance(module, Conv2d) else ("patch_embed", module.patch)
+        )
         mm = matmul_bytes(
             module.strategy,
             module.out_domain.counts(batch),
@@ -121,19 +124,7 @@ def layer_bytes(module: nn.Module, parent: nn.Module | None, batch: int, elsize:
             elsize,
         )
         win = window_bytes(domain.grid, module.windows, *module.modes, batch * module.in_ch, elsize)
-        return {"conv.matmul": mm, "conv.windows": win}
-    if isinstance(module, PatchEmbed):
-        ph, pw = module.patch
-        mm = matmul_bytes(
-            module.strategy,
-            module.out_domain.counts(batch),
-            module.in_ch * ph * pw,
-            module.out_sizes,
-            module.bias is not None,
-            elsize,
-        )
-        win = window_bytes(domain.grid, module.windows, *module.modes, batch * module.in_ch, elsize)
-        return {"patch_embed.matmul": mm, "patch_embed.windows": win}
+        return {f"{name}.matmul": mm, f"{name}.windows": win}
     if isinstance(module, PatchRecovery):
         mm = matmul_bytes(
             module.strategy,
