@@ -1,7 +1,10 @@
 """``jigsaw-earth validate``: the sharding truth table.
 
 For every mesh it spawns ``lat × lon`` gloo ranks, runs every registered op sharded and serially
-on several global sizes, and prints one row per case. Exit status 1 on any failure.
+on several global sizes, and prints one row per case: the sharded and the serial float32 result's
+relative errors against the float64 serial reference, and the judge's figure (the sharded error
+over what it allows, ``validation.registry``; a case passes at ≤ 1 with exact bytes). Exit
+status 1 on any failure.
 """
 
 from __future__ import annotations
@@ -42,9 +45,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def _row(r: dict) -> str:
     expected = "-" if r["expected_bytes"] is None else str(r["expected_bytes"])
     verdict = "PASS" if r["passed"] else "FAIL"
+    judged = max(r["judge_forward"], r["judge_backward"])
     return (
         f"{r['op']:<30} {r['mesh']:>5} {r['shape']:<44} {r['error_forward']:>9.2e} "
-        f"{r['error_backward']:>9.2e} {r['comm_bytes']:>10} {expected:>10} {verdict}"
+        f"{r['error_backward']:>9.2e} {r['serial_error_forward']:>9.2e} {r['serial_error_backward']:>9.2e} "
+        f"{judged:>6.2f} {r['comm_bytes']:>10} {expected:>10} {verdict}"
     )
 
 
@@ -57,8 +62,8 @@ def run(args: argparse.Namespace) -> int:
         if shape.data != 1:
             raise ValueError(f"validate checks domain meshes LATxLON; got data axis {shape.data}")
     header = (
-        f"{'op':<30} {'mesh':>5} {'shape':<44} {'err fwd':>9} {'err bwd':>9} "
-        f"{'comm B':>10} {'expected':>10} result"
+        f"{'op':<30} {'mesh':>5} {'shape':<44} {'err fwd':>9} {'err bwd':>9} {'ser fwd':>9} {'ser bwd':>9} "
+        f"{'judge':>6} {'comm B':>10} {'expected':>10} result"
     )
     print(header)
     print("-" * len(header))
