@@ -34,7 +34,15 @@ from .comm import exchange
 from .mesh import Axis
 from .tiles import split_offsets
 
-__all__ = ["Strategy", "channel_bytes", "choose", "matmul_channels", "matmul_tokens", "token_bytes"]
+__all__ = [
+    "Strategy",
+    "autocast_operands",
+    "channel_bytes",
+    "choose",
+    "matmul_channels",
+    "matmul_tokens",
+    "token_bytes",
+]
 
 Strategy = Literal["auto", "weights", "activations"]
 _RING, _ACC = 1, 2  # message tags: circulating operands, accumulating partial sums
@@ -53,9 +61,35 @@ def _send_recv(axis: Axis, to: int, tensor: torch.Tensor, frm: int, shape, *, op
     )
 
 
+_LOW = (torch.bfloat16, torch.float16)
+
+
+def autocast_operands(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """Cast floating operands to the autocast dtype when autocast is on (as autocast would cast a
+    ``matmul``'s or ``conv2d``'s inputs), so a distributed op sees one dtype in forward and
+    backward and its messages travel in the lower precision."""
+    dev = next(t for t in tensors if t is not None).device.type
+    if not torch.is_autocast_enabled(dev):
+        return tensors
+    dtype = torch.get_autocast_dtype(dev)
+    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
+
+
 def _as(dtype: torch.dtype, *tensors: torch.Tensor | None) -> list:
-    """Backward runs outside autocast: compute every product in the gradient's dtype."""
+    """Backward runs outside autocast: compute every product (and send it) in the forward's dtype."""
     return [t if t is None or t.dtype == dtype else t.to(dtype) for t in tensors]
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    """Sums over blocks accumulate in fp32 under bf16/fp16; messages stay in ``dtype``."""
+    return torch.float32 if dtype in _LOW else dtype
+
+
+def _add(part: torch.Tensor, incoming: torch.Tensor) -> torch.Tensor:
+    """A partial sum plus a received one, added in the accumulation dtype, kept in ``part``'s."""
+    if part.dtype in _LOW:
+        return (part.float() + incoming.float()).to(part.dtype)
+    return part + incoming
 
 
 def _like(grad: torch.Tensor | None, ref: torch.Tensor | None) -> torch.Tensor | None:
@@ -68,7 +102,7 @@ def _with_bias(w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
 
 
 def _affine(x: torch.Tensor, wb: torch.Tensor, cin: int, bias: bool) -> torch.Tensor:
-    return x @ wb[:cin] + wb[cin] if bias else x @ wb
+    return torch.addmm(wb[cin], x, wb[:cin]) if bias else x @ wb
 
 
 # ---------------------------------------------------------------- channel form, moving weights
@@ -95,25 +129,27 @@ class _ChannelWeights(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         x0, w0, b0 = ctx.saved_tensors
-        x, w, b = _as(dy.dtype, x0, w0, b0)
+        x, w, b, dy = _as(x0.dtype, x0, w0, b0, dy)
         axis, out_sizes = ctx.args
         P, q = axis.size, axis.index
         cin, bias = w.shape[0], b is not None
+        need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
         dys = dy.split(list(out_sizes), dim=-1)
-        dx = torch.zeros_like(x)
+        dx = torch.zeros(x.shape, dtype=_acc_dtype(x.dtype), device=x.device) if need_dx else None
         cur = _with_bias(w, b)
         acc_in = None
         grad_wb = cur
         for s in range(P):
             kw, kg = (q + s) % P, (q - 1 - s) % P
             w_next = None
-            if s < P - 1:
+            if need_dx and s < P - 1:
                 shape = (cur.shape[0], out_sizes[(kw + 1) % P])
                 w_next = _send_recv(axis, -1, cur, 1, shape, op="matmul.weights.backward", tag=_RING)
-            dx += dys[kw] @ cur[:cin].T
+            if dx is not None:
+                dx += dys[kw] @ cur[:cin].T
             part = _with_bias(x.T @ dys[kg], dys[kg].sum(0) if bias else None)
             if acc_in is not None:
-                part = part + acc_in.wait()[0]
+                part = _add(part, acc_in.wait()[0])
             if s < P - 1:
                 shape = (part.shape[0], out_sizes[(kg - 1) % P])
                 acc_in = _send_recv(axis, 1, part, -1, shape, op="matmul.weights.backward", tag=_ACC)
@@ -134,8 +170,8 @@ class _ChannelActivations(torch.autograd.Function):
         ctx.args = (axis, out_sizes, counts)
         wb, cin, bias = _with_bias(w, b), w.shape[0], b is not None
         outs: list = [None] * P
-        outs[q] = _affine(x, wb, cin, bias)
         x_in = _send_recv(axis, 1, x, -1, (counts[(q - 1) % P], cin), op="matmul.activations", tag=_RING)
+        outs[q] = _affine(x, wb, cin, bias)
         y_in = []
         for s in range(1, P):
             xr = x_in.wait()[0]
@@ -152,14 +188,12 @@ class _ChannelActivations(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         x0, w0, b0 = ctx.saved_tensors
-        x, w, b = _as(dy.dtype, x0, w0, b0)
+        x, w, b, dy = _as(x0.dtype, x0, w0, b0, dy)
         axis, out_sizes, counts = ctx.args
         P, q = axis.size, axis.index
-        cin = w.shape[0]
+        cin, acc = w.shape[0], _acc_dtype(x.dtype)
+        need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
         dys = dy.split(list(out_sizes), dim=-1)
-        dx = dys[q] @ w.T
-        dw = x.T @ dys[q]
-        db = dys[q].sum(0) if b is not None else None
         op = "matmul.activations.backward"
 
         def post(s: int):
@@ -167,17 +201,21 @@ class _ChannelActivations(torch.autograd.Function):
             shape = (counts[(q - s) % P], cin + out_sizes[q])
             return _send_recv(axis, s, send, -s, shape, op=op, tag=_RING)
 
-        dx_in = []
         incoming = post(1) if P > 1 else None
+        dx = (dys[q] @ w.T).to(acc) if need_dx else None
+        dw = (x.T @ dys[q]).to(acc)
+        db = dys[q].sum(0, dtype=acc) if b is not None else None
+        dx_in = []
         for s in range(1, P):
             buf = incoming.wait()[0]
             if s < P - 1:
                 incoming = post(s + 1)
             xr, dyr = buf.split([cin, out_sizes[q]], dim=1)
+            if need_dx:
+                dx_in.append(_send_recv(axis, -s, dyr @ w.T, s, x.shape, op=op, tag=_ACC))
             dw += xr.T @ dyr
             if db is not None:
-                db += dyr.sum(0)
-            dx_in.append(_send_recv(axis, -s, dyr @ w.T, s, x.shape, op=op, tag=_ACC))
+                db += dyr.sum(0, dtype=acc)
         for pending in dx_in:
             dx += pending.wait()[0]
         return _like(dx, x0), _like(dw, w0), _like(db, b0), None, None, None
@@ -191,29 +229,32 @@ class _TokenActivations(torch.autograd.Function):
         ctx.save_for_backward(x, a, b)
         ctx.args = (axis, counts)
         off = split_offsets(counts)
+        op = "matmul.tokens"
+        # the ring: post each block's onward transfer before multiplying by it
+        nxt = _send_recv(axis, -1, x, 1, (counts[(q + 1) % P], x.shape[1]), op=op, tag=_RING)
         y = a[:, off[q] : off[q + 1]] @ x
         if b is not None:
             y = y + b.unsqueeze(-1)
-        if y.dtype in (torch.bfloat16, torch.float16):
-            y = y.float()  # accumulate the ring's partial sums in fp32 under autocast
-        cur = x
+        y = y.to(_acc_dtype(y.dtype))  # accumulate the ring's partial sums in fp32 under autocast
         for s in range(1, P):
             k = (q + s) % P
-            nxt = _send_recv(axis, -1, cur, 1, (counts[k], x.shape[1]), op="matmul.tokens", tag=_RING)
             cur = nxt.wait()[0]
-            y = y + a[:, off[k] : off[k + 1]] @ cur
+            if s < P - 1:
+                nxt = _send_recv(axis, -1, cur, 1, (counts[(k + 1) % P], x.shape[1]), op=op, tag=_RING)
+            y += a[:, off[k] : off[k + 1]] @ cur
         return y
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         x0, a0, b0 = ctx.saved_tensors
-        x, a, b = _as(dy.dtype, x0, a0, b0)
+        x, a, b, dy = _as(x0.dtype, x0, a0, b0, dy)
         axis, counts = ctx.args
         P, q = axis.size, axis.index
         off = split_offsets(counts)
         op = "matmul.tokens.backward"
+        need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
         da = torch.empty_like(a)
-        cur, acc_in, dx = x, None, x
+        cur, acc_in, dx = x, None, None
         for s in range(P):
             kx, kg = (q + s) % P, (q - 1 - s) % P
             x_next = None
@@ -221,17 +262,18 @@ class _TokenActivations(torch.autograd.Function):
                 shape = (counts[(kx + 1) % P], x.shape[1])
                 x_next = _send_recv(axis, -1, cur, 1, shape, op=op, tag=_RING)
             da[:, off[kx] : off[kx + 1]] = dy @ cur.T
-            part = a[:, off[kg] : off[kg + 1]].T @ dy
-            if acc_in is not None:
-                part = part + acc_in.wait()[0]
-            if s < P - 1:
-                shape = (counts[(kg - 1) % P], x.shape[1])
-                acc_in = _send_recv(axis, 1, part, -1, shape, op=op, tag=_ACC)
-            else:
-                dx = part
+            if need_dx:
+                part = a[:, off[kg] : off[kg + 1]].T @ dy
+                if acc_in is not None:
+                    part = _add(part, acc_in.wait()[0])
+                if s < P - 1:
+                    shape = (counts[(kg - 1) % P], x.shape[1])
+                    acc_in = _send_recv(axis, 1, part, -1, shape, op=op, tag=_ACC)
+                else:
+                    dx = part
             if x_next is not None:
                 cur = x_next.wait()[0]
-        db = dy.sum(-1) if b is not None else None
+        db = dy.sum(-1, dtype=_acc_dtype(dy.dtype)) if b is not None else None
         return _like(dx, x0), _like(da, a0), _like(db, b0), None, None
 
 
@@ -241,25 +283,30 @@ class _TokenWeights(torch.autograd.Function):
     def forward(ctx, x, a, b, axis, in_counts, out_counts):  # type: ignore[override]
         P, q = axis.size, axis.index
         off = split_offsets(in_counts)
+        op = "matmul.tokens.weights"
+
+        def post(s: int):  # the block of A that multiplies peer q+s's tokens, sent to it
+            k_to, k_from = (q + s) % P, (q - s) % P
+            blk = a[:, off[k_to] : off[k_to + 1]]
+            return _send_recv(axis, s, blk, -s, (out_counts[k_from], in_counts[q]), op=op, tag=_RING)
+
         col_blocks: list = [None] * P  # A_k[:, cols_q] for every k: 1/P of A
         col_blocks[q] = a[:, off[q] : off[q + 1]]
+        incoming = post(1) if P > 1 else None
         y = col_blocks[q] @ x
         if b is not None:
             y = y + b.unsqueeze(-1)
+        y = y.to(_acc_dtype(y.dtype))
         partials = []
         for s in range(1, P):
-            k_to, k_from = (q + s) % P, (q - s) % P
-            blk = a[:, off[k_to] : off[k_to + 1]].contiguous()
-            got = _send_recv(
-                axis, s, blk, -s, (out_counts[k_from], in_counts[q]), op="matmul.tokens.weights", tag=_RING
-            )
-            col_blocks[k_from] = got.wait()[0]
+            k_from = (q - s) % P
+            col_blocks[k_from] = incoming.wait()[0]
+            if s < P - 1:
+                incoming = post(s + 1)  # in flight while this block is multiplied
             z = col_blocks[k_from] @ x
-            partials.append(
-                _send_recv(axis, -s, z, s, (a.shape[0], x.shape[1]), op="matmul.tokens.weights", tag=_ACC)
-            )
+            partials.append(_send_recv(axis, -s, z, s, (a.shape[0], x.shape[1]), op=op, tag=_ACC))
         for pending in partials:
-            y = y + pending.wait()[0]
+            y += pending.wait()[0]
         ctx.save_for_backward(x, b, *col_blocks)
         ctx.args = (axis, in_counts, out_counts, a.shape, a.dtype)
         return y
@@ -267,57 +314,81 @@ class _TokenWeights(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         x0, b0, *blocks0 = ctx.saved_tensors
-        x, b, *col_blocks = _as(dy.dtype, x0, b0, *blocks0)
+        x, b, dy, *col_blocks = _as(x0.dtype, x0, b0, dy, *blocks0)
         axis, in_counts, out_counts, a_shape, a_dtype = ctx.args
         P, q = axis.size, axis.index
         off = split_offsets(in_counts)
         op = "matmul.tokens.weights.backward"
+        need_dx = ctx.needs_input_grad[0]
         dy = dy.contiguous()
-        dx = col_blocks[q].T @ dy
+
+        def post(s: int):
+            return _send_recv(axis, s, dy, -s, (out_counts[(q - s) % P], dy.shape[1]), op=op, tag=_RING)
+
+        incoming = post(1) if P > 1 else None
+        dx = (col_blocks[q].T @ dy).to(_acc_dtype(dy.dtype)) if need_dx else None
         da = dy.new_empty(a_shape)
         da[:, off[q] : off[q + 1]] = dy @ x.T
         returns = []
         for s in range(1, P):
             k_from = (q - s) % P
-            got = _send_recv(axis, s, dy, -s, (out_counts[k_from], dy.shape[1]), op=op, tag=_RING)
-            dyk = got.wait()[0]
-            dx = dx + col_blocks[k_from].T @ dyk
+            dyk = incoming.wait()[0]
+            if s < P - 1:
+                incoming = post(s + 1)
             returns.append(
                 _send_recv(axis, -s, dyk @ x.T, s, (a_shape[0], in_counts[(q + s) % P]), op=op, tag=_ACC)
             )
+            if dx is not None:
+                dx += col_blocks[k_from].T @ dyk
         for s, pending in enumerate(returns, start=1):
             k = (q + s) % P
             da[:, off[k] : off[k + 1]] = pending.wait()[0]
-        db = dy.sum(-1) if b is not None else None
+        db = dy.sum(-1, dtype=_acc_dtype(dy.dtype)) if b is not None else None
         return _like(dx, x0), da.to(a_dtype), _like(db, b0), None, None, None
 
 
 # ------------------------------------------------------------------------------ cost and API
 def channel_bytes(
-    strategy: str, counts: Sequence[int], cin: int, out_sizes: Sequence[int], bias: bool, elsize: int = 4
+    strategy: str,
+    counts: Sequence[int],
+    cin: int,
+    out_sizes: Sequence[int],
+    bias: bool,
+    elsize: int = 4,
+    input_grad: bool = True,
 ) -> tuple[int, int]:
-    """Bytes sent over all ranks by ``matmul_channels``: (forward, backward)."""
+    """Bytes sent over all ranks by ``matmul_channels``: (forward, backward).
+
+    ``elsize``: bytes per element of the compute dtype (2 under bf16 autocast); ``input_grad``:
+    whether ``x`` needs a gradient (without it the backward moves nothing for ``dX``)."""
     P, N, cout = len(counts), sum(counts), sum(out_sizes)
     if P == 1:
         return 0, 0
     rows = cin + (1 if bias else 0)
     if strategy == "weights":
-        return (P - 1) * rows * cout * elsize, 2 * (P - 1) * rows * cout * elsize
+        return (P - 1) * rows * cout * elsize, (2 if input_grad else 1) * (P - 1) * rows * cout * elsize
     fwd = (P - 1) * N * cin + sum((N - counts[q]) * out_sizes[q] for q in range(P))
     bwd = (P - 1) * N * cin + sum(counts[q] * (cout - out_sizes[q]) for q in range(P))
-    bwd += (P - 1) * N * cin
+    if input_grad:
+        bwd += (P - 1) * N * cin
     return fwd * elsize, bwd * elsize
 
 
 def token_bytes(
-    strategy: str, in_counts: Sequence[int], out_counts: Sequence[int], channels: int, elsize: int = 4
+    strategy: str,
+    in_counts: Sequence[int],
+    out_counts: Sequence[int],
+    channels: int,
+    elsize: int = 4,
+    input_grad: bool = True,
 ) -> tuple[int, int]:
-    """Bytes sent over all ranks by ``matmul_tokens``: (forward, backward)."""
+    """Bytes sent over all ranks by ``matmul_tokens``: (forward, backward); arguments as for
+    ``channel_bytes`` (moving weights, ``dX`` is computed locally: the same bytes either way)."""
     P, N, M = len(in_counts), sum(in_counts), sum(out_counts)
     if P == 1:
         return 0, 0
     if strategy == "activations":
-        return (P - 1) * N * channels * elsize, 2 * (P - 1) * N * channels * elsize
+        return (P - 1) * N * channels * elsize, (2 if input_grad else 1) * (P - 1) * N * channels * elsize
     a_moved = sum(out_counts[q] * (N - in_counts[q]) for q in range(P))
     y_moved = (P - 1) * M * channels
     return (a_moved + y_moved) * elsize, (a_moved + y_moved) * elsize
@@ -335,6 +406,10 @@ def _check_strategy(strategy: str) -> None:
 
 def _training(*tensors: torch.Tensor | None) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+
+
+def _needs_grad(x: torch.Tensor) -> bool:
+    return torch.is_grad_enabled() and x.requires_grad
 
 
 def matmul_channels(
@@ -358,9 +433,11 @@ def matmul_channels(
         )
     if axis.size == 1:
         return x @ w + b if b is not None else x @ w
+    x, w, b = autocast_operands(x, w, b)
     if strategy == "auto":
+        needs = _needs_grad(x)
         costs = {
-            s: channel_bytes(s, counts, w.shape[0], out_sizes, b is not None)
+            s: channel_bytes(s, counts, w.shape[0], out_sizes, b is not None, input_grad=needs)
             for s in ("weights", "activations")
         }
         strategy = choose(costs, _training(x, w, b))  # type: ignore[assignment]
@@ -392,8 +469,13 @@ def matmul_tokens(
         )
     if axis.size == 1:
         return a @ x + b.unsqueeze(-1) if b is not None else a @ x
+    x, a, b = autocast_operands(x, a, b)
     if strategy == "auto":
-        costs = {s: token_bytes(s, in_counts, out_counts, x.shape[1]) for s in ("weights", "activations")}
+        needs = _needs_grad(x)
+        costs = {
+            s: token_bytes(s, in_counts, out_counts, x.shape[1], input_grad=needs)
+            for s in ("weights", "activations")
+        }
         strategy = choose(costs, _training(x, a, b))  # type: ignore[assignment]
     if strategy == "activations":
         return _TokenActivations.apply(x, a, b, axis, tuple(in_counts))

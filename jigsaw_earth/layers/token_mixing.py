@@ -87,15 +87,10 @@ class TokenMixing(nn.Module):
         a1, b1 = self._first_operand(), self.b1
         a2, b2 = self.w2.reshape(h * w, self.hidden_tokens), self.b2.reshape(h * w)
         xt = x.permute(1, 2, 0, 3).reshape(h * w, B * C)
-        if torch.is_autocast_enabled(x.device.type):  # matmul_tokens takes one dtype: autocast's
-            dt = torch.get_autocast_dtype(x.device.type)
-            xt, a1, b1, a2, b2 = (t.to(dt) for t in (xt, a1, b1, a2, b2))
         axis = self.domain.axis
-        with comm_site("TokenMixing"):
+        with comm_site("TokenMixing"):  # under autocast, matmul_tokens moves autocast's dtype
             hid = matmul_tokens(xt, a1, b1, axis, self.token_counts, self.hidden_sizes, self.strategy)
             hid = self.act(hid)
-            if torch.is_autocast_enabled(x.device.type):
-                hid = hid.to(a2.dtype)
             y = matmul_tokens(hid, a2, b2, axis, self.hidden_sizes, self.token_counts, self.strategy)
         return y.reshape(h, w, B, C).permute(2, 0, 1, 3)
 

@@ -199,7 +199,14 @@ def _token_ref(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> list
 
 
 def _channel_case(
-    mesh: DomainMesh, grid: TileGrid, batch: int, cin: int, cout: int, strategy: str, bias: bool
+    mesh: DomainMesh,
+    grid: TileGrid,
+    batch: int,
+    cin: int,
+    cout: int,
+    strategy: str,
+    bias: bool,
+    input_grad: bool = True,
 ) -> Record:
     axis = mesh.domain
     P, q = axis.size, axis.index
@@ -216,24 +223,24 @@ def _channel_case(
     terms = [ax @ aw, ag @ aw.T, ax.T @ ag, ag.sum(0)]  # y, dx, dw, db
 
     r, c = slice(rows[q], rows[q + 1]), slice(cols[q], cols[q + 1])
-    xl = x[r].clone().requires_grad_(True)
+    xl = x[r].clone().requires_grad_(input_grad)
     wl = w[:, c].clone().requires_grad_(True)
     bl = b[c].clone().requires_grad_(True) if bias else None
     ledger.reset()
     yl = matmul_channels(xl, wl, bl, axis, out_sizes, counts, strategy)  # type: ignore[arg-type]
     fwd_bytes = ledger.bytes_sent
     yl.backward(g[r])
-    errs_b = [
-        compare(xl.grad, g64[0][r], g32[0][r], terms[1][r]),
-        compare(wl.grad, g64[1][:, c], g32[1][:, c], terms[2][:, c]),
-    ]
+    errs_b = [compare(wl.grad, g64[1][:, c], g32[1][:, c], terms[2][:, c])]
+    if input_grad:
+        errs_b.append(compare(xl.grad, g64[0][r], g32[0][r], terms[1][r]))
     if bias:
         errs_b.append(compare(bl.grad, g64[2][c], g32[2][c], terms[3][c]))
-    expected = channel_bytes(strategy, counts, cin, out_sizes, bias)
+    expected = channel_bytes(strategy, counts, cin, out_sizes, bias, input_grad=input_grad)
     rec = Record(
         f"matmul_channels.{strategy}",
         _mesh_name(mesh),
-        f"grid{grid.n_lat}x{grid.n_lon} b{batch} {cin}->{cout}{' +bias' if bias else ''}",
+        f"grid{grid.n_lat}x{grid.n_lon} b{batch} {cin}->{cout}{' +bias' if bias else ''}"
+        f"{'' if input_grad else ' no dX'}",
         expected_bytes=sum(expected),
         extra={"forward_bytes": expected[0], "backward_bytes": expected[1]},
     )
@@ -246,7 +253,13 @@ def _channel_case(
 
 
 def _token_case(
-    mesh: DomainMesh, grid: TileGrid, out_grid: TileGrid, channels: int, strategy: str, bias: bool
+    mesh: DomainMesh,
+    grid: TileGrid,
+    out_grid: TileGrid,
+    channels: int,
+    strategy: str,
+    bias: bool,
+    input_grad: bool = True,
 ) -> Record:
     axis = mesh.domain
     q = axis.index
@@ -263,24 +276,23 @@ def _token_case(
     terms = [aa @ ax, aa.T @ ag, ag @ ax.T, ag.sum(-1)]  # y, dx, da, db
 
     sl_in, sl_out = slice(rows_in[q], rows_in[q + 1]), slice(rows_out[q], rows_out[q + 1])
-    xl = x[sl_in].clone().requires_grad_(True)
+    xl = x[sl_in].clone().requires_grad_(input_grad)
     al = a[sl_out].clone().requires_grad_(True)
     bl = b[sl_out].clone().requires_grad_(True) if bias else None
     ledger.reset()
     yl = matmul_tokens(xl, al, bl, axis, in_counts, out_counts, strategy)  # type: ignore[arg-type]
     yl.backward(g[sl_out])
-    errs_b = [
-        compare(xl.grad, g64[0][sl_in], g32[0][sl_in], terms[1][sl_in]),
-        compare(al.grad, g64[1][sl_out], g32[1][sl_out], terms[2][sl_out]),
-    ]
+    errs_b = [compare(al.grad, g64[1][sl_out], g32[1][sl_out], terms[2][sl_out])]
+    if input_grad:
+        errs_b.append(compare(xl.grad, g64[0][sl_in], g32[0][sl_in], terms[1][sl_in]))
     if bias:
         errs_b.append(compare(bl.grad, g64[2][sl_out], g32[2][sl_out], terms[3][sl_out]))
-    expected = token_bytes(strategy, in_counts, out_counts, channels)
+    expected = token_bytes(strategy, in_counts, out_counts, channels, input_grad=input_grad)
     rec = Record(
         f"matmul_tokens.{strategy}",
         _mesh_name(mesh),
         f"tokens {grid.n_lat}x{grid.n_lon}->{out_grid.n_lat}x{out_grid.n_lon} c{channels}"
-        f"{' +bias' if bias else ''}",
+        f"{' +bias' if bias else ''}{'' if input_grad else ' no dX'}",
         expected_bytes=sum(expected),
         extra={"forward_bytes": expected[0], "backward_bytes": expected[1]},
     )
@@ -291,19 +303,22 @@ def _token_case(
 def check_matmul(mesh: DomainMesh) -> Iterator[Record]:
     lat, lon = mesh.shape.lat, mesh.shape.lon
     for strategy in ("weights", "activations"):
-        for (n_lat, n_lon), batch, cin, cout, bias in [
-            ((8, 12), 1, 16, 24, True),
-            ((7, 10), 2, 12, 7, True),  # uneven tiles and uneven weight shards
-            ((5, 9), 1, 9, 3, False),  # fewer output columns than ranks on 1x4
+        for (n_lat, n_lon), batch, cin, cout, bias, dx in [
+            ((8, 12), 1, 16, 24, True, True),
+            ((7, 10), 2, 12, 7, True, True),  # uneven tiles and uneven weight shards
+            ((5, 9), 1, 9, 3, False, True),  # fewer output columns than ranks on 1x4
+            ((7, 10), 1, 12, 7, True, False),  # input needs no gradient: no dX, nor its bytes
         ]:
-            yield _channel_case(mesh, TileGrid(n_lat, n_lon, lat, lon), batch, cin, cout, strategy, bias)
-        for (gi, go), channels, bias in [
-            (((8, 12), (8, 12)), 6, True),
-            (((7, 10), (5, 6)), 5, True),  # fewer output tokens, uneven both sides
-            (((6, 9), (9, 13)), 4, False),
+            grid = TileGrid(n_lat, n_lon, lat, lon)
+            yield _channel_case(mesh, grid, batch, cin, cout, strategy, bias, dx)
+        for (gi, go), channels, bias, dx in [
+            (((8, 12), (8, 12)), 6, True, True),
+            (((7, 10), (5, 6)), 5, True, True),  # fewer output tokens, uneven both sides
+            (((6, 9), (9, 13)), 4, False, True),
+            (((7, 10), (5, 6)), 5, True, False),  # no dX
         ]:
             yield _token_case(
-                mesh, TileGrid(*gi, lat, lon), TileGrid(*go, lat, lon), channels, strategy, bias
+                mesh, TileGrid(*gi, lat, lon), TileGrid(*go, lat, lon), channels, strategy, bias, dx
             )
 
 
