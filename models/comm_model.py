@@ -180,9 +180,11 @@ def layer_bytes(module: nn.Module, parent: nn.Module | None, batch: int, elsize:
     if isinstance(module, LayerNorm | GroupNorm):
         n = 2 if module.weight is not None else 0
         out = {"norm.affine": _gather_affine(domain, module.channels, n, elsize)}
-        if isinstance(module, GroupNorm):  # all-reduces of (B, G) and (B, G, 2) fp32, each once back
-            stats = _all_reduce(domain.size, batch * module.num_groups * 4)
-            stats += _all_reduce(domain.size, batch * module.num_groups * 2 * 4)
-            out["norm.stats"] = (stats, stats)
+        if isinstance(module, GroupNorm):  # all-reduce of (P, B, G, 2) fp32; back: of (B, G, 2)
+            stats = batch * module.num_groups * 2 * 4
+            out["norm.stats"] = (
+                _all_reduce(domain.size, domain.size * stats),
+                _all_reduce(domain.size, stats),
+            )
         return out
     return {}

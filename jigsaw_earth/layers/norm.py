@@ -4,26 +4,34 @@
   are local; only the affine ``weight``/``bias`` (canonical shape ``(C,)``) are sharded over the
   domain ranks and gathered at use (the gather's backward reduce-scatters, which sums the weight
   gradient over every token of the globe).
-* ``GroupNorm`` / ``InstanceNorm`` normalise each (sample, group) over the *whole* domain. The
-  statistics are two-pass: the global mean first (an ``all_reduce`` of per-tile sums), then the
-  global sums of the deviations from it and of their squares (a second ``all_reduce``; the first
-  corrects the mean's rounding), all divided by the global element count, so uneven tiles are
-  exact and there is no ``E[x²] − E[x]²`` cancellation.
-  Statistics are computed in float32 whatever the input dtype, and under autocast the output is
-  float32, as for ``F.group_norm``.
+* ``GroupNorm`` / ``InstanceNorm`` normalise each (sample, group) over the *whole* domain. On one
+  rank they are exactly ``F.group_norm``. On P ranks (``_GroupNormFn``): one fused statistics
+  pass over the tile (``torch.var_mean``) gives each rank its ``(count, mean, M2)`` per (sample,
+  group); one all-reduce of a small zero-padded ``(P, B, G, 2)`` tensor hands every rank every
+  rank's figures, merged exactly (Chan et al.'s parallel variance, in float64, the same order on
+  every rank), so uneven tiles are exact and there is no ``E[x²] − E[x]²`` cancellation; then
+  the affine apply in one op. The backward is the closed-form group-norm backward with one
+  all-reduce of the ``(B, G, 2)`` sums ``Σ w·dy`` and ``Σ w·dy·x̂``. Statistics are float32 for
+  bf16/fp16 inputs (float64 stays float64); under autocast the output has the dtype
+  ``F.group_norm`` gives there (float32 on CUDA, the input's on CPU).
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed.collectives import all_gather, all_reduce
-from ..distributed.comm import comm_site
+from ..distributed.collectives import all_gather
+from ..distributed.comm import all_reduce_, comm_site
+from ..distributed.mesh import Axis
 from .base import Domain, sharded_parameter
 
 __all__ = ["GroupNorm", "InstanceNorm", "LayerNorm", "gather_affine"]
+
+_LOW = (torch.bfloat16, torch.float16)
 
 
 def gather_affine(
@@ -98,10 +106,85 @@ class LayerNorm(_AffineNorm):
         return f"{self.channels}, eps={self.eps}, affine={affine}, channels_first={self.channels_first}"
 
 
+@functools.cache
+def _autocast_dtype(device_type: str, dtype: torch.dtype, autocast_dtype: torch.dtype) -> torch.dtype:
+    """The output dtype of ``F.group_norm`` on ``dtype`` input under autocast (fp32 on CUDA,
+    the input's on CPU): the sharded norm returns the same."""
+    with torch.autocast(device_type, dtype=autocast_dtype):
+        return F.group_norm(torch.zeros(1, 1, 1, dtype=dtype, device=device_type), 1).dtype
+
+
+def _merge_stats(local: torch.Tensor, counts: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Chan et al.: every rank's ``(mean, M2)`` in ``local (P, B, G, 2)`` with ``counts (P,)``
+    elements each → the global ``(mean, M2)`` of shape ``(B, G)``, in float64."""
+    stats = local.double()
+    n = counts.double().view(-1, 1, 1)
+    mean = (n * stats[..., 0]).sum(0) / total
+    m2 = stats[..., 1].sum(0) + (n * (stats[..., 0] - mean).square()).sum(0)
+    return mean, m2
+
+
+class _GroupNormFn(torch.autograd.Function):
+    """Group norm of a tile ``(B, C, h, w)`` with statistics over every rank's tile."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, axis: Axis, groups: int, eps: float, counts: torch.Tensor, total: int):  # type: ignore[override]
+        B, C = x.shape[:2]
+        dt = torch.float32 if x.dtype in _LOW else x.dtype
+        xs = x.to(dt)
+        var, mean = torch.var_mean(xs.reshape(B, groups, -1), dim=-1, correction=0)
+        n_local = xs[0, : C // groups].numel()
+        local = xs.new_zeros(axis.size, B, groups, 2)
+        local[axis.index] = torch.stack([mean, var * n_local], dim=-1)
+        all_reduce_(local, axis, op="group_norm.stats")
+        g_mean, m2 = _merge_stats(local, counts, total)
+        rstd = torch.rsqrt(m2 / total + eps).to(dt)
+        g_mean = g_mean.to(dt)
+        per = C // groups
+        scale = rstd.repeat_interleave(per, dim=1)  # (B, C)
+        if weight is not None:
+            scale = scale * weight.to(dt)
+        shift = -g_mean.repeat_interleave(per, dim=1) * scale
+        if bias is not None:
+            shift = shift + bias.to(dt)
+        y = torch.addcmul(shift[:, :, None, None], xs, scale[:, :, None, None])
+        ctx.save_for_backward(x, weight, g_mean, rstd)
+        ctx.args = (axis, groups, total, bias is not None)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x, weight, mean, rstd = ctx.saved_tensors
+        axis, groups, total, has_bias = ctx.args
+        B, C = x.shape[:2]
+        per, dt = C // groups, rstd.dtype
+        dy = dy.to(dt)
+        bc = (B, C, 1, 1)
+        mean_c, rstd_c = mean.repeat_interleave(per, dim=1), rstd.repeat_interleave(per, dim=1)
+        xhat = torch.addcmul((-mean_c * rstd_c).view(bc), x.to(dt), rstd_c.view(bc))
+        t = (dy * xhat).sum((2, 3))  # (B, C): Σ dy·x̂
+        u = dy.sum((2, 3))  # (B, C): Σ dy
+        w = weight.to(dt) if weight is not None else None
+        wt, wu = (t * w, u * w) if w is not None else (t, u)
+        sums = torch.stack([wu.view(B, groups, per).sum(-1), wt.view(B, groups, per).sum(-1)], dim=-1)
+        all_reduce_(sums, axis, op="group_norm.backward")
+        s1, s2 = (sums[..., i].repeat_interleave(per, dim=1) / total for i in (0, 1))
+        a = rstd_c * w if w is not None else rstd_c
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.addcmul(
+                torch.addcmul((-rstd_c * s1).view(bc), xhat, (-rstd_c * s2).view(bc)), dy, a.view(bc)
+            )
+            dx = dx.to(x.dtype)
+        dw = t.sum(0).to(weight.dtype) if weight is not None and ctx.needs_input_grad[1] else None
+        db = u.sum(0).to(weight.dtype) if has_bias and ctx.needs_input_grad[2] else None
+        return dx, dw, db, None, None, None, None, None
+
+
 class GroupNorm(_AffineNorm):
     """Group norm of a field tile ``(B, C, h, w)`` with statistics over the whole global grid.
 
-    Equals ``F.group_norm(x_global, num_groups, weight, bias, eps)``.
+    Equals ``F.group_norm(x_global, num_groups, weight, bias, eps)``; on one rank it is that call.
     """
 
     def __init__(
@@ -115,6 +198,9 @@ class GroupNorm(_AffineNorm):
         super().__init__(domain, channels, affine)
         self.num_groups, self.eps = num_groups, eps
         self._tile_shape = domain.tile.shape  # read once: forward touches no cached_property
+        per = channels // num_groups
+        self._counts = torch.tensor([per * t.shape[0] * t.shape[1] for t in domain.grid.tiles()])
+        self._total = per * domain.grid.n_lat * domain.grid.n_lon
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h, w = self._tile_shape
@@ -123,22 +209,23 @@ class GroupNorm(_AffineNorm):
                 f"{type(self).__name__} expects this rank's field tile (B, {self.channels}, {h}, {w}), "
                 f"got {tuple(x.shape)}"
             )
+        if self.domain.size == 1:
+            return self._single(x)
         weight, bias = self._affine()
-        autocast = torch.is_autocast_enabled(x.device.type)
-        out_dtype = torch.float32 if autocast else x.dtype
-        B, C, G = x.shape[0], self.channels, self.num_groups
-        count = (C // G) * self.domain.grid.n_lat * self.domain.grid.n_lon
-        with torch.autocast(x.device.type, enabled=False), comm_site(type(self).__name__):
-            xg = x.float().reshape(B, G, -1)
-            mean = all_reduce(xg.sum(-1), self.domain.axis) / count
-            xc = xg - mean.unsqueeze(-1)
-            # corrected two-pass: the second reduction also re-centres (fixes the mean's rounding)
-            moments = all_reduce(torch.stack([xc.sum(-1), xc.square().sum(-1)], -1), self.domain.axis) / count
-            shift, var = moments[..., 0], moments[..., 1] - moments[..., 0].square()
-            y = ((xc - shift.unsqueeze(-1)) * torch.rsqrt(var + self.eps).unsqueeze(-1)).reshape(x.shape)
-            if weight is not None:
-                y = y * weight.float().view(1, C, 1, 1) + bias.float().view(1, C, 1, 1)
-        return y.to(out_dtype)
+        dev = x.device.type
+        out = (
+            _autocast_dtype(dev, x.dtype, torch.get_autocast_dtype(dev))
+            if torch.is_autocast_enabled(dev)
+            else x.dtype
+        )
+        with torch.autocast(dev, enabled=False), comm_site(type(self).__name__):
+            y = _GroupNormFn.apply(
+                x, weight, bias, self.domain.axis, self.num_groups, self.eps, self._counts, self._total
+            )
+        return y.to(out)
+
+    def _single(self, x: torch.Tensor) -> torch.Tensor:
+        return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)
 
     def extra_repr(self) -> str:
         return f"{self.num_groups}, {self.channels}, eps={self.eps}, affine={self.weight is not None}"
@@ -147,8 +234,12 @@ class GroupNorm(_AffineNorm):
 class InstanceNorm(GroupNorm):
     """Instance norm (one group per channel) of a field tile ``(B, C, h, w)`` over the whole grid.
 
-    Equals ``F.instance_norm(x_global, weight=..., bias=..., eps=eps)`` (no running statistics).
+    Equals ``F.instance_norm(x_global, weight=..., bias=..., eps=eps)`` (no running statistics);
+    on one rank it is that call.
     """
 
     def __init__(self, domain: Domain, channels: int, eps: float = 1e-5, affine: bool = False):
         super().__init__(domain, channels, channels, eps, affine)
+
+    def _single(self, x: torch.Tensor) -> torch.Tensor:
+        return F.instance_norm(x, weight=self.weight, bias=self.bias, eps=self.eps)

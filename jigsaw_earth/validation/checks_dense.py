@@ -175,10 +175,10 @@ def _check_group(mesh: DomainMesh, instance: bool) -> Iterator[Record]:
                     return _random_affine(InstanceNorm)(d, c, affine=a)
                 return _random_affine(GroupNorm)(d, g, c, affine=a)
 
-            # two passes (B·G sums, then 2·B·G moments), forward and backward
-            stats = 2 * (
-                all_reduce_bytes(domain, 2 * groups * F32) + all_reduce_bytes(domain, 4 * groups * F32)
-            )
+            # forward: every rank's (mean, M2) per (sample, group), (P, B, G, 2), in one
+            # all-reduce; backward: the (B, G, 2) sums Σ w·dy and Σ w·dy·x̂
+            stats = all_reduce_bytes(domain, domain.size * 2 * 2 * groups * F32)
+            stats += all_reduce_bytes(domain, 2 * 2 * groups * F32)
             yield check_module(
                 mesh,
                 f"{op}.offset" if offset else op,
