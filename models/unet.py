@@ -4,7 +4,9 @@
                 └ Downsample ─ ConvBlock(c1) ────────── concat ─ ConvBlock(c1) ┘ Upsample
                                   └ Downsample ─ ConvBlock(c2) ─ Upsample ┘
 
-A conv block is ``convs_per_block`` × (3×3 Conv2d → GroupNorm → activation). Convolutions pad
+A conv block is ``convs_per_block`` × (3×3 Conv2d → GroupNorm → activation); its convolutions
+have no bias (the norm subtracts each group's mean, so a bias would only add a per-group dead
+direction and noise to the gradients). Convolutions pad
 periodically in longitude and by ``lat_mode`` beyond the poles (``"pole"``: across the pole,
 180° away). Every level keeps the global grid it was computed on (``out_domain``), and each
 up-sampling returns exactly the grid of its skip connection, so odd grids (721 × 1440, 33 × 64)
@@ -36,7 +38,7 @@ class ConvBlock(nn.Module):
         super().__init__()
         self.act = get_activation(cfg.activation)
         self.convs = nn.ModuleList(
-            Conv2d(domain, in_ch if i == 0 else out_ch, out_ch, cfg.kernel, lat_mode=cfg.lat_mode)
+            Conv2d(domain, in_ch if i == 0 else out_ch, out_ch, cfg.kernel, lat_mode=cfg.lat_mode, bias=False)
             for i in range(cfg.convs_per_block)
         )
         self.norms = nn.ModuleList(GroupNorm(domain, cfg.groups, out_ch) for _ in range(cfg.convs_per_block))
