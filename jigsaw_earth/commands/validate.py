@@ -20,7 +20,7 @@ from ..distributed.spawn import spawn
 from ..validation.registry import checks, run_checks
 
 log = logging.getLogger(__name__)
-DEFAULT_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3"]
+DEFAULT_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3", "2x3", "3x2"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
