@@ -9,6 +9,8 @@ cell — which must fail, beside the same layers without the bug, which must pas
 
 from __future__ import annotations
 
+import functools
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -20,7 +22,7 @@ from jigsaw_earth.distributed.spawn import spawn
 from jigsaw_earth.layers.base import Domain
 from jigsaw_earth.layers.linear import Linear
 from jigsaw_earth.validation.layer_harness import check_module
-from jigsaw_earth.validation.registry import Diff, compare, judge
+from jigsaw_earth.validation.registry import Diff, compare, judge, run_checks
 
 from .conftest import assert_records_pass
 
@@ -134,9 +136,18 @@ def _bug_cases(mesh: DomainMesh) -> list[dict]:
     return out
 
 
+def _six_rank_run(mesh: DomainMesh) -> dict[str, list[dict]]:
+    return {"validator": run_checks(mesh, list(SIX_RANK_OPS)), "bugs": _bug_cases(mesh)}
+
+
+@functools.cache
+def _six_rank_records() -> dict[str, list[dict]]:
+    """One spawn of the 2×3 mesh for both tests below."""
+    return spawn(parse_mesh(SIX_RANKS), _six_rank_run)[0]
+
+
 def test_injected_bugs_fail_and_clean_layers_pass_on_2x3() -> None:
-    records = spawn(parse_mesh(SIX_RANKS), _bug_cases)[0]
-    verdicts = {r["op"]: r for r in records}
+    verdicts = {r["op"]: r for r in _six_rank_records()["bugs"]}
     assert verdicts["clean.linear"]["passed"] and verdicts["clean.box_sum"]["passed"]
     bug = verdicts["bug.linear_grad"]
     assert not bug["passed"] and bug["judge_backward"] > 10, bug
@@ -145,8 +156,8 @@ def test_injected_bugs_fail_and_clean_layers_pass_on_2x3() -> None:
     assert not verdicts["bug.halo_cell"]["passed"]
 
 
-def test_six_rank_mesh_validates(records_for) -> None:
-    records = records_for(SIX_RANKS, SIX_RANK_OPS)
+def test_six_rank_mesh_validates() -> None:
+    records = tuple(_six_rank_records()["validator"])
     ops = {r["op"].split(".")[0] for r in records}
     assert {"matmul_channels", "matmul_tokens", "group_norm", "linear"} <= ops, ops
     assert_records_pass(records)

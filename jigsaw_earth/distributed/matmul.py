@@ -431,9 +431,9 @@ def matmul_channels(
             f"matmul_channels: rank {axis.index} holds x {tuple(x.shape)} and w {tuple(w.shape)}, "
             f"but counts={tuple(counts)} and out_sizes={tuple(out_sizes)}"
         )
-    if axis.size == 1:
-        return x @ w + b if b is not None else x @ w
     x, w, b = autocast_operands(x, w, b)
+    if axis.size == 1:
+        return torch.addmm(b, x, w) if b is not None else x @ w
     if strategy == "auto":
         needs = _needs_grad(x)
         costs = {
@@ -467,9 +467,9 @@ def matmul_tokens(
             f"matmul_tokens: rank {q} holds x {tuple(x.shape)} and a {tuple(a.shape)}, but "
             f"in_counts={tuple(in_counts)} and out_counts={tuple(out_counts)}"
         )
-    if axis.size == 1:
-        return a @ x + b.unsqueeze(-1) if b is not None else a @ x
     x, a, b = autocast_operands(x, a, b)
+    if axis.size == 1:
+        return torch.addmm(b.unsqueeze(-1), a, x) if b is not None else a @ x
     if strategy == "auto":
         needs = _needs_grad(x)
         costs = {
