@@ -111,7 +111,7 @@ def _autocast_dtype(device_type: str, dtype: torch.dtype, autocast_dtype: torch.
     """The output dtype of ``F.group_norm`` on ``dtype`` input under autocast (fp32 on CUDA,
     the input's on CPU): the sharded norm returns the same."""
     with torch.autocast(device_type, dtype=autocast_dtype):
-        return F.group_norm(torch.zeros(1, 1, 1, dtype=dtype, device=device_type), 1).dtype
+        return F.group_norm(torch.zeros(1, 1, 2, dtype=dtype, device=device_type), 1).dtype
 
 
 def _merge_stats(local: torch.Tensor, counts: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:

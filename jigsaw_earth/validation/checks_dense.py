@@ -12,6 +12,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..distributed.matmul import channel_bytes, choose, token_bytes
 from ..distributed.mesh import DomainMesh
@@ -21,7 +22,7 @@ from ..layers.mlp import MLP, get_activation
 from ..layers.norm import GroupNorm, InstanceNorm, LayerNorm
 from ..layers.token_mixing import TokenMixing
 from .layer_harness import check_module
-from .registry import Record, register
+from .registry import BF16_TOLERANCE, Record, register
 
 GRIDS = [(8, 12), (7, 10)]  # divisible on small meshes, uneven
 F32 = 4
@@ -192,9 +193,41 @@ def _check_group(mesh: DomainMesh, instance: bool) -> Iterator[Record]:
             )
 
 
+class _Bf16(nn.Module):
+    """Runs ``inner`` on a bf16 input under bf16 autocast, output as float32. The float64 run
+    of the judge's reference stays float64 (only float32 inputs are lowered)."""
+
+    def __init__(self, inner: nn.Module):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32:
+            return self.inner(x)
+        with torch.autocast(x.device.type, dtype=torch.bfloat16):
+            return self.inner(x.to(torch.bfloat16)).float()
+
+
 @register("group_norm")
 def check_group_norm(mesh: DomainMesh) -> Iterator[Record]:
     yield from _check_group(mesh, instance=False)
+    for grid in GRIDS:  # bf16 input under autocast: float32 statistics, the same bytes
+        if not _fits(mesh, grid):
+            continue
+        domain = Domain.create(mesh, *grid)
+        stats = all_reduce_bytes(domain, domain.size * 2 * 2 * 4 * F32)
+        stats += all_reduce_bytes(domain, 2 * 2 * 4 * F32)
+        yield check_module(
+            mesh,
+            "group_norm.bf16",
+            f"{grid[0]}x{grid[1]} b2 C=8 G=4 affine=True",
+            lambda d: _Bf16(_random_affine(GroupNorm)(d, 4, 8)),
+            _x(2, 8, *grid, seed=12),
+            grid,
+            reference=lambda m, t: m(t),
+            tolerance=BF16_TOLERANCE,
+            expected_bytes=stats + affine_bytes(domain, 8, 2),
+        )
 
 
 @register("instance_norm")
