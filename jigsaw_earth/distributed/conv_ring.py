@@ -32,9 +32,19 @@ ConvSpec = tuple[tuple[int, int], tuple[int, int], bool]  # stride, dilation, tr
 
 def _conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, spec: ConvSpec) -> torch.Tensor:
     stride, dilation, transposed = spec
+    if w.numel() == 0:  # a rank with no output channels (more ranks than channels)
+        return x.new_empty(x.shape[0], 0, *_out_size(x, w, spec))
     if transposed:
         return F.conv_transpose2d(x, w, b, stride, dilation=dilation)
     return F.conv2d(x, w, b, stride, dilation=dilation)
+
+
+def _out_size(x: torch.Tensor, w: torch.Tensor, spec: ConvSpec) -> tuple[int, int]:
+    stride, dilation, transposed = spec
+    sizes = []
+    for n, k, s, d in zip(x.shape[-2:], w.shape[-2:], stride, dilation):
+        sizes.append((n - 1) * s + d * (k - 1) + 1 if transposed else (n - d * (k - 1) - 1) // s + 1)
+    return sizes[0], sizes[1]
 
 
 def _block_shape(w: torch.Tensor, n: int, transposed: bool) -> tuple[int, ...]:
@@ -115,9 +125,11 @@ class _ConvWeights(torch.autograd.Function):
                     n = _msg_numel(w, out_sizes[(kw + 1) % P], bias, transposed)
                     w_next = _send_recv(axis, -1, cur, 1, (n,), op=op, tag=_RING)
                 wk, _ = _unmessage(cur, _block_shape(w, out_sizes[kw], transposed), bias)
-                part_dx = _grad_input(dys[kw], x, wk, spec)
-                dx = part_dx if dx is None else dx.add_(part_dx)
-            dw = _grad_weight(dys[kg], x, _block_shape(w, out_sizes[kg], transposed), spec)
+                if wk.numel():
+                    part_dx = _grad_input(dys[kw], x, wk, spec)
+                    dx = part_dx if dx is None else dx.add_(part_dx)
+            shape = _block_shape(w, out_sizes[kg], transposed)
+            dw = _grad_weight(dys[kg], x, shape, spec) if math.prod(shape) else dy.new_empty(shape)
             part = _message(dw, dys[kg].sum((0, 2, 3)) if bias else None)
             if acc_in is not None:
                 part = part + acc_in.wait()[0]
@@ -129,6 +141,8 @@ class _ConvWeights(torch.autograd.Function):
             if w_next is not None:
                 cur = w_next.wait()[0]
         gw, gb = _unmessage(grad, tuple(w.shape), bias)
+        if need_dx and dx is None:
+            dx = torch.zeros_like(x)
         return _like(dx, x0), _like(gw, w0), _like(gb, b0), None, None, None
 
 

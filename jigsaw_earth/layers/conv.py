@@ -21,6 +21,7 @@ strategy is one ``F.conv2d`` on the padded input.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -142,7 +143,7 @@ def sharded_conv(
     """
     x, weight, bias = autocast_operands(x, weight, bias)
     win = gather_windows(x, domain.grid, windows, domain.axis, *modes, op="gather_windows")
-    rows = weight[0].numel()
+    rows = math.prod(weight.shape[1:])
     counts = out_domain.counts(batch=x.shape[0])
     chosen = conv_strategy(strategy, domain, counts, rows, out_sizes, win, weight, bias)
     if chosen == "weights":
