@@ -142,7 +142,8 @@ class ConvTranspose2d(nn.Module):
                 cols = cols.reshape(b, lh * lw, self.out_ch * kh * kw).transpose(1, 2)
                 z = F.fold(cols, ((lh - 1) * sh + kh, (lw - 1) * sw + kw), self.kernel, stride=self.stride)
             if not one_rank and self.bias is not None:
-                bias = all_gather(self.bias, axis, 0, self.out_sizes).to(z.dtype)
+                (local_bias,) = autocast_operands(self.bias)  # sent in the compute dtype
+                bias = all_gather(local_bias, axis, 0, self.out_sizes).to(z.dtype)
         # z[t] holds output o = t + lo*s - p; keep o in this rank's tile
         tile = self.out_domain.tile
         top = tile.lat_start + self.padding[0] - lat_lo * sh
