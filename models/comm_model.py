@@ -111,7 +111,8 @@ def layer_bytes(module: nn.Module, parent: nn.Module | None, batch: int, elsize:
         )
         return {"linear": b}
     if isinstance(module, (Conv2d, PatchEmbed)):
-        # receptive-field gather, then im2col rows of in_ch·kh·kw through the distributed matmul
+        # receptive-field gather, then the conv weight ring (messages of (in_ch·kh·kw + 1)·out_q values,
+        # what channel_bytes prices for 'weights') or im2col rows of in_ch·kh·kw ('activations')
         name, (kh, kw) = (
             ("conv", module.kernel) if isinstance(module, Conv2d) else ("patch_embed", module.patch)
         )

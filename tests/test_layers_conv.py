@@ -109,3 +109,51 @@ def test_autocast_and_checkpoint_serial():
         assert (y.float() - ref).abs().max() <= 0.05 * ref.abs().max()
         z = torch.utils.checkpoint.checkpoint(layer, x, use_reentrant=False)
         assert torch.equal(z, ref)
+
+
+def _grads(fn, x, params):
+    x = x.detach().requires_grad_()
+    y = fn(x)
+    gy = torch.randn(y.shape, generator=torch.Generator().manual_seed(5))
+    grads = torch.autograd.grad(y, [x, *params], gy)
+    return y, grads
+
+
+@pytest.mark.parametrize("lat_mode", ["zeros", "pole"])
+def test_one_rank_is_the_plain_op(lat_mode):
+    """On one rank the layers are torch's own kernels on the padded input: outputs and weight
+    gradients bit-identical to the plain-torch twin holding the same weights, input gradients
+    equal up to the order in which a cell's halo copies are added (corners across the pole)."""
+    import torch.nn.functional as F
+
+    from jigsaw_earth.distributed.halo import Halo, pad_reference
+
+    x = torch.randn(2, 4, 8, 12)
+    conv = Conv2d(local_domain(8, 12), 4, 6, 3, lat_mode=lat_mode)
+    w, b = conv.weight, conv.bias
+    twin = lambda t: F.conv2d(pad_reference(t, Halo.uniform(1, lat_mode)), w, b)  # noqa: E731
+    (ya, ga), (yb, gb) = _grads(conv, x, [w, b]), _grads(twin, x, [w, b])
+    assert torch.equal(ya, yb) and all(torch.equal(p, q) for p, q in zip(ga[1:], gb[1:]))
+    torch.testing.assert_close(ga[0], gb[0], rtol=0, atol=1e-6)
+
+    embed = PatchEmbed(local_domain(8, 12), 4, 5, 4, lat_mode=lat_mode)
+    w, b = embed.weight, embed.bias
+    twin = lambda t: F.conv2d(t, w.T.reshape(5, 4, 4, 4), b, 4).permute(0, 2, 3, 1)  # noqa: E731
+    (ya, ga), (yb, gb) = _grads(embed, x, [w, b]), _grads(twin, x, [w, b])
+    assert torch.equal(ya, yb) and all(torch.equal(p, q) for p, q in zip(ga, gb))
+
+    up = Upsample(local_domain(8, 12), 4, 3, "transposed", lat_mode=lat_mode)
+    w, b = up.conv.weight, up.conv.bias
+    twin = lambda t: F.conv_transpose2d(t, w, b, 2)  # noqa: E731
+    (ya, ga), (yb, gb) = _grads(up, x, [w, b]), _grads(twin, x, [w, b])
+    assert torch.equal(ya, yb) and all(torch.equal(p, q) for p, q in zip(ga, gb))
+
+
+def test_one_rank_window_inside_the_tile_is_a_view():
+    from jigsaw_earth.distributed.halo import gather_windows, scatter_add_windows
+
+    d = local_domain(8, 12)
+    x = torch.randn(2, 3, 8, 12)
+    win = gather_windows(x, d.grid, ((1, 7, 2, 12),), d.axis)
+    assert win.data_ptr() == x[..., 1:, 2:].data_ptr() and win.shape == (2, 3, 6, 10)
+    assert scatter_add_windows(x, d.grid, ((0, 8, 0, 12),), d.axis) is x

@@ -6,8 +6,13 @@ zero padding). Longitude is periodic; beyond a pole the choices are ``"zeros"``,
 row ``k - 1`` steps inside it at the longitude 180° away). The mapped cells are grouped into
 rectangular blocks per owning rank, so each neighbour pair exchanges one message, corners
 included, and a halo wider than a neighbour's tile simply draws on further ranks. Backward
-sends halo gradients back to their owners, where they are added (``index_add``), so repeated
-sources (replicate, narrow grids) get every contribution.
+sends halo gradients back to their owners, where they are added, so repeated sources
+(replicate, narrow grids) get every contribution.
+
+Blocks are contiguous runs of source rows and columns, so every copy is a slice (rows across a
+pole are a flipped slice) and nothing is indexed. A rank that exchanges nothing and whose window
+lies inside its tile gets a view of the tile (no copy, plain autograd); otherwise the window is
+built in one buffer: the covered cells copied once, only the zero-padding cells filled.
 
 The same machinery gathers any per-rank window of the global grid (``gather_windows``): patch
 embedding, strided convolution and resampling use it to fetch exactly their receptive field.
@@ -93,15 +98,24 @@ def _check_modes(grid: TileGrid, lat_mode: str, lon_mode: str, overhang: int) ->
 
 @dataclass(frozen=True)
 class _Block:
+    """A rectangle of window cells copied from one rank's tile: contiguous source rows and
+    columns, the rows taken in reverse order across a pole (``flip``)."""
+
     src: int  # domain index of the rank owning the source cells
     dst_rows: slice
     dst_cols: slice
-    src_rows: torch.Tensor  # rows local to the source tile
-    src_cols: torch.Tensor
+    src_rows: slice  # rows local to the source tile, ascending
+    src_cols: slice
+    flip: bool = False
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.src_rows.stop - self.src_rows.start, self.src_cols.stop - self.src_cols.start
 
     @property
     def numel(self) -> int:
-        return len(self.src_rows) * len(self.src_cols)
+        h, w = self.shape
+        return h * w
 
 
 def _row_sources(grid: TileGrid, lo: int, hi: int, lat_mode: str) -> list[tuple[int, bool]]:
@@ -131,37 +145,43 @@ def _col_sources(grid: TileGrid, lo: int, hi: int, lon_mode: str, shift: int) ->
     return out
 
 
-def _runs(keys: list) -> list[tuple[int, int]]:
-    """Maximal runs ``[start, stop)`` of equal consecutive keys."""
+def _runs(keys: list, values: list[int]) -> list[tuple[int, int]]:
+    """Maximal runs ``[start, stop)`` of equal consecutive keys whose values step by +1."""
     runs, start = [], 0
     for k in range(1, len(keys) + 1):
-        if k == len(keys) or keys[k] != keys[start]:
+        if k == len(keys) or keys[k] != keys[start] or values[k] != values[k - 1] + 1:
             runs.append((start, k))
             start = k
     return runs
 
 
 @lru_cache(maxsize=512)
-def _receive_plan(grid: TileGrid, window: Window, lat_mode: str, lon_mode: str) -> tuple[_Block, ...]:
-    """Blocks that make up one window, in a fixed order."""
+def _window_plan(
+    grid: TileGrid, window: Window, lat_mode: str, lon_mode: str
+) -> tuple[tuple[_Block, ...], tuple[tuple[slice, slice], ...]]:
+    """(blocks that make up one window, in a fixed order; rectangles of zero padding)."""
     lat_lo, lat_hi, lon_lo, lon_hi = window
     rows = _row_sources(grid, lat_lo, lat_hi, lat_mode)
     row_keys = [(grid.lat_owner(g) if g >= 0 else -1, flip) for g, flip in rows]
+    row_vals = [-g if flip else g for g, flip in rows]  # rows across a pole run backwards
     cols_by_flip = {
         flip: _col_sources(grid, lon_lo, lon_hi, lon_mode, grid.n_lon // 2 if flip else 0)
         for flip in {f for _, f in rows}
     }
-    blocks = []
-    for r0, r1 in _runs(row_keys):
+    blocks, zeros = [], []
+    for r0, r1 in _runs(row_keys, row_vals):
         owner_i, flip = row_keys[r0]
         if owner_i < 0:
+            zeros.append((slice(r0, r1), slice(0, lon_hi - lon_lo)))
             continue
         cols = cols_by_flip[flip]
         col_keys = [grid.lon_owner(c) if c >= 0 else -1 for c in cols]
         lat_off = grid.lat_offsets[owner_i]
-        for c0, c1 in _runs(col_keys):
+        src_rows = sorted((rows[r0][0] - lat_off, rows[r1 - 1][0] - lat_off))
+        for c0, c1 in _runs(col_keys, cols):
             owner_j = col_keys[c0]
             if owner_j < 0:
+                zeros.append((slice(r0, r1), slice(c0, c1)))
                 continue
             lon_off = grid.lon_offsets[owner_j]
             blocks.append(
@@ -169,11 +189,17 @@ def _receive_plan(grid: TileGrid, window: Window, lat_mode: str, lon_mode: str) 
                     src=owner_i * grid.mesh_lon + owner_j,
                     dst_rows=slice(r0, r1),
                     dst_cols=slice(c0, c1),
-                    src_rows=torch.tensor([rows[p][0] - lat_off for p in range(r0, r1)]),
-                    src_cols=torch.tensor([cols[q] - lon_off for q in range(c0, c1)]),
+                    src_rows=slice(src_rows[0], src_rows[1] + 1),
+                    src_cols=slice(cols[c0] - lon_off, cols[c1 - 1] - lon_off + 1),
+                    flip=flip and r1 - r0 > 1,
                 )
             )
-    return tuple(blocks)
+    return tuple(blocks), tuple(zeros)
+
+
+def _receive_plan(grid: TileGrid, window: Window, lat_mode: str, lon_mode: str) -> tuple[_Block, ...]:
+    """Blocks that make up one window, in a fixed order."""
+    return _window_plan(grid, window, lat_mode, lon_mode)[0]
 
 
 @lru_cache(maxsize=512)
@@ -193,33 +219,56 @@ def _plan(
     return recv, send
 
 
+@lru_cache(maxsize=512)
+def _view_of_tile(
+    grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, lon_mode: str, me: int
+) -> tuple[slice, slice] | None:
+    """The slice of this rank's tile that is its whole window, when no rank exchanges anything
+    with it (one rank, or a window inside the tile); else None."""
+    recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
+    blocks = recv.get(me, [])
+    if send or len(recv) != 1 or len(blocks) != 1 or blocks[0].flip:
+        return None
+    lat_lo, lat_hi, lon_lo, lon_hi = windows[me]
+    if blocks[0].shape != (lat_hi - lat_lo, lon_hi - lon_lo):
+        return None
+    return blocks[0].src_rows, blocks[0].src_cols
+
+
+def _source(x: torch.Tensor, b: _Block) -> torch.Tensor:
+    """The block's cells of the tile ``x`` in window order (a view unless flipped)."""
+    piece = x[..., b.src_rows, b.src_cols]
+    return piece.flip(-2) if b.flip else piece
+
+
 def _pack(x: torch.Tensor, blocks: list[_Block]) -> torch.Tensor:
-    dev = x.device
-    parts = [
-        x.index_select(-2, b.src_rows.to(dev)).index_select(-1, b.src_cols.to(dev)).flatten(-2)
-        for b in blocks
-    ]
-    return torch.cat(parts, dim=-1)
+    flat = x.new_empty(*_lead(x), sum(b.numel for b in blocks))
+    start = 0
+    for b in blocks:
+        flat[..., start : start + b.numel].unflatten(-1, b.shape).copy_(_source(x, b))
+        start += b.numel
+    return flat
 
 
 def _unpack(out: torch.Tensor, flat: torch.Tensor, blocks: list[_Block]) -> None:
     start = 0
     for b in blocks:
-        piece = flat[..., start : start + b.numel]
+        out[..., b.dst_rows, b.dst_cols] = flat[..., start : start + b.numel].unflatten(-1, b.shape)
         start += b.numel
-        out[..., b.dst_rows, b.dst_cols] = piece.unflatten(-1, (len(b.src_rows), len(b.src_cols)))
 
 
-def _add_back(grad_x: torch.Tensor, flat: torch.Tensor, blocks: list[_Block]) -> None:
-    """Adjoint of ``_pack``: add packed gradients into the source cells."""
-    start = 0
-    dev = grad_x.device
+def _add_back(grad_x: torch.Tensor, pieces: list[torch.Tensor], blocks: list[_Block]) -> None:
+    """Adjoint of ``_source``: add each block's window-ordered cells into its source cells."""
+    for b, piece in zip(blocks, pieces):
+        grad_x[..., b.src_rows, b.src_cols] += piece.flip(-2) if b.flip else piece
+
+
+def _split(flat: torch.Tensor, blocks: list[_Block]) -> list[torch.Tensor]:
+    out, start = [], 0
     for b in blocks:
-        piece = flat[..., start : start + b.numel].unflatten(-1, (len(b.src_rows), len(b.src_cols)))
+        out.append(flat[..., start : start + b.numel].unflatten(-1, b.shape))
         start += b.numel
-        width = grad_x.new_zeros(*piece.shape[:-1], grad_x.shape[-1])
-        width.index_add_(-1, b.src_cols.to(dev), piece)
-        grad_x.index_add_(-2, b.src_rows.to(dev), width)
+    return out
 
 
 def _lead(x: torch.Tensor) -> tuple[int, ...]:
@@ -232,20 +281,25 @@ def _gather(x, grid, windows, lat_mode, lon_mode, axis, op):
     recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
     lat_lo, lat_hi, lon_lo, lon_hi = windows[me]
     lead = _lead(x)
-    out = x.new_zeros(*lead, lat_hi - lat_lo, lon_hi - lon_lo)
-    pending = exchange(
-        axis,
-        [(axis.ranks[k], _pack(x, blocks)) for k, blocks in send.items()],
-        [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in recv.items() if k != me],
-        op=op,
-        dtype=x.dtype,
-        device=x.device,
-    )
-    if me in recv:
-        _unpack(out, _pack(x, recv[me]), recv[me])
     peers = [k for k in recv if k != me]
-    for k, flat in zip(peers, pending.wait()):
-        _unpack(out, flat, recv[k])
+    pending = None
+    if send or peers:
+        pending = exchange(
+            axis,
+            [(axis.ranks[k], _pack(x, blocks)) for k, blocks in send.items()],
+            [(axis.ranks[k], (*lead, sum(b.numel for b in recv[k]))) for k in peers],
+            op=op,
+            dtype=x.dtype,
+            device=x.device,
+        )
+    out = x.new_empty(*lead, lat_hi - lat_lo, lon_hi - lon_lo)
+    for rows, cols in _window_plan(grid, windows[me], lat_mode, lon_mode)[1]:
+        out[..., rows, cols] = 0
+    for b in recv.get(me, []):
+        out[..., b.dst_rows, b.dst_cols] = _source(x, b)
+    if pending is not None:
+        for k, flat in zip(peers, pending.wait()):
+            _unpack(out, flat, recv[k])
     return out
 
 
@@ -253,26 +307,40 @@ def _scatter_add(y, grid, windows, lat_mode, lon_mode, axis, op):
     """Adjoint of ``_gather``: every window cell is added into the tile cell it came from."""
     me = axis.index
     recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
-    y = y.contiguous()
     lead = _lead(y)
 
     def gather_dst(blocks: list[_Block]) -> torch.Tensor:
-        return torch.cat([y[..., b.dst_rows, b.dst_cols].flatten(-2) for b in blocks], dim=-1)
+        flat = y.new_empty(*lead, sum(b.numel for b in blocks))
+        for b, piece in zip(blocks, _split(flat, blocks)):
+            piece.copy_(y[..., b.dst_rows, b.dst_cols])
+        return flat
 
     peers = [k for k in recv if k != me]
-    pending = exchange(
-        axis,
-        [(axis.ranks[k], gather_dst(recv[k])) for k in peers],
-        [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in send.items()],
-        op=op,
-        dtype=y.dtype,
-        device=y.device,
-    )
-    out = y.new_zeros(*lead, *grid.tile_of(me).shape)
-    if me in recv:
-        _add_back(out, gather_dst(recv[me]), recv[me])
-    for (_, blocks), flat in zip(send.items(), pending.wait()):
-        _add_back(out, flat, blocks)
+    pending = None
+    if send or peers:
+        pending = exchange(
+            axis,
+            [(axis.ranks[k], gather_dst(recv[k])) for k in peers],
+            [(axis.ranks[k], (*lead, sum(b.numel for b in bl))) for k, bl in send.items()],
+            op=op,
+            dtype=y.dtype,
+            device=y.device,
+        )
+    shape = grid.tile_of(me).shape
+    local = recv.get(me, [])
+    # start from a copy of the block that covers the whole tile, if one does (the interior)
+    whole = next((b for b in local if b.shape == shape and not b.flip), None)
+    if whole is not None:
+        out = y[..., whole.dst_rows, whole.dst_cols].contiguous()
+        if out.data_ptr() == y.data_ptr():
+            out = out.clone()
+        local = [b for b in local if b is not whole]
+    else:
+        out = y.new_zeros(*lead, *shape)
+    _add_back(out, [y[..., b.dst_rows, b.dst_cols] for b in local], local)
+    if pending is not None:
+        for (_, blocks), flat in zip(send.items(), pending.wait()):
+            _add_back(out, _split(flat, blocks), blocks)
     return out
 
 
@@ -329,7 +397,11 @@ def gather_windows(
     """
     _check_tile(x, grid, axis)
     _check_windows(grid, windows, lat_mode, lon_mode)
-    return _WindowGather.apply(x, grid, tuple(windows), lat_mode, lon_mode, axis, op)
+    windows = tuple(windows)
+    view = _view_of_tile(grid, windows, lat_mode, lon_mode, axis.index)
+    if view is not None:
+        return x[..., view[0], view[1]]
+    return _WindowGather.apply(x, grid, windows, lat_mode, lon_mode, axis, op)
 
 
 def scatter_add_windows(
@@ -350,7 +422,13 @@ def scatter_add_windows(
     lat_lo, lat_hi, lon_lo, lon_hi = windows[axis.index]
     if tuple(y.shape[-2:]) != (lat_hi - lat_lo, lon_hi - lon_lo):
         raise ValueError(f"window data has shape {tuple(y.shape[-2:])}, its window is {windows[axis.index]}")
-    return _WindowScatterAdd.apply(y, grid, tuple(windows), lat_mode, lon_mode, axis, op)
+    windows = tuple(windows)
+    view = _view_of_tile(grid, windows, lat_mode, lon_mode, axis.index)
+    if view is not None and (view[0].stop - view[0].start, view[1].stop - view[1].start) == tuple(
+        grid.tile_of(axis.index).shape
+    ):
+        return y
+    return _WindowScatterAdd.apply(y, grid, windows, lat_mode, lon_mode, axis, op)
 
 
 def halo_exchange(x: torch.Tensor, grid: TileGrid, halo: Halo, axis: Axis) -> torch.Tensor:
@@ -361,10 +439,7 @@ def halo_exchange(x: torch.Tensor, grid: TileGrid, halo: Halo, axis: Axis) -> to
     ``pad_reference`` applied to the global field.
     """
     halo.check(grid)
-    _check_tile(x, grid, axis)
-    return _WindowGather.apply(
-        x, grid, halo.windows(grid), halo.lat_mode, halo.lon_mode, axis, "halo_exchange"
-    )
+    return gather_windows(x, grid, halo.windows(grid), axis, halo.lat_mode, halo.lon_mode, "halo_exchange")
 
 
 def pad_reference(x: torch.Tensor, halo: Halo) -> torch.Tensor:

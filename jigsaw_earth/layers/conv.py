@@ -3,20 +3,25 @@
 Each output tile is computed from exactly its receptive field: for a layer with kernel ``k``,
 stride ``s``, dilation ``d`` and padding ``p_before`` (per dimension), output rows ``[o0, o1)``
 read input rows ``[o0*s - p_before, (o1-1)*s - p_before + d*(k-1) + 1)``. ``gather_windows``
-fetches that window (boundary cells follow ``lat_mode``/``lon_mode`` as in ``pad_reference``),
-and the rank then computes a plain unpadded convolution on it as im2col (``F.unfold``) times the
-weight, through Jigsaw's ``matmul_channels``. The output grid is split with the same uneven rule
-as every grid, independently of the input grid, so odd tile sizes and strides need no care.
+fetches that window (boundary cells follow ``lat_mode``/``lon_mode`` as in ``pad_reference``;
+on one rank a view or one padded copy), and the rank convolves it, unpadded, with the native
+``F.conv2d``. The output grid is split with the same uneven rule as every grid, independently of
+the input grid, so odd tile sizes and strides need no care.
 
 Weights: the canonical weight is torch's ``(out_ch, in_ch, kh, kw)``. Rank ``q`` holds the
-block ``weight[out_q]`` with ``out_q = domain.split(out_ch)`` (and the bias block). Viewed as a
-matrix ``weight[out_q].reshape(out_q, in_ch*kh*kw).T`` it is the column block ``q`` of the
-``(in_ch*kh*kw, out_ch)`` matrix that multiplies ``F.unfold``'s columns (rows ordered
-``(c, i, j)``), which is exactly what ``matmul_channels`` expects.
+block ``weight[out_q]`` with ``out_q = domain.split(out_ch)`` (and the bias block). Strategy
+``"weights"``: the blocks circulate in a ring (``conv_ring``), each transfer overlapped with the
+convolution on the block in hand; backward recirculates them for ``dX`` and reduce-scatters
+``dW``. Strategy ``"activations"``: im2col (``F.unfold``) rows of ``in_ch·kh·kw`` through
+``matmul_channels``' activation exchange (the weight block viewed as column block ``q`` of the
+``(in_ch·kh·kw, out_ch)`` matrix, rows ordered ``(c, i, j)``); it moves no weights, so it can
+win for small tiles with large weights. ``"auto"`` picks the fewer bytes. On one rank every
+strategy is one ``F.conv2d`` on the padded input.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -24,12 +29,24 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.comm import comm_site
+from ..distributed.conv_ring import conv_ring
 from ..distributed.halo import LatMode, LonMode, Window, gather_windows
-from ..distributed.matmul import Strategy, matmul_channels
+from ..distributed.matmul import Strategy, channel_bytes, choose, matmul_channels
+from ..distributed.matmul import _check_strategy as check_strategy
+from ..distributed.matmul import _training as is_training
 from ..distributed.tiles import TileGrid
 from .base import Domain, fill_fan_in_, sharded_parameter
 
-__all__ = ["Conv2d", "Padding", "autocast_operands", "conv_out_size", "conv_windows", "resolve_padding"]
+__all__ = [
+    "Conv2d",
+    "Padding",
+    "autocast_operands",
+    "conv_out_size",
+    "conv_strategy",
+    "conv_windows",
+    "resolve_padding",
+    "sharded_conv",
+]
 
 Pair = tuple[int, int]
 Padding = str | int | tuple[int, int] | tuple[Pair, Pair]
@@ -90,12 +107,27 @@ def _span(o0: int, o1: int, k: int, s: int, d: int, p: int) -> Pair:
     return o0 * s - p, (o1 - 1) * s - p + d * (k - 1) + 1
 
 
-def unfold_matmul(
+def conv_strategy(
+    strategy: Strategy, domain: Domain, counts: Sequence[int], rows: int, out_sizes: Sequence[int],
+    *operands: torch.Tensor | None,
+) -> str:  # fmt: skip
+    """``"weights"`` (the weight ring on native kernels) or ``"activations"`` (im2col rows through
+    ``matmul_channels``); ``"auto"`` picks the fewer bytes by ``channel_bytes``, as the matmul does."""
+    check_strategy(strategy)
+    if domain.size == 1:
+        return "weights"
+    if strategy != "auto":
+        return strategy
+    bias = operands[-1] is not None
+    costs = {s: channel_bytes(s, counts, rows, out_sizes, bias) for s in ("weights", "activations")}
+    return choose(costs, is_training(*operands))
+
+
+def sharded_conv(
     x: torch.Tensor,
     domain: Domain,
     out_domain: Domain,
     windows: tuple[Window, ...],
-    kernel: Pair,
     stride: Pair,
     dilation: Pair,
     modes: tuple[LatMode, LonMode],
@@ -104,17 +136,26 @@ def unfold_matmul(
     out_sizes: Sequence[int],
     strategy: Strategy,
 ) -> torch.Tensor:
-    """Gather each rank's receptive field, im2col it and multiply by the column-sharded weight.
+    """Gather each rank's receptive field and convolve it (no padding) with all output channels.
 
-    ``weight`` is this rank's ``(in_ch*kh*kw, out_q)`` column block. Returns this rank's output
-    tile as token rows ``(B*h_out*w_out, out_ch)`` in ``(b, i, j)`` order.
+    ``weight`` is this rank's ``(out_q, in_ch, kh, kw)`` block. Returns this rank's output tile
+    ``(B, out_ch, h_out, w_out)``. On one rank: one ``F.conv2d`` on the padded input.
     """
     x, weight, bias = autocast_operands(x, weight, bias)
     win = gather_windows(x, domain.grid, windows, domain.axis, *modes, op="gather_windows")
-    cols = F.unfold(win, kernel, dilation=dilation, stride=stride)  # (B, C*kh*kw, L)
-    tokens = cols.transpose(1, 2).reshape(-1, cols.shape[1])
+    rows = math.prod(weight.shape[1:])
     counts = out_domain.counts(batch=x.shape[0])
-    return matmul_channels(tokens, weight, bias, domain.axis, out_sizes, counts, strategy)
+    chosen = conv_strategy(strategy, domain, counts, rows, out_sizes, win, weight, bias)
+    if chosen == "weights":
+        return conv_ring(win, weight, bias, domain.axis, out_sizes, stride, dilation)
+    # im2col rows of in_ch·kh·kw through the activation-exchange matmul
+    kernel = tuple(weight.shape[2:])
+    cols = F.unfold(win, kernel, dilation=dilation, stride=stride)  # (B, C*kh*kw, L)
+    tokens = cols.transpose(1, 2).reshape(-1, rows)
+    w = weight.reshape(weight.shape[0], rows).t()
+    y = matmul_channels(tokens, w, bias, domain.axis, out_sizes, counts, "activations")
+    h, w_ = out_domain.tile.shape
+    return y.reshape(x.shape[0], h, w_, -1).permute(0, 3, 1, 2)
 
 
 def autocast_operands(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
@@ -194,14 +235,11 @@ class Conv2d(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_field(x, self.domain, self.in_ch, "Conv2d")
-        w = self.weight.reshape(self.weight.shape[0], self.in_ch * self.kernel[0] * self.kernel[1]).t()
         with comm_site("conv2d"):
-            y = unfold_matmul(
-                x, self.domain, self.out_domain, self.windows, self.kernel, self.stride,
-                self.dilation, self.modes, w, self.bias, self.out_sizes, self.strategy,
+            return sharded_conv(
+                x, self.domain, self.out_domain, self.windows, self.stride, self.dilation,
+                self.modes, self.weight, self.bias, self.out_sizes, self.strategy,
             )  # fmt: skip
-        h, w_ = self.out_domain.tile.shape
-        return y.reshape(x.shape[0], h, w_, self.out_ch).permute(0, 3, 1, 2)
 
     def extra_repr(self) -> str:
         return (

@@ -11,10 +11,14 @@ size), but any size may be asked for (``out_grid``: a decoder returning to 33 ro
 With ``lat_mode="zeros"`` and the default size this is exactly ``F.conv_transpose2d``.
 
 Each rank gathers the input points that reach its output tile — rows
-``[ceil((o0 + p - k + 1)/s), floor((o1 - 1 + p)/s) + 1)`` — multiplies them by the weight viewed
-as ``(in_ch, out_ch*kh*kw)`` (``matmul_channels``, column-sharded by output channel), folds the
-per-point ``k×k`` patches (``F.fold``) and keeps its tile. It sends ``in_ch`` values per halo
-point instead of ``out_ch*k*k`` partial sums.
+``[ceil((o0 + p - k + 1)/s), floor((o1 - 1 + p)/s) + 1)`` — applies the native
+``F.conv_transpose2d`` (no padding) to that window and crops its tile. Strategy ``"weights"``:
+the weight's output-channel blocks circulate in a ring (``conv_ring``), each transfer
+overlapped with the block in hand. Strategy ``"activations"``: the window's points go through
+``matmul_channels``' activation exchange against the weight viewed as ``(in_ch, out_ch*kh*kw)``,
+then ``F.fold``. Either way a rank sends ``in_ch`` values per halo point instead of
+``out_ch*k*k`` partial sums. On one rank: one ``F.conv_transpose2d`` with its bias, then a crop
+(none when the output is torch's size).
 
 Weights: the canonical weight is torch's ``(in_ch, out_ch, kh, kw)``; rank ``q`` holds
 ``weight[:, out_q]`` and ``bias[out_q]`` (``out_q = domain.split(out_ch)``). The bias is
@@ -31,11 +35,12 @@ from torch import nn
 
 from ..distributed.collectives import all_gather
 from ..distributed.comm import comm_site
+from ..distributed.conv_ring import conv_ring
 from ..distributed.halo import LatMode, LonMode, Window, gather_windows
 from ..distributed.matmul import Strategy, matmul_channels
 from ..distributed.tiles import TileGrid
 from .base import Domain, fill_fan_in_, sharded_parameter
-from .conv import _pair, autocast_operands, check_field
+from .conv import _pair, autocast_operands, check_field, conv_strategy
 
 __all__ = ["ConvTranspose2d", "transposed_windows"]
 
@@ -120,25 +125,35 @@ class ConvTranspose2d(nn.Module):
         lh, lw = lat_hi - lat_lo, lon_hi - lon_lo
         b = x.shape[0]
         axis = self.domain.axis
-        w = self.weight.reshape(self.in_ch, self.weight.shape[1] * kh * kw)
-        x, w = autocast_operands(x, w)
+        one_rank = self.domain.size == 1
+        x, w, bias = autocast_operands(x, self.weight, self.bias if one_rank else None)
         with comm_site("conv_transpose2d"):
             win = gather_windows(x, self.domain.grid, self.windows, axis, *self.modes, op="gather_windows")
-            tokens = win.permute(0, 2, 3, 1).reshape(b * lh * lw, self.in_ch)
             counts = [b * (w_[1] - w_[0]) * (w_[3] - w_[2]) for w_ in self.windows]
-            cols = matmul_channels(
-                tokens, w, None, axis, [n * kh * kw for n in self.out_sizes], counts, self.strategy
-            )
-            bias = all_gather(self.bias, axis, 0, self.out_sizes) if self.bias is not None else None
-        cols = cols.reshape(b, lh * lw, self.out_ch * kh * kw).transpose(1, 2)
-        z = F.fold(cols, ((lh - 1) * sh + kh, (lw - 1) * sw + kw), self.kernel, stride=self.stride)
+            col_sizes = [n * kh * kw for n in self.out_sizes]
+            strategy = conv_strategy(self.strategy, self.domain, counts, self.in_ch, col_sizes, win, w, None)
+            if strategy == "weights":
+                z = conv_ring(win, w, bias, axis, self.out_sizes, self.stride, transposed=True)
+            else:  # tokens of in_ch through the activation-exchange matmul, then fold
+                tokens = win.permute(0, 2, 3, 1).reshape(b * lh * lw, self.in_ch)
+                cols = matmul_channels(
+                    tokens, w.reshape(self.in_ch, -1), None, axis, col_sizes, counts, "activations"
+                )
+                cols = cols.reshape(b, lh * lw, self.out_ch * kh * kw).transpose(1, 2)
+                z = F.fold(cols, ((lh - 1) * sh + kh, (lw - 1) * sw + kw), self.kernel, stride=self.stride)
+            if not one_rank and self.bias is not None:
+                (local_bias,) = autocast_operands(self.bias)  # sent in the compute dtype
+                bias = all_gather(local_bias, axis, 0, self.out_sizes).to(z.dtype)
         # z[t] holds output o = t + lo*s - p; keep o in this rank's tile
         tile = self.out_domain.tile
         top = tile.lat_start + self.padding[0] - lat_lo * sh
         left = tile.lon_start + self.padding[1] - lon_lo * sw
         h, w_out = tile.shape
-        y = F.pad(z, (-left, left + w_out - z.shape[-1], -top, top + h - z.shape[-2]))
-        return y if bias is None else y + bias.to(y.dtype).view(1, -1, 1, 1)
+        if (top, left, top + h, left + w_out) == (0, 0, *z.shape[-2:]):
+            y = z
+        else:
+            y = F.pad(z, (-left, left + w_out - z.shape[-1], -top, top + h - z.shape[-2]))
+        return y if one_rank or bias is None else y + bias.view(1, -1, 1, 1)
 
     def extra_repr(self) -> str:
         g = self.out_domain.grid

@@ -13,7 +13,9 @@ or zero, latitude zeros / replicate / across the pole).
 ``F.conv2d(pad_reference(x, pad), W.T.reshape(D, C, p, p), b, stride=s)``, returned channels-last.
 The token grid is split over the mesh independently of the pixel grid, so a rank's receptive
 field generally spans several input tiles; ``gather_windows`` fetches exactly it, and the rank
-computes im2col times the weight with ``matmul_channels``.
+convolves it with the native strided ``F.conv2d`` (``layers.conv.sharded_conv``: weight ring, or
+im2col through ``matmul_channels`` for ``strategy="activations"``). The output is the conv's
+``(B, D, h, w)`` permuted to channels-last (a view, as the plain strided-conv embedding gives).
 
 ``PatchRecovery`` maps each token to ``out_ch × p × p`` values (a linear layer), places the
 patches back where the embedding took them, sums overlapping contributions (``s < p``) and crops
@@ -41,7 +43,7 @@ from ..distributed.comm import comm_site
 from ..distributed.halo import LatMode, LonMode, scatter_add_windows
 from ..distributed.matmul import Strategy, matmul_channels
 from .base import Domain, fill_fan_in_, sharded_parameter
-from .conv import _pair, autocast_operands, check_field, conv_windows, unfold_matmul
+from .conv import _pair, autocast_operands, check_field, conv_windows, sharded_conv
 
 __all__ = ["PatchEmbed", "PatchRecovery", "patch_layout"]
 
@@ -104,12 +106,14 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_field(x, self.domain, self.in_ch, "PatchEmbed")
+        # the (C·p·p, D_q) column block is the conv weight block (D_q, C, p, p), rows in (c, i, j)
+        weight = self.weight.T.reshape(-1, self.in_ch, *self.patch)
         with comm_site("patch_embed"):
-            y = unfold_matmul(
-                x, self.domain, self.out_domain, self.windows, self.patch, self.stride, (1, 1),
-                self.modes, self.weight, self.bias, self.out_sizes, self.strategy,
+            y = sharded_conv(
+                x, self.domain, self.out_domain, self.windows, self.stride, (1, 1),
+                self.modes, weight, self.bias, self.out_sizes, self.strategy,
             )  # fmt: skip
-        return y.reshape(x.shape[0], *self.out_domain.tile.shape, self.embed_dim)
+        return y.permute(0, 2, 3, 1)
 
     def extra_repr(self) -> str:
         g = self.out_domain.grid
@@ -192,10 +196,13 @@ class PatchRecovery(nn.Module):
         axis = self.domain.axis
         tokens, weight, bias = autocast_operands(x.reshape(-1, self.embed_dim), self.weight, self.bias)
         with comm_site("patch_recovery"):
-            cols = matmul_channels(
-                tokens, weight, bias, axis, self.out_sizes,
-                self.domain.counts(b), self.strategy,
-            )  # fmt: skip
+            if self.domain.size == 1:  # Linear's own kernel
+                cols = tokens @ weight if bias is None else torch.addmm(bias, tokens, weight)
+            else:
+                cols = matmul_channels(
+                    tokens, weight, bias, axis, self.out_sizes,
+                    self.domain.counts(b), self.strategy,
+                )  # fmt: skip
             cols = cols.reshape(b, h * w, -1).transpose(1, 2)
             canvas = F.fold(cols, ((h - 1) * sh + ph, (w - 1) * sw + pw), self.patch, stride=self.stride)
             y = scatter_add_windows(

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from ..distributed.halo import Halo, Window, pad_reference, window_reference
 from ..distributed.matmul import channel_bytes
@@ -64,8 +65,10 @@ def conv_bytes(
     kernel: tuple[int, int], stride: tuple[int, int], dilation: tuple[int, int], pad_before: tuple[int, int],
     modes: tuple[str, str], strategy: str, bias: bool,
 ) -> int:  # fmt: skip
-    """Forward + backward bytes of an im2col convolution: window gather (and its adjoint) plus
-    the channel matmul of ``cin*kh*kw`` columns into ``cout``."""
+    """Forward + backward bytes of a convolution: window gather (and its adjoint) plus the
+    channel matmul of ``cin*kh*kw`` rows into ``cout`` (the weight ring moves the same
+    ``(cin*kh*kw + 1) × cout`` blocks as ``channel_bytes("weights")``; ``"activations"`` moves
+    im2col rows)."""
     g = TileGrid(*grid, mesh.shape.lat, mesh.shape.lon)
     o = Domain.create(mesh, *out)
     wins = tile_windows(
@@ -363,6 +366,49 @@ def check_patch_embed(mesh: DomainMesh) -> Iterator[Record]:
             reference=reference,
             expected_bytes=expected,
         )
+    yield from check_patch_embed_data_input(mesh)
+
+
+class DataInput(nn.Module):
+    """A layer fed a tensor that needs no gradient, as a first layer on data is: the weight
+    ring then skips ``dX`` and its transfers, and the window gather has no adjoint."""
+
+    def __init__(self, layer: nn.Module):
+        super().__init__()
+        self.layer, self.out_domain = layer, layer.out_domain
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x.detach()) + 0 * x.sum()  # the harness then sees a zero input gradient
+
+
+def check_patch_embed_data_input(mesh: DomainMesh) -> Iterator[Record]:
+    grid, ch, dim, p, s, lat_mode, _, strategy = PATCH_CASES[0]
+    tok, before = _tokens(grid, p, s)
+    if not _fits(mesh, grid, tok):
+        return
+    after = tuple((t - 1) * s + p - n - b for t, n, b in zip(tok, grid, before))
+    halo = Halo((before[0], after[0]), (before[1], after[1]), lat_mode, "periodic")
+
+    def reference(m, x):
+        w = m.layer.weight.T.reshape(dim, ch, p, p)
+        y = F.conv2d(pad_reference(x.detach(), halo), w, m.layer.bias, s).permute(0, 2, 3, 1)
+        return y + 0 * x.sum()
+
+    wins = tile_windows(_grid_of(mesh, tok), conv_receptive(0, p, s, 1, before[0]),
+                        conv_receptive(0, p, s, 1, before[1]))  # fmt: skip
+    halo_fwd = remote_cells(_grid_of(mesh, grid), wins, lat_mode, "periodic") * 2 * ch * ELSIZE
+    ring = (mesh.domain.size - 1) * (ch * p * p + 1) * dim * ELSIZE  # forward ring, dW reduce-scatter
+    yield check_module(
+        mesh,
+        "patch_embed.data_input",
+        f"{grid[0]}x{grid[1]}->{tok[0]}x{tok[1]} {ch}->{dim} p{p} s{s} {lat_mode} {strategy}",
+        lambda d: DataInput(PatchEmbed(d, ch, dim, p, s, lat_mode, strategy=strategy)),
+        _x((2, ch, *grid), p * 3 + s),
+        grid,
+        out_layout="tokens",
+        reference=reference,
+        expected_bytes=halo_fwd + 2 * ring,
+    )
 
 
 @register("patch_recovery")

@@ -1,0 +1,170 @@
+"""Convolution (or transposed convolution) of a rank's input window with a ring of weight blocks.
+
+Rank ``q`` holds the output-channel block ``q`` of the weight (and bias); every rank needs all
+output channels of its own window. The blocks circulate in a ring, as in the channel form of
+the distributed matmul (``matmul._ChannelWeights``, whose transport helpers this reuses): each
+rank posts the transfer of the block in hand to its left neighbour, convolves its window with
+that block (``F.conv2d`` / ``F.conv_transpose2d``, the native kernel), then waits for the next.
+Backward circulates the blocks again for ``dX`` (``aten.convolution_backward``, input part) and
+accumulates each block's ``dW`` (and ``db``) in a ring reduce-scatter that ends on the block's
+owner; when the input needs no gradient, ``dX`` and its weight transfers are skipped.
+
+A message is one block flattened, bias appended: ``out_k·(in·kh·kw + 1)`` values — exactly the
+``(in·kh·kw + 1) × out_k`` column block that ``channel_bytes("weights", ...)`` prices. On one
+rank this is a single ``F.conv2d`` / ``F.conv_transpose2d`` with plain autograd.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from .matmul import _ACC, _RING, _as, _like, _send_recv
+from .mesh import Axis
+
+__all__ = ["ConvSpec", "conv_ring"]
+
+ConvSpec = tuple[tuple[int, int], tuple[int, int], bool]  # stride, dilation, transposed
+
+
+def _conv(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, spec: ConvSpec) -> torch.Tensor:
+    stride, dilation, transposed = spec
+    if w.numel() == 0:  # a rank with no output channels (more ranks than channels)
+        return x.new_empty(x.shape[0], 0, *_out_size(x, w, spec))
+    if transposed:
+        return F.conv_transpose2d(x, w, b, stride, dilation=dilation)
+    return F.conv2d(x, w, b, stride, dilation=dilation)
+
+
+def _out_size(x: torch.Tensor, w: torch.Tensor, spec: ConvSpec) -> tuple[int, int]:
+    stride, dilation, transposed = spec
+    sizes = []
+    for n, k, s, d in zip(x.shape[-2:], w.shape[-2:], stride, dilation):
+        sizes.append((n - 1) * s + d * (k - 1) + 1 if transposed else (n - d * (k - 1) - 1) // s + 1)
+    return sizes[0], sizes[1]
+
+
+def _block_shape(w: torch.Tensor, n: int, transposed: bool) -> tuple[int, ...]:
+    """Shape of an output-channel block of ``n`` channels, given this rank's block ``w``."""
+    return (w.shape[0], n, *w.shape[2:]) if transposed else (n, *w.shape[1:])
+
+
+def _message(w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    flat = w.reshape(-1)
+    return flat if b is None else torch.cat([flat, b.reshape(-1)])
+
+
+def _unmessage(msg: torch.Tensor, shape: tuple[int, ...], bias: bool):
+    """(weight block of ``shape``, bias block or None) as views of a message."""
+    numel = math.prod(shape)
+    return msg[:numel].view(shape), (msg[numel:] if bias else None)
+
+
+def _msg_numel(w: torch.Tensor, n: int, bias: bool, transposed: bool) -> int:
+    return math.prod(_block_shape(w, n, transposed)) + (n if bias else 0)
+
+
+def _grad_input(dy, x, w, spec: ConvSpec) -> torch.Tensor:
+    stride, dilation, transposed = spec
+    return torch.ops.aten.convolution_backward(
+        dy, x, w, None, stride, [0, 0], dilation, transposed, [0, 0], 1, (True, False, False)
+    )[0]
+
+
+def _grad_weight(dy, x, shape: tuple[int, ...], spec: ConvSpec) -> torch.Tensor:
+    stride, dilation, transposed = spec
+    dummy = dy.new_empty(1).expand(shape)  # only the weight's shape is read
+    return torch.ops.aten.convolution_backward(
+        dy, x, dummy, None, stride, [0, 0], dilation, transposed, [0, 0], 1, (False, True, False)
+    )[1]
+
+
+class _ConvWeights(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w, b, axis, out_sizes, spec):  # type: ignore[override]
+        P, q = axis.size, axis.index
+        bias, transposed = b is not None, spec[2]
+        ctx.save_for_backward(x, w, b)
+        ctx.args = (axis, out_sizes, spec)
+        cur = _message(w, b)
+        outs: list = [None] * P
+        for s in range(P):
+            k = (q + s) % P
+            nxt = None
+            if s < P - 1:
+                n = _msg_numel(w, out_sizes[(k + 1) % P], bias, transposed)
+                nxt = _send_recv(axis, -1, cur, 1, (n,), op="conv.weights", tag=_RING)
+            wk, bk = _unmessage(cur, _block_shape(w, out_sizes[k], transposed), bias)
+            outs[k] = _conv(x, wk, bk, spec)
+            if nxt is not None:
+                cur = nxt.wait()[0]
+        return torch.cat(outs, dim=1)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x0, w0, b0 = ctx.saved_tensors
+        x, w, b = _as(dy.dtype, x0, w0, b0)
+        axis, out_sizes, spec = ctx.args
+        P, q = axis.size, axis.index
+        bias, transposed = b is not None, spec[2]
+        need_dx = ctx.needs_input_grad[0]
+        op = "conv.weights.backward"
+        dys = [d.contiguous() for d in dy.split(list(out_sizes), dim=1)]
+        dx = None
+        cur = _message(w, b)
+        acc_in = None
+        grad = cur
+        for s in range(P):
+            kw, kg = (q + s) % P, (q - 1 - s) % P
+            w_next = None
+            if need_dx:
+                if s < P - 1:
+                    n = _msg_numel(w, out_sizes[(kw + 1) % P], bias, transposed)
+                    w_next = _send_recv(axis, -1, cur, 1, (n,), op=op, tag=_RING)
+                wk, _ = _unmessage(cur, _block_shape(w, out_sizes[kw], transposed), bias)
+                if wk.numel():
+                    part_dx = _grad_input(dys[kw], x, wk, spec)
+                    dx = part_dx if dx is None else dx.add_(part_dx)
+            shape = _block_shape(w, out_sizes[kg], transposed)
+            dw = _grad_weight(dys[kg], x, shape, spec) if math.prod(shape) else dy.new_empty(shape)
+            part = _message(dw, dys[kg].sum((0, 2, 3)) if bias else None)
+            if acc_in is not None:
+                part = part + acc_in.wait()[0]
+            if s < P - 1:
+                n = _msg_numel(w, out_sizes[(kg - 1) % P], bias, transposed)
+                acc_in = _send_recv(axis, 1, part, -1, (n,), op=op, tag=_ACC)
+            else:
+                grad = part
+            if w_next is not None:
+                cur = w_next.wait()[0]
+        gw, gb = _unmessage(grad, tuple(w.shape), bias)
+        if need_dx and dx is None:
+            dx = torch.zeros_like(x)
+        return _like(dx, x0), _like(gw, w0), _like(gb, b0), None, None, None
+
+
+def conv_ring(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    b: torch.Tensor | None,
+    axis: Axis,
+    out_sizes: Sequence[int],
+    stride: tuple[int, int],
+    dilation: tuple[int, int] = (1, 1),
+    transposed: bool = False,
+) -> torch.Tensor:
+    """Unpadded convolution of the window ``x`` with all output channels of a weight sharded
+    over ``axis``: ``w`` is this rank's block (``(out_q, in, kh, kw)``, or ``(in, out_q, kh, kw)``
+    when ``transposed``), ``out_sizes[k]`` rank ``k``'s number of output channels."""
+    if w.shape[1 if transposed else 0] != out_sizes[axis.index]:
+        raise ValueError(
+            f"conv_ring: rank {axis.index} holds a weight block {tuple(w.shape)}, but out_sizes="
+            f"{tuple(out_sizes)}"
+        )
+    spec: ConvSpec = (tuple(stride), tuple(dilation), transposed)  # type: ignore[assignment]
+    if axis.size == 1:
+        return _conv(x, w, b, spec)
+    return _ConvWeights.apply(x, w, b, axis, tuple(out_sizes), spec)
