@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import math
 import os
 import platform
 import statistics
@@ -68,22 +69,35 @@ def ratio_stats(a: Sequence[float], b: Sequence[float]) -> dict[str, float]:
     }
 
 
-def time_pair(a: Callable[[], None], b: Callable[[], None], repeats: int, device: str = "cpu") -> dict:
-    """Interleaved timing of ``a`` (jigsaw) and ``b`` (twin); one warm-up each first."""
+def time_pair(
+    a: Callable[[], None],
+    b: Callable[[], None],
+    repeats: int,
+    device: str = "cpu",
+    min_sample_s: float = 0.05,
+) -> dict:
+    """Interleaved timing of ``a`` (jigsaw) and ``b`` (twin) after one warm-up each.
+
+    Short steps are repeated inside each sample (to at least ``min_sample_s``) so that timer
+    resolution and scheduler noise do not dominate; all figures are per step."""
     samples: dict[str, dict[str, list[float]]] = {k: {"wall": [], "cpu": []} for k in "ab"}
     fns = {"a": a, "b": b}
-    for fn in (a, b):
-        fn()
+    a()
     _sync(device)
+    t0 = time.perf_counter()
+    b()
+    _sync(device)
+    inner = max(1, min(100, math.ceil(min_sample_s / max(time.perf_counter() - t0, 1e-6))))
     for r in range(repeats):
         for key in "ab" if r % 2 == 0 else "ba":
             _sync(device)
             w0, c0 = time.perf_counter(), time.process_time()
-            fns[key]()
+            for _ in range(inner):
+                fns[key]()
             _sync(device)
-            samples[key]["wall"].append(time.perf_counter() - w0)
-            samples[key]["cpu"].append(time.process_time() - c0)
-    out = {
+            samples[key]["wall"].append((time.perf_counter() - w0) / inner)
+            samples[key]["cpu"].append((time.process_time() - c0) / inner)
+    return {
         "jigsaw_ms": statistics.median(samples["a"]["wall"]) * 1e3,
         "twin_ms": statistics.median(samples["b"]["wall"]) * 1e3,
         "jigsaw_cpu_ms": statistics.median(samples["a"]["cpu"]) * 1e3,
@@ -91,8 +105,8 @@ def time_pair(a: Callable[[], None], b: Callable[[], None], repeats: int, device
         "ratio": ratio_stats(samples["a"]["wall"], samples["b"]["wall"]),
         "cpu_ratio": ratio_stats(samples["a"]["cpu"], samples["b"]["cpu"]),
         "repeats": repeats,
+        "steps_per_sample": inner,
     }
-    return out
 
 
 def _allocation_sizes(prof: profile) -> list[tuple[int, int]]:
