@@ -95,18 +95,17 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
         load = ", ".join(f"{v:.2f}" for v in meta.get("load_average", []))
         out += [
             "",
-            f"## {data.get('kind', 'bench')} — {meta['device']} {meta['dtype']} ({Path(path).name})",
+            f"## {meta['device']} {meta['dtype']} — {Path(path).name}",
             "",
             f"- command: `{meta['command']}`",
             f"- device: {meta['device_name']} ({meta.get('cpu_count')} CPUs), torch {meta['torch']}, "
             f"{meta['threads']} thread(s), {meta['dtype']}",
             f"- date: {meta['date']}; load average at start: {load}",
-            "",
-            *_md_table(data["results"]),
-            "",
-            "Cases: "
-            + "; ".join(
-                f"`{r['name']}` {r['note']} on {r['grid'][0]}x{r['grid'][1]}" for r in data["results"]
-            ),
         ]
+        kinds: dict[str, list[dict]] = {}
+        for r in data["results"]:
+            kinds.setdefault(r.get("kind", data.get("kind", "bench")), []).append(r)
+        for kind, results in kinds.items():
+            cases = "; ".join(f"`{r['name']}` {r['note']} on {r['grid'][0]}x{r['grid'][1]}" for r in results)
+            out += ["", f"### {kind}", "", *_md_table(results), "", f"Cases: {cases}."]
     return "\n".join(out) + "\n"

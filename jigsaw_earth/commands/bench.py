@@ -13,7 +13,6 @@ import argparse
 import json
 import logging
 import statistics
-import sys
 import time
 from pathlib import Path
 
@@ -34,7 +33,7 @@ def _names(values: list[str] | None) -> list[str]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="jigsaw vs plain-PyTorch twins; distributed-matmul micro-benchmark")
-    p.add_argument("what", choices=["layers", "models", "report", "matmul"], help="what to benchmark")
+    p.add_argument("what", choices=["layers", "models", "all", "report", "matmul"], help="what to benchmark")
     p.add_argument("inputs", nargs="*", type=Path, metavar="JSON", help="report: the bench JSON files")
     p.add_argument(
         "--only", action="append", metavar="NAME[,NAME]", help="layers/models: cases (or prefixes)"
@@ -118,7 +117,7 @@ def _bench(mesh: DomainMesh, grid: tuple[int, int], batch: int, cin: int, cout: 
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.what in ("layers", "models"):
+    if args.what in ("layers", "models", "all"):
         return _run_cases(args)
     if args.what == "report":
         return _run_report(args)
@@ -158,19 +157,16 @@ def _run_cases(args: argparse.Namespace) -> int:
     meshes = [] if args.meshes == "none" else [m for m in args.meshes.split(",") if m]
     for m in meshes:
         parse_mesh(m)  # fails early on a bad shape
-    repeats = args.repeats or (7 if args.what == "layers" else 5)
-    if repeats < 1:
-        raise ValueError(f"--repeats {repeats}: use 1 or more")
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats}: use 1 or more")
     torch.set_num_threads(args.threads)
-    meta = metadata(
-        sys.argv[1:] if sys.argv[1:2] == ["bench"] else ["bench", *sys.argv[1:]],
-        args.device,
-        args.dtype,
-        args.threads,
-    )
-    results = run_cases(
-        args.what, args.quick, _names(args.only), repeats, args.device, args.dtype, meshes, args.tolerance
-    )
+    meta = metadata(args.argv, args.device, args.dtype, args.threads)
+    results = []
+    for kind in ("layers", "models") if args.what == "all" else (args.what,):
+        repeats = args.repeats or (7 if kind == "layers" else 5)
+        only = _names(args.only) if args.what != "all" else None
+        for r in run_cases(kind, args.quick, only, repeats, args.device, args.dtype, meshes, args.tolerance):
+            results.append({"kind": kind, **r})
     print(format_table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
