@@ -4,6 +4,7 @@ module on a domain, its plain twin, and the global inputs (default sizes from is
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -21,7 +22,9 @@ __all__ = ["LAYER_CASES", "MODEL_CASES", "Case", "select"]
 @dataclass(frozen=True)
 class Case:
     """``jigsaw(domain)`` and ``twin()`` on ``grid``; ``inputs(batch)`` are the global tensors and
-    ``layouts`` says how each is split over a mesh (``field``, ``tokens``, ``static`` or ``whole``)."""
+    ``layouts`` says how each is split over a mesh (``field``, ``tokens``, ``static`` or ``whole``);
+    the tag ``serial`` keeps a case off the meshes; ``same`` times a deep copy of the module as the
+    twin (the noise floor)."""
 
     name: str
     grid: tuple[int, int]
@@ -80,6 +83,12 @@ def layer_cases(quick: bool) -> list[Case]:
         _tokens("local_attention", t, d, lambda dm: J.LocalAttention(dm, d, 4, 1, "pole"),
                 lambda: T.LocalAttention(t, d, 4, 1, "pole"), f"3x3 window, dim {d}, 4 heads, pole"),
     ]  # fmt: skip
+    # the same plain module against itself: the noise floor of the run (ratios ~1 by construction)
+    note = f"twin MLP {d}->{4 * d}->{d} timed against itself"
+    same = Case(
+        "noise_floor", t, lambda dm: T.MLP(d, 4 * d), lambda: T.MLP(d, 4 * d), ((1, *t, d),), ("tokens",)
+    )
+    cases.append(dataclasses.replace(same, note=note, tags=("serial", "same")))
     return cases
 
 

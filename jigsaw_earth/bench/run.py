@@ -3,6 +3,7 @@ per-rank peak memory and bytes sent on each mesh (one spawn per mesh, CPU, gloo)
 
 from __future__ import annotations
 
+import copy
 import logging
 
 import torch
@@ -33,7 +34,7 @@ def check_case(case: Case, jig: torch.nn.Module, twin: torch.nn.Module, inputs, 
 
     A parameter whose gradient is ~0 (below 1e-6 of the largest parameter gradient: a dead
     parameter, e.g. a conv bias feeding GroupNorm) is reported but not judged."""
-    errors = twin_errors(jig, twin, inputs, seed=99)
+    errors = twin_errors(jig, twin, inputs, seed=99, convert="same" not in case.tags)
     grads = {n: p.grad.abs().max().item() for n, p in jig.named_parameters() if p.grad is not None}
     top = max(grads.values(), default=0.0)
     dead = sorted(n for n, g in grads.items() if g <= 1e-6 * top)
@@ -49,7 +50,7 @@ def check_case(case: Case, jig: torch.nn.Module, twin: torch.nn.Module, inputs, 
 
 def run_case(case: Case, repeats: int, device: str, dtype: str, tolerance: float) -> dict:
     jig = init_model(case.jigsaw(local_domain(*case.grid)), 0)
-    twin = load_jigsaw(case.twin(), jig)
+    twin = copy.deepcopy(jig) if "same" in case.tags else load_jigsaw(case.twin(), jig)
     inputs = case.inputs()
     check = check_case(case, jig, twin, inputs, tolerance)
     jig, twin = jig.to(device), twin.to(device)
@@ -121,12 +122,14 @@ def run_cases(
     for case in cases_for(kind, quick, only):
         log.info("bench %s: %s (%s)", kind, case.name, case.note)
         results.append(run_case(case, repeats, device, dtype, tolerance))
-    names = [r["name"] for r in results]
+    names = [c.name for c in cases_for(kind, quick, only) if "serial" not in c.tags]
     one_rank = {}
-    for mesh in meshes:
+    for mesh in meshes if names else []:
         log.info("bench %s: per-rank memory and bytes on %s", kind, mesh)
         figures = mesh_figures(kind, quick, names, mesh, dtype)
         for r in results:
+            if r["name"] not in figures:
+                continue
             f = figures[r["name"]]
             if r["name"] not in one_rank:  # the one-rank figure on CPU, measured like the ranks'
                 one_rank[r["name"]] = mesh_figures(kind, quick, [r["name"]], "1x1", dtype)[r["name"]]
@@ -135,5 +138,6 @@ def run_cases(
                 **f,
                 "one_rank_peak_bytes": base,
                 "peak_fraction": f["peak_bytes_max"] / base,
+                "peak_fraction_of_twin": f["peak_bytes_max"] / r["memory"]["twin_bytes"],
             }
     return results

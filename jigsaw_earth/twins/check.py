@@ -19,12 +19,12 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def twin_errors(
-    jigsaw: nn.Module, twin: nn.Module, inputs: Sequence[torch.Tensor], seed: int = 0
+    jigsaw: nn.Module, twin: nn.Module, inputs: Sequence[torch.Tensor], seed: int = 0, convert: bool = True
 ) -> dict[str, float]:
     """Relative errors (see ``_rel``) of the twin against the jigsaw module for one forward and one
     backward with a random cotangent: ``output``, ``grad:input{i}`` for floating inputs and
     ``grad:{parameter path}`` for every parameter (twin gradients mapped to the canonical layout
-    through the twin's ``canonical_to_twin``)."""
+    through the twin's ``canonical_to_twin``, unless ``convert=False``: two modules of one layout)."""
     results = []
     for module in (jigsaw, twin):
         module.zero_grad(set_to_none=True)
@@ -47,7 +47,7 @@ def twin_errors(
                 f"jigsaw parameter {name!r} has no twin parameter; load the twin with load_jigsaw"
             )
         path, _, leaf = name.rpartition(".")
-        convert = getattr(twin_modules[path], "canonical_to_twin", None)
-        ref = convert(leaf, p.grad) if convert is not None else p.grad
+        to_twin = getattr(twin_modules[path], "canonical_to_twin", None) if convert else None
+        ref = to_twin(leaf, p.grad) if to_twin is not None else p.grad
         errors[f"grad:{name}"] = _rel(twin_params[name].grad, ref)
     return errors
