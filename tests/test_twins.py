@@ -81,6 +81,10 @@ FIELD_CASES = {
         lambda d: J.PatchEmbed(d, 3, 8, 4, 2, lat_mode="zeros"),
         lambda: T.PatchEmbed(G, 3, 8, 4, 2, lat_mode="zeros"),
     ),
+    "instance_norm_affine": (
+        lambda d: J.InstanceNorm(d, 3, affine=True),
+        lambda: T.InstanceNorm(3, affine=True),
+    ),
     "group_norm": (lambda d: J.GroupNorm(d, 3, 3), lambda: T.GroupNorm(3, 3)),
     "layer_norm_channels_first": (
         lambda d: J.LayerNorm(d, 3, channels_first=True),

@@ -8,7 +8,7 @@ They are the baselines of ``jigsaw-earth bench`` and what DDP/FSDP/TP comparison
 
 from .attention import GlobalAttention, LocalAttention
 from .conv import Conv2d, ConvTranspose2d, Downsample, PatchEmbed, PatchRecovery, Upsample
-from .dense import MLP, GroupNorm, LayerNorm, Linear, TokenMixing
+from .dense import MLP, GroupNorm, InstanceNorm, LayerNorm, Linear, TokenMixing
 from .load import canonical_parameters, load_jigsaw
 from .models import TWINS, PlainForecaster, PlainUNet, PlainViT, PlainWeatherMixer, build_twin
 from .pad import sphere_pad
@@ -21,6 +21,7 @@ __all__ = [
     "Downsample",
     "GlobalAttention",
     "GroupNorm",
+    "InstanceNorm",
     "LayerNorm",
     "Linear",
     "LocalAttention",

@@ -13,7 +13,7 @@ from torch import nn
 
 from ..layers.mlp import get_activation
 
-__all__ = ["MLP", "GroupNorm", "LayerNorm", "Linear", "TokenMixing"]
+__all__ = ["MLP", "GroupNorm", "InstanceNorm", "LayerNorm", "Linear", "TokenMixing"]
 
 
 class Linear(nn.Linear):
@@ -39,6 +39,13 @@ class LayerNorm(nn.LayerNorm):
 
 
 GroupNorm = nn.GroupNorm
+
+
+class InstanceNorm(nn.GroupNorm):
+    """Instance norm as one group per channel (``F.instance_norm`` without running statistics)."""
+
+    def __init__(self, channels: int, eps: float = 1e-5, affine: bool = False):
+        super().__init__(channels, channels, eps, affine)
 
 
 class MLP(nn.Module):
