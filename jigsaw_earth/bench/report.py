@@ -88,7 +88,12 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
         "`max_memory_allocated`). *peak/rank*: the largest rank's peak on that mesh divided by the",
         "one-rank peak of the same jigsaw case (CPU); *sent/rank*: the most bytes any rank sent in the",
         "step. On a shared CPU machine multi-rank timings measure waiting, so meshes report memory",
-        "and bytes only (see /work/shared/reference/performance.md).",
+        "and bytes only (see /work/shared/reference/performance.md). The `noise_floor` case times a",
+        "twin against its own copy: its spread is what this run's noise can do to any ratio.",
+        "",
+        "Reproduce: `jigsaw-earth bench all --json run.json` (`--device cuda`, `--dtype bf16` on a GPU;",
+        "`bench layers` / `bench models --only NAME`, `--quick`, `--meshes 2x2,1x4|none`, `--repeats N`),",
+        "then `jigsaw-earth bench report run.json ... --out docs/benchmarks.md`.",
     ]
     for path, data in runs:
         meta = data["meta"]
