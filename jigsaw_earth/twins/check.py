@@ -7,6 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
+from .load import twin_sources
+
 __all__ = ["twin_errors"]
 
 
@@ -39,15 +41,13 @@ def twin_errors(
     for i, (a, b) in enumerate(zip(xt, xj)):
         if b.grad is not None:
             errors[f"grad:input{i}"] = _rel(a.grad, b.grad)
-    twin_modules = dict(twin.named_modules())
-    twin_params = dict(twin.named_parameters())
-    for name, p in jigsaw.named_parameters():
-        if name not in twin_params:
+    jig_params = dict(jigsaw.named_parameters())
+    sources = twin_sources(twin)
+    for name, p in twin.named_parameters():
+        key, to_twin = sources[name] if convert else (name, lambda t: t)
+        if key not in jig_params:
             raise ValueError(
-                f"jigsaw parameter {name!r} has no twin parameter; load the twin with load_jigsaw"
+                f"twin parameter {name!r} has no jigsaw parameter {key!r}; load it with load_jigsaw"
             )
-        path, _, leaf = name.rpartition(".")
-        to_twin = getattr(twin_modules[path], "canonical_to_twin", None) if convert else None
-        ref = to_twin(leaf, p.grad) if to_twin is not None else p.grad
-        errors[f"grad:{name}"] = _rel(twin_params[name].grad, ref)
+        errors[f"grad:{key}"] = _rel(p.grad, to_twin(jig_params[key].grad))
     return errors

@@ -7,8 +7,9 @@ keep torch's layouts and ``canonical_to_twin`` converts when ``load_jigsaw`` cop
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from ..layers.mlp import get_activation
@@ -73,27 +74,31 @@ class MLP(nn.Module):
 
 
 class TokenMixing(nn.Module):
-    """MLP-Mixer token mixing on ``(B, H, W, C)``: ``F.linear`` along the ``H·W`` tokens.
+    """MLP-Mixer token mixing on ``(B, H, W, C)``: ``nn.Linear`` layers along the ``H·W`` tokens.
 
-    ``w1`` is ``(hidden, H·W)``, ``w2`` is ``(H·W, hidden)`` and ``b2`` is ``(H·W,)`` (jigsaw's
-    ``(hidden, H, W)``, ``(H, W, hidden)`` and ``(H, W)`` flattened)."""
+    ``fc1`` is ``nn.Linear(H·W, hidden)``, ``fc2`` is ``nn.Linear(hidden, H·W)``: jigsaw's ``w1
+    (hidden, H, W)``, ``b1``, ``w2 (H, W, hidden)`` and ``b2 (H, W)`` flattened."""
+
+    canonical_names: ClassVar[dict[str, str]] = {
+        "fc1.weight": "w1",
+        "fc1.bias": "b1",
+        "fc2.weight": "w2",
+        "fc2.bias": "b2",
+    }
 
     def __init__(self, grid: tuple[int, int], hidden_tokens: int, activation: str = "gelu"):
         super().__init__()
         n = grid[0] * grid[1]
         self.act = get_activation(activation)
-        self.w1 = nn.Parameter(torch.empty(hidden_tokens, n))
-        self.b1 = nn.Parameter(torch.zeros(hidden_tokens))
-        self.w2 = nn.Parameter(torch.empty(n, hidden_tokens))
-        self.b2 = nn.Parameter(torch.zeros(n))
-        nn.init.kaiming_uniform_(self.w1, a=5**0.5)
-        nn.init.kaiming_uniform_(self.w2, a=5**0.5)
+        self.fc1 = nn.Linear(n, hidden_tokens)
+        self.fc2 = nn.Linear(hidden_tokens, n)
 
     def canonical_to_twin(self, name: str, t: torch.Tensor) -> torch.Tensor:
-        return t.reshape(getattr(self, name).shape)
+        twin = {v: k for k, v in self.canonical_names.items()}[name]
+        return t.reshape(self.get_parameter(twin).shape)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         B, H, W, C = x.shape
         xt = x.reshape(B, H * W, C).transpose(1, 2)  # (B, C, tokens)
-        y = F.linear(self.act(F.linear(xt, self.w1, self.b1)), self.w2, self.b2)
+        y = self.fc2(self.act(self.fc1(xt)))
         return y.transpose(1, 2).reshape(B, H, W, C)
