@@ -72,6 +72,10 @@ def _md_table(results: Sequence[dict]) -> list[str]:
     return lines
 
 
+def _load(values: Sequence[float]) -> str:
+    return ", ".join(f"{v:.2f}" for v in values)
+
+
 def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
     """``docs/benchmarks.md``: one section per JSON file (``(path, data)``), with its metadata."""
     out = [
@@ -97,7 +101,7 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
     ]
     for path, data in runs:
         meta = data["meta"]
-        load = ", ".join(f"{v:.2f}" for v in meta.get("load_average", []))
+        load = _load(meta.get("load_average", []))
         out += [
             "",
             f"## {meta['device']} {meta['dtype']} — {Path(path).name}",
@@ -105,7 +109,8 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
             f"- command: `{meta['command']}`",
             f"- device: {meta['device_name']} ({meta.get('cpu_count')} CPUs), torch {meta['torch']}, "
             f"{meta['threads']} thread(s), {meta['dtype']}",
-            f"- date: {meta['date']}; load average at start: {load}",
+            f"- date: {meta['date']}; load average (1, 5, 15 min) at start: {load}"
+            + (f"; at end: {_load(meta['load_average_end'])}" if "load_average_end" in meta else ""),
         ]
         kinds: dict[str, list[dict]] = {}
         for r in data["results"]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -167,6 +168,7 @@ def _run_cases(args: argparse.Namespace) -> int:
         only = _names(args.only) if args.what != "all" else None
         for r in run_cases(kind, args.quick, only, repeats, args.device, args.dtype, meshes, args.tolerance):
             results.append({"kind": kind, **r})
+    meta["load_average_end"] = list(os.getloadavg())
     print(format_table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
