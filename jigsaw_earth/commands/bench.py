@@ -158,6 +158,8 @@ def _run_cases(args: argparse.Namespace) -> int:
     meshes = [] if args.meshes == "none" else [m for m in args.meshes.split(",") if m]
     for m in meshes:
         parse_mesh(m)  # fails early on a bad shape
+    if args.what == "all" and args.only:
+        raise ValueError("--only picks cases of one kind: use it with bench layers or bench models")
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: use 1 or more")
     torch.set_num_threads(args.threads)
@@ -165,8 +167,9 @@ def _run_cases(args: argparse.Namespace) -> int:
     results = []
     for kind in ("layers", "models") if args.what == "all" else (args.what,):
         repeats = args.repeats or (7 if kind == "layers" else 5)
-        only = _names(args.only) if args.what != "all" else None
-        for r in run_cases(kind, args.quick, only, repeats, args.device, args.dtype, meshes, args.tolerance):
+        for r in run_cases(
+            kind, args.quick, _names(args.only), repeats, args.device, args.dtype, meshes, args.tolerance
+        ):
             results.append({"kind": kind, **r})
     meta["load_average_end"] = list(os.getloadavg())
     print(format_table(results))
