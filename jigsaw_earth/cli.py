@@ -25,7 +25,7 @@ COMMANDS = {
 SUMMARIES = {
     "validate": "check every distributed op, layer and model against its serial counterpart",
     "data": "synthesise, prepare, inspect ERA5-style Zarr stores; per-rank I/O report",
-    "bench": "micro-benchmarks of the distributed core",
+    "bench": "jigsaw layers and models against plain-PyTorch twins; matmul micro-benchmark",
     "model": "model summary: parameters, per-rank memory and communication without allocating",
     "train": "train from a YAML config (single process, torchrun or Slurm srun)",
     "config": "validate or show a training config",
@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         args.overrides = [*args.overrides, *extra]
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    args.argv = argv  # the command line as given (recorded by commands that write results)
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",

@@ -1,9 +1,18 @@
-"""``jigsaw-earth bench matmul``: time and bytes of each distributed-matmul strategy on a mesh."""
+"""``jigsaw-earth bench``: jigsaw layers and models against plain-PyTorch twins, and the matmul.
+
+* ``bench layers`` / ``bench models``: equality check, then one-rank forward + backward time
+  (interleaved with the twin), peak memory, and per-rank memory and bytes on ``--meshes``;
+  prints a table and writes JSON (``--json``).
+* ``bench report JSON... --out docs/benchmarks.md``: the markdown tables from those JSON files.
+* ``bench matmul``: time and bytes of each distributed-matmul strategy on a mesh.
+"""
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import os
 import statistics
 import time
 from pathlib import Path
@@ -16,16 +25,35 @@ from ..distributed.mesh import DomainMesh, parse_mesh
 from ..distributed.spawn import spawn
 from ..layers.base import Domain
 
+log = logging.getLogger(__name__)
+
+
+def _names(values: list[str] | None) -> list[str]:
+    return [n for v in values or [] for n in v.split(",") if n]
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("bench", help="micro-benchmarks of the distributed core")
-    p.add_argument("what", choices=["matmul"], help="what to benchmark")
-    p.add_argument("--mesh", default="2x2", metavar="LATxLON")
+    p = sub.add_parser("bench", help="jigsaw vs plain-PyTorch twins; distributed-matmul micro-benchmark")
+    p.add_argument("what", choices=["layers", "models", "all", "report", "matmul"], help="what to benchmark")
+    p.add_argument("inputs", nargs="*", type=Path, metavar="JSON", help="report: the bench JSON files")
+    p.add_argument(
+        "--only", action="append", metavar="NAME[,NAME]", help="layers/models: cases (or prefixes)"
+    )
+    p.add_argument("--quick", action="store_true", help="layers/models: small sizes (CI smoke)")
+    p.add_argument(
+        "--meshes", default="2x2,1x4", help="layers/models: meshes for per-rank memory; 'none' skips"
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="largest fp32 twin error accepted")
+    p.add_argument("--out", type=Path, help="report: markdown file to write")
+    p.add_argument("--mesh", default="2x2", metavar="LATxLON", help="matmul: the mesh")
     p.add_argument("--grid", default="64x128", metavar="NLATxNLON", help="global token grid")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--cin", type=int, default=256)
     p.add_argument("--cout", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=None, help="timed repeats (layers 7, models 5, matmul 5)")
     p.add_argument("--json", type=Path, metavar="PATH")
     p.set_defaults(run=run)
 
@@ -90,6 +118,13 @@ def _bench(mesh: DomainMesh, grid: tuple[int, int], batch: int, cin: int, cout: 
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.what in ("layers", "models", "all"):
+        return _run_cases(args)
+    if args.what == "report":
+        return _run_report(args)
+    if args.inputs:
+        raise ValueError(f"bench {args.what} takes no positional files, got {[str(p) for p in args.inputs]}")
+    args.repeats = args.repeats or 5
     shape = parse_mesh(args.mesh)
     grid = tuple(int(v) for v in args.grid.lower().split("x"))
     if len(grid) != 2:
@@ -106,4 +141,62 @@ def run(args: argparse.Namespace) -> int:
         print(f"{form:<9} auto picks {out[form]['auto_choice']}")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def _run_cases(args: argparse.Namespace) -> int:
+    from ..bench.measure import metadata
+    from ..bench.report import format_table
+    from ..bench.run import run_cases
+
+    if args.inputs:
+        raise ValueError(f"bench {args.what} takes no positional files; write JSON with --json PATH")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available here; use --device cpu")
+    if args.threads < 1:
+        raise ValueError(f"--threads {args.threads}: use 1 or more")
+    meshes = [] if args.meshes == "none" else [m for m in args.meshes.split(",") if m]
+    for m in meshes:
+        parse_mesh(m)  # fails early on a bad shape
+    if args.what == "all" and args.only:
+        raise ValueError("--only picks cases of one kind: use it with bench layers or bench models")
+    if args.repeats is not None and args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats}: use 1 or more")
+    torch.set_num_threads(args.threads)
+    meta = metadata(args.argv, args.device, args.dtype, args.threads)
+    results = []
+    for kind in ("layers", "models") if args.what == "all" else (args.what,):
+        repeats = args.repeats or (7 if kind == "layers" else 5)
+        for r in run_cases(
+            kind, args.quick, _names(args.only), repeats, args.device, args.dtype, meshes, args.tolerance
+        ):
+            results.append({"kind": kind, **r})
+    meta["load_average_end"] = list(os.getloadavg())
+    print(format_table(results))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        data = {"kind": args.what, "quick": args.quick, "meta": meta, "results": results}
+        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
+        tmp.write_text(json.dumps(data, indent=1))
+        tmp.replace(args.json)
+        log.info("wrote %s", args.json)
+    return 0
+
+
+def _run_report(args: argparse.Namespace) -> int:
+    from ..bench.report import load_results, markdown
+
+    if not args.inputs:
+        raise ValueError("bench report needs the JSON files written by bench layers/models --json")
+    runs = [(str(p), load_results(p)) for p in args.inputs]
+    command = "jigsaw-earth bench report " + " ".join(str(p) for p in args.inputs)
+    if args.out:
+        command += f" --out {args.out}"
+    text = markdown(runs, command)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(text)
+        log.info("wrote %s", args.out)
+    else:
+        print(text)
     return 0

@@ -177,9 +177,7 @@ def fill_uniform_(p: torch.Tensor, seed: int, key: str, low: float, high: float)
     p.copy_(uniform_at(idx, seed, key) * (high - low) + low)
 
 
-def fill_fan_in_(
-    weight: torch.Tensor, bias: torch.Tensor | None, seed: int, key: str, fan_in: int
-) -> None:
+def fill_fan_in_(weight: torch.Tensor, bias: torch.Tensor | None, seed: int, key: str, fan_in: int) -> None:
     """torch's default for linear and conv layers: weight and bias uniform in ±1/sqrt(fan_in)."""
     bound = 1.0 / math.sqrt(fan_in)
     fill_uniform_(weight, seed, f"{key}.weight", -bound, bound)
