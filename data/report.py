@@ -23,8 +23,8 @@ from jigsaw_earth.distributed.tiles import TileGrid
 
 from .batch import VariableSpec
 from .reader import TileReader
-from .sampler import find_gaps, native_step
 from .store import StoreView
+from .times import TimeAxis, sample_index
 
 __all__ = ["inspect_store", "io_report", "throughput"]
 
@@ -36,8 +36,10 @@ def inspect_store(path: str, names: dict[str, str] | None = None, nan_scan: str 
     view = StoreView.open(path, names=names)
     ds = view.dataset
     t = view.times
-    step = native_step(t) if len(t) > 1 else None
-    gaps = find_gaps(t) if len(t) > 2 else []
+    axis = TimeAxis.of(t)
+    step = axis.step_hours if len(t) > 1 else None
+    gaps = axis.gaps if len(t) > 2 else []
+    irregular = axis.irregular if len(t) > 2 else []
     variables = []
     for v in view.available():
         da, arr = ds[v], view.array(v)
@@ -63,8 +65,11 @@ def inspect_store(path: str, names: dict[str, str] | None = None, nan_scan: str 
                  "latitude_order": "descending" if lat_raw[0] > lat_raw[-1] else "ascending",
                  "dims_order": {v["name"]: v["dims"] for v in variables}},
         "time": {"start": str(t[0])[:19], "end": str(t[-1])[:19], "count": len(t),
-                 "step_hours": None if step is None else float(step / np.timedelta64(1, "h")),
-                 "gaps": [[str(a)[:19], str(b)[:19]] for a, b in gaps]},
+                 "step_hours": step,
+                 "gaps": [[str(a)[:19], str(b)[:19]] for a, b in gaps],
+                 "missing_times": axis.missing_times() if len(t) > 2 else 0,
+                 "irregular": [[str(t[i])[:19], str(t[i + 1])[:19]] for i in irregular],
+                 "spacing_hours": axis.histogram() if len(t) > 1 else {}},
         "nan_scan": nan_scan,
         "complete": None if not isinstance(info, dict) else info.get("complete"),
         "names": {k: v for k, v in view.coord_names.items()},
@@ -82,11 +87,12 @@ def io_report(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, lead_s
               names: dict[str, str] | None = None) -> dict[str, Any]:
     """Bytes each rank of ``mesh`` reads from storage for one sample, against the whole sample."""
     full = _tile_reader(path, spec, MeshShape(1, 1, 1), 0, Halo(), names)
-    stride = int(np.timedelta64(step_hours, "h") / native_step(full.view.times))
-    targets = time_index + stride * np.arange(1, lead_steps + 1)
-    if targets[-1] >= len(full.view.times):
-        raise ValueError(f"time index {time_index} + {lead_steps} lead steps runs past the store's "
-                         f"{len(full.view.times)} times; choose an earlier --time-index")
+    inits, found = sample_index(full.view.times, np.array([time_index]), step_hours, lead_steps, True,
+                                f"store {path!r}", "io-report")
+    if not len(inits):
+        raise ValueError(f"time index {time_index} has no {lead_steps} target(s) {step_hours} h later in the "
+                         f"store's {len(full.view.times)} times; choose another --time-index")
+    targets = found[0]
     store = full.view.store
     store.reset()
     full.read_sample(time_index, targets)
@@ -120,13 +126,14 @@ def throughput(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, sampl
     """Samples/s of rank 0's tile reader against xarray (whole fields, then slicing), same times."""
     reader = _tile_reader(path, spec, mesh, 0, halo, names)
     times = reader.view.times
-    stride = int(np.timedelta64(step_hours, "h") / native_step(times))
-    idx = np.linspace(0, len(times) - 1 - stride * lead_steps, samples).astype(int)
-    lead = stride * np.arange(1, lead_steps + 1)
-    reader.read_sample(int(idx[-1]), idx[-1] + lead)  # warm-up: event loop, metadata
+    inits, targets = sample_index(times, np.arange(len(times)), step_hours, lead_steps, True,
+                                  f"store {path!r}", "benchmark")
+    pick = np.linspace(0, len(inits) - 1, samples).astype(int)
+    idx, tgt = inits[pick], targets[pick]
+    reader.read_sample(int(idx[-1]), tgt[-1])  # warm-up: event loop, metadata
     t0 = time.perf_counter()
-    for t in idx:
-        reader.read_sample(int(t), t + lead)
+    for t, ts in zip(idx, tgt):
+        reader.read_sample(int(t), ts)
     tile_rate = samples / (time.perf_counter() - t0)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -135,12 +142,12 @@ def throughput(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, sampl
     tile = reader.tile
     ds["time"].values  # noqa: B018  warm-up: coordinates
     t0 = time.perf_counter()
-    for t in idx:
+    for t, ts in zip(idx, tgt):
         parts = []
         for v in spec.upper_air:
-            parts.append(ds[v].isel(time=[int(t), *(t + lead)]).sel(level=list(spec.levels)).values)
+            parts.append(ds[v].isel(time=[int(t), *ts]).sel(level=list(spec.levels)).values)
         for v in spec.surface:
-            parts.append(ds[v].isel(time=[int(t), *(t + lead)]).values[:, None])
+            parts.append(ds[v].isel(time=[int(t), *ts]).values[:, None])
         whole = np.concatenate(parts, axis=1)
         cols = np.arange(tile.lon_start - halo.lon[0], tile.lon_stop + halo.lon[1]) % whole.shape[-1]
         _x = whole[0][:, np.clip(rows, 0, None)][:, :, cols]

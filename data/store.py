@@ -25,7 +25,11 @@ import xarray as xr
 import zarr
 import zarr.storage
 
+from .times import decode_times
+
 __all__ = [
+    "ACCUMULATED",
+    "ACCUMULATION_ATTR",
     "ALIASES",
     "SURFACE_VARIABLES",
     "UPPER_AIR_VARIABLES",
@@ -42,12 +46,19 @@ UPPER_AIR_VARIABLES = (
 )
 SURFACE_VARIABLES = (
     "2m_temperature", "10m_u_component_of_wind", "10m_v_component_of_wind",
-    "mean_sea_level_pressure", "total_precipitation_6hr", "land_sea_mask",
+    "mean_sea_level_pressure", "total_precipitation_6hr", "total_precipitation", "land_sea_mask",
     "geopotential_at_surface",
 )
-# Canonical (WB2) name -> other names ERA5 files from other sources use. Upper-air aliases only
-# match variables with a level dimension and surface aliases only ones without, so ``z`` maps
-# to geopotential in a pressure-level file and to geopotential_at_surface in a single-level one.
+# Accumulated fields: canonical name -> accumulation period in hours (None: read it from the
+# variable's ``accumulation_hours`` attribute; ERA5 ``tp`` from the CDS is a 1-hour accumulation
+# whatever the time spacing of the file, so it maps to ``total_precipitation``, never ``_6hr``).
+ACCUMULATED: dict[str, int | None] = {"total_precipitation_6hr": 6, "total_precipitation": 1}
+ACCUMULATION_ATTR = "accumulation_hours"
+# THE naming table: canonical (WB2) name -> other names ERA5 files use (CDS netCDF short names,
+# GRIB shortNames, CMIP names). Upper-air aliases only match variables with a level dimension and
+# surface aliases only ones without, so ``z`` maps to geopotential in a pressure-level file and to
+# geopotential_at_surface in a single-level one (the CDS pair of files both hold ``z``; merging
+# them goes through this table, see ``prepare.open_source``).
 ALIASES: dict[str, tuple[str, ...]] = {
     "geopotential": ("z", "zg"),
     "temperature": ("t", "ta"),
@@ -59,13 +70,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "10m_u_component_of_wind": ("u10", "10u", "uas"),
     "10m_v_component_of_wind": ("v10", "10v", "vas"),
     "mean_sea_level_pressure": ("msl", "psl"),
-    "total_precipitation_6hr": ("tp6h", "tp"),
+    "total_precipitation_6hr": ("tp6h", "tp_6hr"),
+    "total_precipitation": ("tp",),
     "land_sea_mask": ("lsm", "sftlf"),
     "geopotential_at_surface": ("z", "orog_geopotential", "zs"),
     "latitude": ("lat", "nav_lat", "y"),
     "longitude": ("lon", "nav_lon", "x"),
     "level": ("plev", "pressure_level", "isobaricInhPa", "lev", "pressure"),
-    "time": ("valid_time", "datetime", "t_axis"),
+    "time": ("valid_time", "datetime", "t_axis", "date"),
 }
 COORDS = ("time", "level", "latitude", "longitude")
 
@@ -168,7 +180,8 @@ class StoreView:
     names: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, path: str | Path, names: dict[str, str] | None = None, count: bool = False) -> StoreView:
+    def open(cls, path: str | Path, names: dict[str, str] | None = None, count: bool = False,
+             time_units: str | None = None) -> StoreView:
         store = open_store(path, count=count)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -185,11 +198,11 @@ class StoreView:
                 isinstance(info, dict) and info.get("complete") is False):
             raise ValueError(f"store {str(path)!r} is an incomplete write (a crashed prepare/synth); "
                              f"delete it and run the command again")
-        return cls.from_dataset(ds, path, store=store, group=group, names=names)
+        return cls.from_dataset(ds, path, store=store, group=group, names=names, time_units=time_units)
 
     @classmethod
     def from_dataset(cls, ds: xr.Dataset, path: str | Path, store: Any = None, group: Any = None,
-                     names: dict[str, str] | None = None) -> StoreView:
+                     names: dict[str, str] | None = None, time_units: str | None = None) -> StoreView:
         """A view of an opened dataset (zarr reads need ``group``; netCDF sources have none)."""
         mapping = dict(names or {})
         present = [str(n) for n in ds.variables]
@@ -210,12 +223,11 @@ class StoreView:
         for name, values in (("latitude", lat), ("longitude", lon)):
             if values.ndim != 1 or len(np.unique(values)) != len(values):
                 raise ValueError(f"{name} of {str(path)!r} must be 1-D with distinct values")
-        times = np.asarray(ds[coords["time"]].values)
-        if not np.issubdtype(times.dtype, np.datetime64):
-            raise ValueError(
-                f"time coordinate {coords['time']!r} of {str(path)!r} is {times.dtype}, not "
-                f"datetimes; give it CF units (e.g. 'hours since 1970-01-01')"
-            )
+        tvar = ds[coords["time"]]
+        times = decode_times(tvar.values, {**tvar.encoding, **tvar.attrs}, ds.attrs, time_units,
+                             f"{str(path)!r} ({coords['time']!r})")
+        if not np.issubdtype(tvar.dtype, np.datetime64):
+            ds = ds.assign_coords({coords["time"]: (tvar.dims, times, {})})
         levels = None
         if "level" in coords:
             levels = np.asarray(ds[coords["level"]].values, dtype=np.float64)

@@ -49,6 +49,7 @@ class StoreSource:
         climatology: str | Path | None,
     ):
         self.view, self.spec = view, spec
+        self.path = view.path
         self.reader = TileReader(view, spec, grid, grid.tile_of(domain_index), Halo())
         self.tile = self.reader.tile
         self.times = np.asarray(view.times)
@@ -128,4 +129,5 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
         val_period=d.val_period,
         rollout_steps=cfg.training.rollout_steps,
         diff_std=normalizer.diff_std,
+        allow_gaps=d.allow_gaps,
     )
