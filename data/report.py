@@ -26,7 +26,10 @@ from .reader import TileReader
 from .store import StoreView
 from .times import TimeAxis, sample_index
 
-__all__ = ["inspect_store", "io_report", "throughput"]
+__all__ = ["OVER_READ_WARNING", "inspect_store", "io_report", "planned_fraction", "throughput"]
+
+#: a rank reading more than this multiple of its exact share (tile + halo) gets a warning
+OVER_READ_WARNING = 1.3
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +85,46 @@ def _tile_reader(path: str, spec: VariableSpec, mesh: MeshShape, k: int, halo: H
     return TileReader.for_rank(view, spec, mesh.lat, mesh.lon, k, halo)
 
 
+def _chunk_cells(sizes: dict[str, int], chunks: dict[str, int], rows: np.ndarray, cols: np.ndarray) -> set:
+    """(row chunk, column chunk) pairs touched by storage ``rows`` × ``cols``."""
+    rc = np.unique(rows // chunks["latitude"])
+    cc = np.unique(cols // chunks["longitude"])
+    return {(int(r), int(c)) for r in rc for c in cc}
+
+
+def _cells(sizes: dict[str, int], chunks: dict[str, int], pairs: set) -> int:
+    """Grid cells of the (row chunk, column chunk) ``pairs`` (edge chunks may be ragged)."""
+    cl, cc = chunks["latitude"], chunks["longitude"]
+    return sum(min(cl, sizes["latitude"] - r * cl) * min(cc, sizes["longitude"] - k * cc) for r, k in pairs)
+
+
+def planned_fraction(reader: TileReader, lead_steps: int) -> float:
+    """Fraction of a whole sample's chunk cells (inputs with halo + ``lead_steps`` targets) that
+    this reader's chunks cover: the layout's cost from metadata alone (no data read; shard
+    indexes and compression ignored)."""
+    view, tile = reader.view, reader.tile
+    read = whole = 0.0
+    for _, name, levels in reader.fields:
+        arr = view.array(name)
+        dims = view.dims(name)
+        sizes, chunks = dict(zip(dims, arr.shape)), dict(zip(dims, arr.chunks))
+        if levels is None:
+            n_lev = 1
+        else:
+            c = chunks["level"]
+            n_lev = sum(min(c, sizes["level"] - k * c) for k in np.unique(np.asarray(levels) // c))
+
+        inputs: set = set()
+        for _, src, cols in reader._groups:
+            ok_r, ok_c = src[src >= 0], cols[cols >= 0]
+            inputs |= _chunk_cells(sizes, chunks, view.lat_storage[ok_r], view.lon_storage[ok_c])
+        targets = _chunk_cells(sizes, chunks, view.lat_storage[tile.lat_start : tile.lat_stop],
+                               view.lon_storage[tile.lon_start : tile.lon_stop])
+        read += n_lev * (_cells(sizes, chunks, inputs) + lead_steps * _cells(sizes, chunks, targets))
+        whole += n_lev * (1 + lead_steps) * sizes["latitude"] * sizes["longitude"]
+    return read / whole
+
+
 def io_report(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, lead_steps: int = 1,
               step_hours: int = 6, time_index: int = 0,
               names: dict[str, str] | None = None) -> dict[str, Any]:
@@ -109,7 +152,8 @@ def io_report(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, lead_s
         exact = (padded + lead_steps * h * w) / ((1 + lead_steps) * grid.n_lat * grid.n_lon)
         ranks.append({"rank": k, "tile": [tile.lat_start, tile.lat_stop, tile.lon_start, tile.lon_stop],
                       "bytes_read": reader.view.store.bytes_read, "requests": reader.view.store.requests,
-                      "fraction": reader.view.store.bytes_read / full_bytes, "ideal_fraction": exact})
+                      "fraction": reader.view.store.bytes_read / full_bytes, "ideal_fraction": exact,
+                      "planned_fraction": planned_fraction(reader, lead_steps)})
     n = mesh.lat * mesh.lon
     halo_frac = max(r["ideal_fraction"] for r in ranks) - 1.0 / n
     return {"store": path, "mesh": f"{mesh.lat}x{mesh.lon}", "halo": [list(halo.lat), list(halo.lon),
@@ -117,7 +161,19 @@ def io_report(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, lead_s
             "lead_steps": lead_steps, "channels": spec.n_channels,
             "sample_bytes_uncompressed": full.sample_bytes(1 + lead_steps), "sample_bytes_read": full_bytes,
             "ranks": ranks, "max_fraction": max(r["fraction"] for r in ranks),
-            "bound": 1.0 / n + halo_frac + 0.10}
+            "bound": 1.0 / n + halo_frac + 0.10, "warning": _over_read(path, mesh, ranks)}
+
+
+def _over_read(path: str, mesh: MeshShape, ranks: list[dict[str, Any]]) -> str | None:
+    """A warning naming the fix when a rank reads more than ``OVER_READ_WARNING`` × its share."""
+    worst = max(ranks, key=lambda r: r["fraction"] / r["ideal_fraction"])
+    ratio = worst["fraction"] / worst["ideal_fraction"]
+    if ratio <= OVER_READ_WARNING:
+        return None
+    return (f"rank {worst['rank']} reads {ratio:.2f}x its tile + halo ({worst['fraction']:.3f} of a sample, "
+            f"exact share {worst['ideal_fraction']:.3f}): the store's chunks do not follow the "
+            f"{mesh.lat}x{mesh.lon} tiles. Rewrite it tile-aligned: jigsaw-earth data prepare {path} "
+            f"--out DST --for-mesh {mesh.lat}x{mesh.lon}")
 
 
 def throughput(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, samples: int = 20,

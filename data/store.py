@@ -31,10 +31,12 @@ __all__ = [
     "ACCUMULATED",
     "ACCUMULATION_ATTR",
     "ALIASES",
+    "STATIC_VARIABLES",
     "SURFACE_VARIABLES",
     "UPPER_AIR_VARIABLES",
     "CountingStore",
     "StoreView",
+    "canonical_dataset",
     "open_store",
 ]
 
@@ -49,6 +51,7 @@ SURFACE_VARIABLES = (
     "mean_sea_level_pressure", "total_precipitation_6hr", "total_precipitation", "land_sea_mask",
     "geopotential_at_surface",
 )
+STATIC_VARIABLES = ("land_sea_mask", "geopotential_at_surface")
 # Accumulated fields: canonical name -> accumulation period in hours (None: read it from the
 # variable's ``accumulation_hours`` attribute; ERA5 ``tp`` from the CDS is a 1-hour accumulation
 # whatever the time spacing of the file, so it maps to ``total_precipitation``, never ``_6hr``).
@@ -272,6 +275,19 @@ class StoreView:
         self.names[canonical] = found
         return found
 
+    def known_variables(self) -> tuple[list[str], list[str], list[str]]:
+        """(upper-air, surface, static) canonical names the store holds, in the table's order."""
+        found: dict[str, list[str]] = {"upper": [], "surface": [], "static": []}
+        for kind, names, upper in (("upper", UPPER_AIR_VARIABLES, True),
+                                   ("surface", SURFACE_VARIABLES, False)):
+            for v in names:
+                try:
+                    self.resolve(v, upper_air=upper)
+                except ValueError:
+                    continue
+                found["static" if v in STATIC_VARIABLES else kind].append(v)
+        return found["upper"], found["surface"], found["static"]
+
     def describe_variables(self) -> str:
         level = self.coord_names.get("level")
         parts = []
@@ -319,3 +335,41 @@ class StoreView:
                                  enc.get("_FillValue"))
         return cache[store_name]
 
+
+
+def _canonical_name(var: str, upper: bool, mapping: dict[str, str]) -> str | None:
+    """The canonical name a store variable maps to (user mapping, then the naming table)."""
+    for canonical, store_name in mapping.items():
+        if store_name == var and canonical not in COORDS:
+            return canonical
+    for canonical in (UPPER_AIR_VARIABLES if upper else SURFACE_VARIABLES):
+        if canonical not in mapping and var in (canonical, *ALIASES.get(canonical, ())):
+            return canonical
+    return None
+
+
+def canonical_dataset(ds: xr.Dataset, path: str | Path, names: dict[str, str] | None = None,
+                      time_units: str | None = None) -> xr.Dataset:
+    """``ds`` with canonical coordinates (time, [level] in hPa, latitude, longitude) and variable
+    names from ``ALIASES`` (or ``names``); non-dimension coordinates (``expver``, ``number``) are
+    dropped. Unmapped variables keep their names. Used per file before files are merged, so the
+    ``z`` of a pressure-level file and the ``z`` of a single-level file cannot collide.
+    """
+    mapping = dict(names or {})
+    view = StoreView.from_dataset(ds, path, names=mapping, time_units=time_units)
+    ds = view.dataset.rename({v: k for k, v in view.coord_names.items() if v != k})
+    ds = ds.reset_coords(drop=True)
+    if view.levels is not None:
+        ds = ds.assign_coords(level=np.rint(view.levels).astype(np.int64))
+    rename: dict[str, str] = {}
+    for var in map(str, ds.data_vars):
+        canonical = _canonical_name(var, "level" in ds[var].dims, mapping)
+        if canonical is None or canonical == var:
+            continue
+        if canonical in rename.values() or canonical in ds.data_vars:
+            log.warning("%s: %r also maps to %r; keeping the first", path, var, canonical)
+            continue
+        rename[var] = canonical
+    if rename:
+        log.info("%s: %s", path, ", ".join(f"{a} -> {b}" for a, b in rename.items()))
+    return ds.rename(rename)

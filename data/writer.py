@@ -33,13 +33,6 @@ log = logging.getLogger(__name__)
 EPOCH = np.datetime64("1970-01-01T00:00:00", "s")
 
 
-def _divisor_at_most(n: int, target: int) -> int:
-    target = max(1, min(n, target))
-    while n % target:
-        target -= 1
-    return target
-
-
 @dataclass(frozen=True)
 class ChunkLayout:
     """Chunk and shard sizes; 0 means the whole axis."""
@@ -67,12 +60,17 @@ class ChunkLayout:
     @classmethod
     def for_mesh(cls, n_lat: int, n_lon: int, mesh: MeshShape, per_tile: int = 16,
                  time_shard: int = 1) -> ChunkLayout:
-        """Tile-aligned: one shard per tile of ``mesh``, inner chunks ~1/``per_tile`` of a tile."""
+        """Tile-aligned: inner chunks ~1/``per_tile`` of a tile (at least 4 cells unless the tile
+        is smaller), shards of whole chunks about one tile long. Tile edges need not fall on
+        chunk edges (a ragged chunk at a tile's edge is read partly by two tiles); that costs at
+        most one chunk row per tile edge, which the halo reads anyway. Constant time, any grid.
+        """
         grid = TileGrid(n_lat, n_lon, mesh.lat, mesh.lon)
         s_lat, s_lon = max(grid.lat_sizes), max(grid.lon_sizes)
-        c_lat = _divisor_at_most(s_lat, max(4, s_lat // per_tile))
-        c_lon = _divisor_at_most(s_lon, max(4, s_lon // per_tile))
-        return cls(c_lat, c_lon, s_lat, s_lon, time_shard)
+        c_lat = min(s_lat, max(4, -(-s_lat // per_tile)))
+        c_lon = min(s_lon, max(4, -(-s_lon // per_tile)))
+        return cls(c_lat, c_lon, max(c_lat, round(s_lat / c_lat) * c_lat),
+                   max(c_lon, round(s_lon / c_lon) * c_lon), time_shard)
 
     def shapes(self, n_time: int, n_level: int | None, n_lat: int, n_lon: int
                ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:

@@ -17,6 +17,7 @@ import xarray as xr
 
 from ..config.schema import TrainConfig
 from ..data.batch import VariableSpec
+from ..data.preflight import default_climatology_path, store_preflight
 from ..data.reader import TileReader
 from ..data.stats import Normalizer, read_statistics
 from ..data.store import StoreView
@@ -28,12 +29,6 @@ from .data import TrainData
 __all__ = ["StoreSource", "build_data", "default_climatology_path"]
 
 log = logging.getLogger(__name__)
-
-
-def default_climatology_path(store: str) -> Path:
-    p = Path(store)
-    stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
-    return p.with_name(f"{stem}-climatology.zarr")
 
 
 class StoreSource:
@@ -110,6 +105,9 @@ class StoreSource:
 def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
     """Open the store of ``cfg.data`` and return this rank's ``TrainData``."""
     d = cfg.data
+    problems = store_preflight(cfg)
+    if problems:
+        raise ValueError(f"the config does not fit store {d.store!r}:\n- " + "\n- ".join(problems))
     spec = VariableSpec(tuple(d.upper_air), tuple(d.levels), tuple(d.surface), tuple(d.static))
     view = StoreView.open(d.store)
     grid = TileGrid(*view.grid_shape, mesh.shape.lat, mesh.shape.lon)
