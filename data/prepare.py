@@ -68,8 +68,10 @@ def _open_file(path: Path) -> xr.Dataset:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            return xr.open_dataset(path, chunks={}, engine="cfgrib" if grib else "netcdf4",
-                                   decode_timedelta=False)
+            if grib:  # no .idx files written beside the user's data
+                return xr.open_dataset(path, chunks={}, engine="cfgrib", decode_timedelta=False,
+                                       backend_kwargs={"indexpath": ""})
+            return xr.open_dataset(path, chunks={}, engine="netcdf4", decode_timedelta=False)
     except Exception as err:  # netCDF4/HDF5 raise OSError, RuntimeError, ValueError...
         raise ValueError(
             f"cannot read {path} ({path.stat().st_size} bytes): {type(err).__name__}: {err}. The file is "

@@ -248,6 +248,46 @@ def test_wb2_zarr_through_fsspec_memory(tmp_path):
     np.testing.assert_array_equal(_open(out)["2m_temperature"].values, ds["2m_temperature"].values)
 
 
+def write_grib(path, values: np.ndarray, short_name: str, times: np.ndarray, levels=None) -> None:
+    """GRIB 2 messages on the module's 30° grid, written with ecCodes (as the CDS delivers GRIB)."""
+    import eccodes
+
+    with open(path, "wb") as f:
+        for k, t in enumerate(times.astype("datetime64[h]")):
+            for j, level in enumerate(levels or [None]):
+                sample = "regular_ll_pl_grib2" if level else "regular_ll_sfc_grib2"
+                h = eccodes.codes_grib_new_from_samples(sample)
+                keys = {"Ni": N_LON, "Nj": N_LAT, "latitudeOfFirstGridPointInDegrees": 90.0,
+                        "latitudeOfLastGridPointInDegrees": -90.0, "longitudeOfFirstGridPointInDegrees": 0.0,
+                        "longitudeOfLastGridPointInDegrees": 330.0, "iDirectionIncrementInDegrees": 30.0,
+                        "jDirectionIncrementInDegrees": 30.0, "dataDate": int(str(t)[:10].replace("-", "")),
+                        "dataTime": int(str(t)[11:13]) * 100, "shortName": short_name}
+                for key, value in keys.items():
+                    eccodes.codes_set(h, key, value)
+                if level:
+                    eccodes.codes_set(h, "level", int(level))
+                eccodes.codes_set_values(h, (values[k, j] if level else values[k]).ravel().astype(float))
+                eccodes.codes_write(h, f)
+                eccodes.codes_release(h)
+
+
+def test_grib_through_cfgrib(tmp_path):
+    pytest.importorskip("cfgrib")
+    folder = tmp_path / "grib"
+    folder.mkdir()
+    times = hours("2020-01-01", np.arange(4) * 6)
+    rng = np.random.default_rng(2)
+    t2m, t = rng.normal(280, 5, (4, N_LAT, N_LON)), rng.normal(250, 5, (4, 2, N_LAT, N_LON))
+    write_grib(folder / "sfc.grib", t2m, "2t", times)
+    write_grib(folder / "pl.grib", t, "t", times, levels=[850, 500])
+    out = tmp_path / "g.zarr"
+    prepare_store(folder, out, progress=False)
+    got = _open(out)
+    np.testing.assert_allclose(got["2m_temperature"].values, t2m, atol=1e-3)
+    np.testing.assert_allclose(got["temperature"].sel(level=850).values, t[:, 0], atol=1e-3)
+    assert not list(folder.glob("*.idx"))
+
+
 # ---- 5. chunking for the mesh ---------------------------------------------------------------
 @pytest.mark.parametrize("grid", [(721, 1440), (181, 360)])
 def test_for_mesh_plans_large_grids_and_meets_the_read_bound(tmp_path, grid):
