@@ -170,7 +170,7 @@ def _accumulate(ds: xr.Dataset, hours: int, where: str) -> xr.Dataset:
                              f"values; the source has no such window (its spacing is "
                              f"{TimeAxis.of(t).describe_histogram()})")
         total = ds[name].rolling(time=n).sum().where(xr.DataArray(ok, dims="time"))
-        new = f"{name}_{hours}hr"  # e.g. total_precipitation_6hr
+        new = f"{name.removesuffix(f'_{period}hr')}_{hours}hr"  # total_precipitation(_6hr) -> _24hr
         attrs = {**ds[name].attrs, ACCUMULATION_ATTR: hours}
         out = out.drop_vars(name).assign({new: total.assign_attrs(attrs)})
         log.info("%s: %s (%d h accumulations) summed to %d h totals as %s (%d of %d times: full window)",

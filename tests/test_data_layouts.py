@@ -133,6 +133,30 @@ def test_gaps_are_listed_kept_and_skipped_only_when_allowed(tmp_path, capsys):
     assert store_preflight(cfg) == []
 
 
+def test_trainer_pairs_inputs_with_targets_by_time_across_gaps():
+    """TrainData (training, validation and predict) finds targets by time, not index stride."""
+    from jigsaw_earth.distributed.mesh import DomainMesh
+    from jigsaw_earth.training.data import MemorySource, TrainData
+
+    times = hours("2020-01-01", np.delete(np.arange(20) * 6, [7]))
+    fields = np.random.default_rng(0).normal(size=(len(times), 1, N_LAT, N_LON)).astype(np.float32)
+    mesh = DomainMesh(MeshShape(1, 1, 1))
+    grid = TileGrid(N_LAT, N_LON, 1, 1)
+    source = MemorySource(fields, fields[0], times, LAT, ["x"], ["s"], grid.tile_of(0))
+    kw = dict(mean=np.zeros(1), std=np.ones(1), global_batch=2, seed=0, step_hours=12, train_period=[],
+              val_period=[], rollout_steps=2)
+    with pytest.raises(ValueError, match=r"data\.allow_gaps: true"):
+        TrainData(source, mesh, grid, **kw)
+    data = TrainData(source, mesh, grid, **kw, allow_gaps=True)
+    for step in range(5):
+        batch = data.train_batch(step)
+        lead = batch.target_times - batch.times[:, None]
+        assert (lead == np.array([12, 24]) * np.timedelta64(1, "h")).all()
+    assert len(data.train_index) == len(times) - 4 - 2  # 4 run past the end, 2 need the missing time
+    np.testing.assert_array_equal(data.valid_inits(np.arange(len(times)), 1), data._inits(
+        np.ones(len(times), bool), 1, "x"))
+
+
 # ---- 2. variables from the store ------------------------------------------------------------
 def _config(store, tmp_path, **data):
     """A config file ``tmp_path/c.yaml`` for ``store`` (schema defaults unless given), parsed."""

@@ -248,16 +248,17 @@ def _inspect(args: argparse.Namespace) -> int:
     )
     print(f"levels    {r['levels']}")
     print(
-        f"time      {t['start']} .. {t['end']}  ({t['count']} times, step {t['step_hours']:g} h, "
+        f"time      {t['start']} .. {t['end']}  ({t['count']} times, step {t['step_hours'] or 0:g} h, "
         f"{len(t['gaps'])} gaps = {t['missing_times']} missing times, "
         f"{len(t['irregular'])} irregular spacings)"
     )
     for a, b in t["gaps"][:10]:
         print(f"  gap     {a} -> {b}")
     if t["irregular"]:
+        suggest = max(h for h in (1, 2, 3, 6, 12, 24) if h <= max(1, t["step_hours"]))
         spacing = ", ".join(f"{h:g} h x{n}" for h, n in sorted(t["spacing_hours"].items()))
         print(f"  IRREGULAR time axis: spacings {spacing}; not gaps. Fix: jigsaw-earth data prepare "
-              f"{r['path']} --out DST --resample {t['step_hours']:g}h")
+              f"{r['path']} --out DST --resample {suggest}h")
         for a, b in t["irregular"][:5]:
             print(f"  irregular {a} -> {b}")
     print(f"{'variable':<28} {'dims':<40} {'chunks':<22} {'shards':<22} NaNs ({r['nan_scan']})")
