@@ -19,6 +19,7 @@ from ..config.schema import TrainConfig
 from ..data.batch import VariableSpec
 from ..data.preflight import default_climatology_path, store_preflight
 from ..data.reader import TileReader
+from ..data.report import OVER_READ_WARNING, planned_fraction
 from ..data.stats import Normalizer, read_statistics
 from ..data.store import StoreView
 from ..distributed.halo import Halo
@@ -102,6 +103,22 @@ class StoreSource:
         return np.stack(out)
 
 
+def _warn_over_read(source: StoreSource, grid: TileGrid, mesh: DomainMesh) -> None:
+    """Warn (rank 0) when the store's chunks make this rank read much more than its tile."""
+    if mesh.rank != 0 or grid.n_tiles == 1:
+        return
+    planned = planned_fraction(source.reader, 1)
+    share = source.tile.shape[0] * source.tile.shape[1] / (grid.n_lat * grid.n_lon)
+    if planned > OVER_READ_WARNING * share:
+        log.warning(
+            "store %s: each rank reads %.2fx its tile (%.3f of every sample; its share is %.3f): the "
+            "chunks do not follow the %dx%d tiles. Rewrite it: jigsaw-earth data prepare %s --out DST "
+            "--for-mesh %dx%d",
+            source.path, planned / share, planned, share, mesh.shape.lat, mesh.shape.lon,
+            source.path, mesh.shape.lat, mesh.shape.lon,
+        )
+
+
 def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
     """Open the store of ``cfg.data`` and return this rank's ``TrainData``."""
     d = cfg.data
@@ -114,6 +131,7 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
     normalizer = Normalizer.from_stats(read_statistics(d.store), spec, view, n_geometry=4)
     clim = d.climatology or default_climatology_path(d.store)
     source = StoreSource(view, spec, grid, mesh.domain.index, normalizer, clim)
+    _warn_over_read(source, grid, mesh)
     return TrainData(
         source,
         mesh,
