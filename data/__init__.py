@@ -1,8 +1,9 @@
 """Sharded ERA5 data pipeline: each rank reads only its latitude × longitude tile (plus halo).
 
-Entry points (see docs/data.md): ``loader.ShardedLoader`` (batches on the rank's device),
-``reader.TileReader`` and ``store.StoreView`` (one tile of a store), ``batch.Batch`` /
-``batch.VariableSpec`` / ``batch.channel_names``, ``geometry.latitude_weights``,
-``stats.read_statistics`` / ``stats.Normalizer``, ``synth.synth_store``,
-``prepare.prepare_store``, ``report.io_report``. CLI: ``jigsaw-earth data``.
+Entry points (see docs/data.md): ``reader.TileReader`` and ``store.StoreView`` (one tile of a
+store), ``batch.Batch`` / ``batch.VariableSpec`` / ``batch.channel_names``,
+``geometry.latitude_weights``, ``stats.read_statistics`` / ``stats.Normalizer``,
+``synth.synth_store``, ``prepare.prepare_store``, ``report.io_report``, ``times`` (time axes),
+``preflight.store_preflight``. Training batches: ``jigsaw_earth.training.data.TrainData`` (the
+one pipeline). CLI: ``jigsaw-earth data``.
 """

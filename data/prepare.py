@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -18,37 +19,92 @@ import numpy as np
 import xarray as xr
 
 from .stats import TqdmCallback, compute_statistics, write_statistics
-from .store import SURFACE_VARIABLES, UPPER_AIR_VARIABLES, StoreView, open_store
+from .store import (
+    ACCUMULATED,
+    ACCUMULATION_ATTR,
+    STATIC_VARIABLES,
+    SURFACE_VARIABLES,
+    UPPER_AIR_VARIABLES,
+    StoreView,
+    canonical_dataset,
+    open_store,
+)
+from .times import TimeAxis, resample_plan
 from .writer import ChunkLayout, atomic_store, mark_complete
 
-__all__ = ["open_source", "prepare_store"]
+__all__ = ["TimeOptions", "open_source", "prepare_store"]
 
 log = logging.getLogger(__name__)
-STATIC = ("land_sea_mask", "geopotential_at_surface")
+STATIC = STATIC_VARIABLES
 
 
-def open_source(src: str | Path, names: dict[str, str] | None = None) -> StoreView:
-    """A Zarr store (path or URL) or a folder / glob of netCDF files, lazily with dask."""
-    text = str(src)
+def _netcdf_files(text: str) -> list[Path]:
     local = Path(text)
-    nc: list[Any] = []
-    if "://" not in text:
-        if local.is_dir() and not any((local / m).exists() for m in ("zarr.json", ".zgroup")):
-            nc = sorted([*local.glob("*.nc"), *local.glob("*.nc4")])
-            if not nc:
-                raise FileNotFoundError(f"{text} is neither a Zarr store nor a folder of *.nc files")
-        elif any(c in text for c in "*?["):
-            nc = sorted(Path().glob(text)) if not local.is_absolute() else sorted(
-                Path(local.anchor).glob(str(local.relative_to(local.anchor))))
-        elif not local.exists():
-            raise FileNotFoundError(f"source {text!r} does not exist; give a Zarr store or netCDF folder")
+    if local.is_dir() and not any((local / m).exists() for m in ("zarr.json", ".zgroup")):
+        files = sorted(f for pattern in ("*.nc", "*.nc4", "*.grib", "*.grib2") for f in local.glob(pattern))
+        if not files:
+            raise FileNotFoundError(f"{text} is neither a Zarr store nor a folder of *.nc / *.grib files")
+        return files
+    if any(c in text for c in "*?["):
+        return sorted(Path().glob(text)) if not local.is_absolute() else sorted(
+            Path(local.anchor).glob(str(local.relative_to(local.anchor))))
+    if local.is_file():
+        return [local]
+    if not local.exists():
+        raise FileNotFoundError(f"source {text!r} does not exist; give a Zarr store, a netCDF/GRIB file "
+                                f"or a folder of them")
+    return []
+
+
+def _open_file(path: Path) -> xr.Dataset:
+    """One netCDF (or GRIB, with the optional cfgrib) file, lazily; one clear message if unreadable."""
+    grib = path.suffix in (".grib", ".grib2", ".grb")
+    if grib:
+        try:
+            import cfgrib  # noqa: F401
+        except ImportError:
+            raise ValueError(f"{path} is GRIB: install the optional reader (`pip install "
+                             f"'jigsaw-earth[grib]'`, i.e. cfgrib) or convert it to netCDF") from None
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            if grib:  # no .idx files written beside the user's data
+                return xr.open_dataset(path, chunks={}, engine="cfgrib", decode_timedelta=False,
+                                       backend_kwargs={"indexpath": ""})
+            return xr.open_dataset(path, chunks={}, engine="netcdf4", decode_timedelta=False)
+    except Exception as err:  # netCDF4/HDF5 raise OSError, RuntimeError, ValueError...
+        raise ValueError(
+            f"cannot read {path} ({path.stat().st_size} bytes): {type(err).__name__}: {err}. The file is "
+            f"corrupt or truncated (an interrupted download?); download it again or move it out of the "
+            f"source folder"
+        ) from None
+
+
+def open_source(src: str | Path, names: dict[str, str] | None = None,
+                time_units: str | None = None) -> StoreView:
+    """A Zarr store (path or URL), a netCDF/GRIB file, or a folder / glob of them, lazily with dask.
+
+    Each file is mapped to canonical names first (``store.canonical_dataset``, the one naming
+    table ``store.ALIASES``), then the files are merged: the CDS pressure-level + single-level
+    pair (both holding ``z``) becomes geopotential + geopotential_at_surface.
+    """
+    text = str(src)
+    files = _netcdf_files(text) if "://" not in text else []
+    if files:
+        parts = [canonical_dataset(_open_file(f), str(f), names, time_units) for f in files]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            try:
+                ds = xr.combine_by_coords(parts, data_vars="minimal", coords="minimal", compat="override",
+                                          join="outer", combine_attrs="drop_conflicts")
+            except ValueError as err:
+                raise ValueError(f"cannot combine the files of {text!r}: {err}. Files must share one grid "
+                                 f"and differ in time or in variables") from None
+        return StoreView.from_dataset(ds, text)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        if nc:
-            ds = xr.open_mfdataset(nc, combine="by_coords", chunks={}, engine="netcdf4")
-            return StoreView.from_dataset(ds, text, names=names)
         ds = xr.open_zarr(open_store(text), chunks={}, consolidated=None)
-    return StoreView.from_dataset(ds, text, names=names)
+    return StoreView.from_dataset(ds, text, names=names, time_units=time_units)
 
 
 def _canonical(view: StoreView, name: str, canonical: str, levels: list[int] | None) -> xr.DataArray:
@@ -73,14 +129,118 @@ def _canonical(view: StoreView, name: str, canonical: str, levels: list[int] | N
     return da.transpose(*order).astype(np.float32).rename(canonical)
 
 
+@dataclass(frozen=True)
+class TimeOptions:
+    """How ``prepare`` shapes the time axis (see ``docs/data.md``)."""
+
+    period: tuple[str, str] | None = None
+    step_hours: int | None = None  # keep times at multiples of this many hours (regular axes)
+    resample_hours: int | None = None  # resample an irregular axis onto this step
+    resample_method: str = "nearest"
+    resample_tolerance_hours: float | None = None  # default: half the step (nearest), 2 steps (linear)
+    accumulate_hours: int | None = None  # sum shorter accumulations to totals over this period
+    time_units: str | None = None
+
+
+def _accumulation_hours(name: str, da: xr.DataArray) -> int | None:
+    attr = da.attrs.get(ACCUMULATION_ATTR)
+    if attr is not None:
+        return int(attr)
+    return ACCUMULATED.get(name)
+
+
+def _accumulate(ds: xr.Dataset, hours: int, where: str) -> xr.Dataset:
+    """Sum every shorter accumulation to ``hours`` totals ending at each time (WB2's convention)."""
+    out = ds
+    t = TimeAxis.of(ds["time"].values).times
+    keep = np.ones(len(t), dtype=bool)  # times at which every total has a full window
+    for name in [str(v) for v in ds.data_vars]:
+        period = _accumulation_hours(name, ds[name])
+        if period is None or period == hours or "time" not in ds[name].dims:
+            continue
+        if hours % period:
+            raise ValueError(f"--accumulate {hours}h: {name!r} holds {period} h accumulations; choose a "
+                             f"multiple of {period} h")
+        n = hours // period
+        steady = np.diff(t) == np.timedelta64(period, "h")  # consecutive accumulations
+        run = np.convolve(steady.astype(int), np.ones(n - 1, dtype=int), "full")[: len(steady)]
+        ok = np.concatenate([[False], run == n - 1])  # the n - 1 spacings before each time are steady
+        if not ok.any():
+            raise ValueError(f"--accumulate {hours}h: {name!r} in {where} needs {n} consecutive {period} h "
+                             f"values; the source has no such window (its spacing is "
+                             f"{TimeAxis.of(t).describe_histogram()})")
+        total = ds[name].rolling(time=n).sum().where(xr.DataArray(ok, dims="time"))
+        new = f"{name.removesuffix(f'_{period}hr')}_{hours}hr"  # total_precipitation(_6hr) -> _24hr
+        attrs = {**ds[name].attrs, ACCUMULATION_ATTR: hours}
+        out = out.drop_vars(name).assign({new: total.assign_attrs(attrs)})
+        log.info("%s: %s (%d h accumulations) summed to %d h totals as %s (%d of %d times: full window)",
+                 where, name, period, hours, new, int(ok.sum()), len(ok))
+        keep &= ok
+    return out.isel(time=np.nonzero(keep)[0])
+
+
+def _shape_time(ds: xr.Dataset, opts: TimeOptions, where: str) -> xr.Dataset:
+    """Period, resampling or step selection; an irregular axis is refused unless resampled."""
+    if opts.accumulate_hours:
+        ds = _accumulate(ds, opts.accumulate_hours, where)
+    if opts.period is not None:
+        ds = ds.sel(time=slice(*opts.period))
+    if ds.sizes.get("time", 0) < 2:
+        raise ValueError(f"period {opts.period} of {where} holds {ds.sizes.get('time', 0)} times; it needs "
+                         f"at least 2")
+    times = ds["time"].values
+    if opts.resample_hours:
+        if opts.step_hours and opts.step_hours != opts.resample_hours:
+            raise ValueError(f"--step-hours {opts.step_hours} and --resample {opts.resample_hours}h differ; "
+                             f"give only --resample")
+        h = opts.resample_hours
+        tol = opts.resample_tolerance_hours
+        tol = tol if tol is not None else (h / 2 if opts.resample_method == "nearest" else 2 * h)
+        targets, i0, i1, w = resample_plan(times, h, opts.resample_method, tol)
+        timed = [v for v in ds.data_vars if "time" in ds[v].dims]
+        a = ds[timed].isel(time=i0).drop_vars("time")
+        if opts.resample_method == "linear":
+            wt = xr.DataArray(w.astype(np.float32), dims="time")
+            with xr.set_options(keep_attrs=True):  # accumulation_hours and units survive
+                a = a * (1 - wt) + ds[timed].isel(time=i1).drop_vars("time") * wt
+        a = a.assign_coords(time=targets.astype("datetime64[ns]"))
+        log.info("%s: resampled %d times (%s) to %d times every %d h (%s, tolerance %g h)", where,
+                 len(times), TimeAxis.of(times).describe_histogram(), len(targets), h, opts.resample_method,
+                 tol)
+        return xr.merge([a, ds[[v for v in ds.data_vars if v not in timed]]])
+    axis = TimeAxis.of(times)
+    axis.require_regular(where)
+    if opts.step_hours:
+        if opts.step_hours % axis.step_hours:
+            raise ValueError(f"--step-hours {opts.step_hours} is not a multiple of the {axis.step_hours:g} h "
+                             f"spacing of {where}; use a multiple, or --resample {opts.step_hours}h")
+        hours = (axis.times - np.datetime64("1970-01-01T00", "s")) // np.timedelta64(1, "h")
+        keep = np.nonzero(hours % opts.step_hours == 0)[0]
+        ds = ds.isel(time=keep)
+        axis = TimeAxis.of(ds["time"].values)
+    if axis.gaps:
+        a, b = axis.gaps[0]
+        log.warning("%s keeps %d time gap(s) (%d missing times; first %s -> %s): train with data.allow_gaps: "
+                    "true, or choose --start/--end without them", where, len(axis.gaps), axis.missing_times(),
+                    a, b)
+    return ds
+
+
 def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | None = None,
                   levels: list[int] | None = None, surface: list[str] | None = None,
                   period: tuple[str, str] | None = None, step_hours: int | None = None,
                   stats_period: tuple[str, str] | None = None, names: dict[str, str] | None = None,
                   layout: ChunkLayout | None = None, overwrite: bool = False,
-                  progress: bool = True) -> dict[str, Any]:
-    """Copy ``src`` into the training layout at ``dst`` (local), with statistics."""
-    view = open_source(src, names)
+                  progress: bool = True, time: TimeOptions | None = None) -> dict[str, Any]:
+    """Copy ``src`` into the training layout at ``dst`` (local), with statistics.
+
+    ``upper_air`` / ``surface`` default to every known variable the source holds; an empty
+    list means none. ``time`` shapes the time axis (``period`` / ``step_hours`` are shorthands).
+    """
+    opts = time or TimeOptions()
+    if period is not None or step_hours is not None:
+        opts = replace(opts, period=period or opts.period, step_hours=step_hours or opts.step_hours)
+    view = open_source(src, names, opts.time_units)
     layout = layout or ChunkLayout(time_shard=1)
     has_level = "level" in view.coord_names
 
@@ -104,17 +264,18 @@ def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | No
                          f"map them with --name CANONICAL=STORE_NAME")
     fields = {v: _canonical(view, view.resolve(v, True), v, levels) for v in ua}
     fields.update({v: _canonical(view, view.resolve(v, False), v, None) for v in sf})
+    for v in [*ua, *sf]:
+        acc = _accumulation_hours(v, fields[v])
+        if acc is not None:
+            fields[v].attrs[ACCUMULATION_ATTR] = acc
+            if not opts.accumulate_hours and acc != (opts.step_hours or opts.resample_hours or acc):
+                log.warning("%s holds %d h accumulations; kept as such (not summed). Pass --accumulate %dh "
+                            "for %d h totals", v, acc, opts.step_hours or opts.resample_hours,
+                            opts.step_hours or opts.resample_hours)
     for v in st:
         da = _canonical(view, view.resolve(v, False), v, None)
         fields[v] = da.isel(time=0, drop=True) if "time" in da.dims else da
-    ds = xr.Dataset(fields)
-    if period is not None:
-        ds = ds.sel(time=slice(*period))
-    if step_hours:
-        ds = ds.sel(time=ds["time"].values[::max(1, int(np.timedelta64(step_hours, "h") / _step(ds)))])
-    if ds.sizes.get("time", 0) < 2:
-        raise ValueError(f"period {period} of {view.path!r} holds {ds.sizes.get('time', 0)} times; "
-                         f"it needs at least 2")
+    ds = _shape_time(xr.Dataset(fields), opts, repr(view.path))
     encoding, chunks = {}, {}
     for v, da in ds.data_vars.items():
         if "time" not in da.dims:
@@ -136,14 +297,13 @@ def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | No
             warnings.simplefilter("ignore")
             job = ds.to_zarr(tmp, zarr_format=3, encoding=encoding, compute=False, consolidated=False)
             with TqdmCallback(f"prepare {Path(dst).name}", disable=not progress):
-                dask.compute(job)
+                try:
+                    dask.compute(job)
+                except (OSError, RuntimeError) as err:
+                    raise ValueError(f"reading {view.path!r} failed: {type(err).__name__}: {err}. A source "
+                                     f"file is probably corrupt or truncated; download it again") from None
         stats = compute_statistics(tmp, period=stats_period, progress=progress)
         write_statistics(tmp, stats)
         mark_complete(tmp, source=str(src), layout=layout.describe())
-    return {"store": str(dst), "variables": [*ua, *sf, *st], "times": int(ds.sizes["time"]),
+    return {"store": str(dst), "variables": [str(v) for v in ds.data_vars], "times": int(ds.sizes["time"]),
             "grid": [int(ds.sizes["latitude"]), int(ds.sizes["longitude"])]}
-
-
-def _step(ds: xr.Dataset) -> np.timedelta64:
-    t = ds["time"].values
-    return np.timedelta64(np.median(np.diff(t)).astype("timedelta64[s]"))

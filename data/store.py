@@ -25,12 +25,18 @@ import xarray as xr
 import zarr
 import zarr.storage
 
+from .times import decode_times
+
 __all__ = [
+    "ACCUMULATED",
+    "ACCUMULATION_ATTR",
     "ALIASES",
+    "STATIC_VARIABLES",
     "SURFACE_VARIABLES",
     "UPPER_AIR_VARIABLES",
     "CountingStore",
     "StoreView",
+    "canonical_dataset",
     "open_store",
 ]
 
@@ -42,12 +48,20 @@ UPPER_AIR_VARIABLES = (
 )
 SURFACE_VARIABLES = (
     "2m_temperature", "10m_u_component_of_wind", "10m_v_component_of_wind",
-    "mean_sea_level_pressure", "total_precipitation_6hr", "land_sea_mask",
+    "mean_sea_level_pressure", "total_precipitation_6hr", "total_precipitation", "land_sea_mask",
     "geopotential_at_surface",
 )
-# Canonical (WB2) name -> other names ERA5 files from other sources use. Upper-air aliases only
-# match variables with a level dimension and surface aliases only ones without, so ``z`` maps
-# to geopotential in a pressure-level file and to geopotential_at_surface in a single-level one.
+STATIC_VARIABLES = ("land_sea_mask", "geopotential_at_surface")
+# Accumulated fields: canonical name -> accumulation period in hours (None: read it from the
+# variable's ``accumulation_hours`` attribute; ERA5 ``tp`` from the CDS is a 1-hour accumulation
+# whatever the time spacing of the file, so it maps to ``total_precipitation``, never ``_6hr``).
+ACCUMULATED: dict[str, int | None] = {"total_precipitation_6hr": 6, "total_precipitation": 1}
+ACCUMULATION_ATTR = "accumulation_hours"
+# THE naming table: canonical (WB2) name -> other names ERA5 files use (CDS netCDF short names,
+# GRIB shortNames, CMIP names). Upper-air aliases only match variables with a level dimension and
+# surface aliases only ones without, so ``z`` maps to geopotential in a pressure-level file and to
+# geopotential_at_surface in a single-level one (the CDS pair of files both hold ``z``; merging
+# them goes through this table, see ``prepare.open_source``).
 ALIASES: dict[str, tuple[str, ...]] = {
     "geopotential": ("z", "zg"),
     "temperature": ("t", "ta"),
@@ -59,13 +73,14 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "10m_u_component_of_wind": ("u10", "10u", "uas"),
     "10m_v_component_of_wind": ("v10", "10v", "vas"),
     "mean_sea_level_pressure": ("msl", "psl"),
-    "total_precipitation_6hr": ("tp6h", "tp"),
+    "total_precipitation_6hr": ("tp6h", "tp_6hr"),
+    "total_precipitation": ("tp",),
     "land_sea_mask": ("lsm", "sftlf"),
     "geopotential_at_surface": ("z", "orog_geopotential", "zs"),
     "latitude": ("lat", "nav_lat", "y"),
     "longitude": ("lon", "nav_lon", "x"),
     "level": ("plev", "pressure_level", "isobaricInhPa", "lev", "pressure"),
-    "time": ("valid_time", "datetime", "t_axis"),
+    "time": ("valid_time", "datetime", "t_axis", "date"),
 }
 COORDS = ("time", "level", "latitude", "longitude")
 
@@ -168,7 +183,8 @@ class StoreView:
     names: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, path: str | Path, names: dict[str, str] | None = None, count: bool = False) -> StoreView:
+    def open(cls, path: str | Path, names: dict[str, str] | None = None, count: bool = False,
+             time_units: str | None = None) -> StoreView:
         store = open_store(path, count=count)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -185,11 +201,11 @@ class StoreView:
                 isinstance(info, dict) and info.get("complete") is False):
             raise ValueError(f"store {str(path)!r} is an incomplete write (a crashed prepare/synth); "
                              f"delete it and run the command again")
-        return cls.from_dataset(ds, path, store=store, group=group, names=names)
+        return cls.from_dataset(ds, path, store=store, group=group, names=names, time_units=time_units)
 
     @classmethod
     def from_dataset(cls, ds: xr.Dataset, path: str | Path, store: Any = None, group: Any = None,
-                     names: dict[str, str] | None = None) -> StoreView:
+                     names: dict[str, str] | None = None, time_units: str | None = None) -> StoreView:
         """A view of an opened dataset (zarr reads need ``group``; netCDF sources have none)."""
         mapping = dict(names or {})
         present = [str(n) for n in ds.variables]
@@ -210,12 +226,11 @@ class StoreView:
         for name, values in (("latitude", lat), ("longitude", lon)):
             if values.ndim != 1 or len(np.unique(values)) != len(values):
                 raise ValueError(f"{name} of {str(path)!r} must be 1-D with distinct values")
-        times = np.asarray(ds[coords["time"]].values)
-        if not np.issubdtype(times.dtype, np.datetime64):
-            raise ValueError(
-                f"time coordinate {coords['time']!r} of {str(path)!r} is {times.dtype}, not "
-                f"datetimes; give it CF units (e.g. 'hours since 1970-01-01')"
-            )
+        tvar = ds[coords["time"]]
+        times = decode_times(tvar.values, {**tvar.encoding, **tvar.attrs}, ds.attrs, time_units,
+                             f"{str(path)!r} ({coords['time']!r})")
+        if not np.issubdtype(tvar.dtype, np.datetime64):
+            ds = ds.assign_coords({coords["time"]: (tvar.dims, times, {})})
         levels = None
         if "level" in coords:
             levels = np.asarray(ds[coords["level"]].values, dtype=np.float64)
@@ -259,6 +274,19 @@ class StoreView:
             )
         self.names[canonical] = found
         return found
+
+    def known_variables(self) -> tuple[list[str], list[str], list[str]]:
+        """(upper-air, surface, static) canonical names the store holds, in the table's order."""
+        found: dict[str, list[str]] = {"upper": [], "surface": [], "static": []}
+        for kind, names, upper in (("upper", UPPER_AIR_VARIABLES, True),
+                                   ("surface", SURFACE_VARIABLES, False)):
+            for v in names:
+                try:
+                    self.resolve(v, upper_air=upper)
+                except ValueError:
+                    continue
+                found["static" if v in STATIC_VARIABLES else kind].append(v)
+        return found["upper"], found["surface"], found["static"]
 
     def describe_variables(self) -> str:
         level = self.coord_names.get("level")
@@ -307,3 +335,41 @@ class StoreView:
                                  enc.get("_FillValue"))
         return cache[store_name]
 
+
+
+def _canonical_name(var: str, upper: bool, mapping: dict[str, str]) -> str | None:
+    """The canonical name a store variable maps to (user mapping, then the naming table)."""
+    for canonical, store_name in mapping.items():
+        if store_name == var and canonical not in COORDS:
+            return canonical
+    for canonical in (UPPER_AIR_VARIABLES if upper else SURFACE_VARIABLES):
+        if canonical not in mapping and var in (canonical, *ALIASES.get(canonical, ())):
+            return canonical
+    return None
+
+
+def canonical_dataset(ds: xr.Dataset, path: str | Path, names: dict[str, str] | None = None,
+                      time_units: str | None = None) -> xr.Dataset:
+    """``ds`` with canonical coordinates (time, [level] in hPa, latitude, longitude) and variable
+    names from ``ALIASES`` (or ``names``); non-dimension coordinates (``expver``, ``number``) are
+    dropped. Unmapped variables keep their names. Used per file before files are merged, so the
+    ``z`` of a pressure-level file and the ``z`` of a single-level file cannot collide.
+    """
+    mapping = dict(names or {})
+    view = StoreView.from_dataset(ds, path, names=mapping, time_units=time_units)
+    ds = view.dataset.rename({v: k for k, v in view.coord_names.items() if v != k})
+    ds = ds.reset_coords(drop=True)
+    if view.levels is not None:
+        ds = ds.assign_coords(level=np.rint(view.levels).astype(np.int64))
+    rename: dict[str, str] = {}
+    for var in map(str, ds.data_vars):
+        canonical = _canonical_name(var, "level" in ds[var].dims, mapping)
+        if canonical is None or canonical == var:
+            continue
+        if canonical in rename.values() or canonical in ds.data_vars:
+            log.warning("%s: %r also maps to %r; keeping the first", path, var, canonical)
+            continue
+        rename[var] = canonical
+    if rename:
+        log.info("%s: %s", path, ", ".join(f"{a} -> {b}" for a, b in rename.items()))
+    return ds.rename(rename)

@@ -33,11 +33,14 @@ log = logging.getLogger(__name__)
 EPOCH = np.datetime64("1970-01-01T00:00:00", "s")
 
 
-def _divisor_at_most(n: int, target: int) -> int:
-    target = max(1, min(n, target))
-    while n % target:
-        target -= 1
-    return target
+def _chunk_for_tiles(n: int, tile_sizes: list[int], per_tile: int) -> int:
+    """Chunk length along an axis split into ``tile_sizes`` (see ``for_mesh``): the length from
+    half to 1.5 times the target whose chunk edges hit the most tile edges, then the closest."""
+    size = max(tile_sizes)
+    target = min(size, max(4, -(-size // per_tile)))
+    edges = np.cumsum(tile_sizes)[:-1]
+    candidates = range(min(size, max(4, target // 2)), min(size, target + target // 2) + 1)
+    return min(candidates, key=lambda c: (int(np.count_nonzero(edges % c)), abs(c - target)))
 
 
 @dataclass(frozen=True)
@@ -67,12 +70,18 @@ class ChunkLayout:
     @classmethod
     def for_mesh(cls, n_lat: int, n_lon: int, mesh: MeshShape, per_tile: int = 16,
                  time_shard: int = 1) -> ChunkLayout:
-        """Tile-aligned: one shard per tile of ``mesh``, inner chunks ~1/``per_tile`` of a tile."""
+        """Tile-following: inner chunks ~1/``per_tile`` of a tile (at least 4 cells unless the
+        tile is smaller), shards of whole chunks about one tile long. Among chunk lengths from
+        half to 1.5 times that target, one whose edges fall on the tile edges wins where one exists
+        (721 rows in 2 tiles: 19); otherwise a ragged chunk at a tile's edge is read partly by
+        two tiles (at most one chunk row per edge, which the halo reads anyway). Instant.
+        """
         grid = TileGrid(n_lat, n_lon, mesh.lat, mesh.lon)
+        c_lat = _chunk_for_tiles(n_lat, grid.lat_sizes, per_tile)
+        c_lon = _chunk_for_tiles(n_lon, grid.lon_sizes, per_tile)
         s_lat, s_lon = max(grid.lat_sizes), max(grid.lon_sizes)
-        c_lat = _divisor_at_most(s_lat, max(4, s_lat // per_tile))
-        c_lon = _divisor_at_most(s_lon, max(4, s_lon // per_tile))
-        return cls(c_lat, c_lon, s_lat, s_lon, time_shard)
+        return cls(c_lat, c_lon, max(c_lat, round(s_lat / c_lat) * c_lat),
+                   max(c_lon, round(s_lon / c_lon) * c_lon), time_shard)
 
     def shapes(self, n_time: int, n_level: int | None, n_lat: int, n_lon: int
                ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:

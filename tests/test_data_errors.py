@@ -12,9 +12,9 @@ from jigsaw_earth.data.batch import VariableSpec
 from jigsaw_earth.data.climatology import open_climatology
 from jigsaw_earth.data.prepare import prepare_store
 from jigsaw_earth.data.reader import TileReader
-from jigsaw_earth.data.sampler import SampleTimes
 from jigsaw_earth.data.stats import Normalizer, read_statistics
 from jigsaw_earth.data.store import StoreView
+from jigsaw_earth.data.times import sample_index
 
 from jigsaw_earth.cli import main
 from jigsaw_earth.distributed.halo import Halo
@@ -65,15 +65,15 @@ def test_renamed_variable_needs_mapping_or_alias(tmp_path):
 def test_time_gap_is_named(tmp_path):
     times = T["times"]
     gappy = np.delete(times, 4)
-    gap = r"1 time gap.*2020-01-01T18:00:00 and 2020-01-02T06:00:00.*allow_gaps"
+    every = np.arange(len(gappy))
+    gap = r"1 time gap.*2020-01-01T18:00:00 and 2020-01-02T06:00:00.*data.allow_gaps: true"
     with pytest.raises(ValueError, match=gap):
-        SampleTimes.build(gappy, None, 6, 1)
-    ok = SampleTimes.build(gappy, None, 6, 1, allow_gaps=True)
-    assert 3 not in ok.inputs.tolist() and len(ok) == 5
+        sample_index(gappy, every, 6, 1, False, "s", "training")
+    inits, targets = sample_index(gappy, every, 6, 1, True, "s", "training")
+    assert 3 not in inits.tolist() and len(inits) == 5
+    assert (gappy[targets[:, 0]] - gappy[inits] == np.timedelta64(6, "h")).all()
     with pytest.raises(ValueError, match="step_hours=5 is not a multiple"):
-        SampleTimes.build(times, None, 5, 1)
-    with pytest.raises(ValueError, match="holds no times"):
-        SampleTimes.build(times, ("2030-01-01", "2030-02-01"), 6, 1)
+        sample_index(times, every, 5, 1, False, "s", "training")
 
 
 def test_nans_are_named(tmp_path):

@@ -1,4 +1,4 @@
-"""synth, prepare, statistics, inspect, io-report and the sharded loader (one spawn)."""
+"""synth, prepare, statistics, inspect and io-report."""
 
 from __future__ import annotations
 
@@ -9,18 +9,14 @@ import numpy as np
 import pytest
 import xarray as xr
 from jigsaw_earth.data.batch import VariableSpec
-from jigsaw_earth.data.loader import ShardedLoader
 from jigsaw_earth.data.prepare import prepare_store
 from jigsaw_earth.data.stats import compute_statistics, read_statistics
 from jigsaw_earth.data.synth import SynthConfig, climatology_path, synth_store
 from jigsaw_earth.data.writer import ChunkLayout
 
 from jigsaw_earth.cli import main
-from jigsaw_earth.distributed.halo import Halo
-from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
-from jigsaw_earth.distributed.spawn import spawn
 
-from .data_helpers import RENAME, dataset, padded_window, truth
+from .data_helpers import RENAME, dataset, truth
 
 CFG = SynthConfig(n_lat=16, n_lon=32, start="2020-01-01", end="2020-01-08T18", levels=(850, 500))
 SPEC = VariableSpec(("geopotential", "temperature"), (500, 850), ("2m_temperature",))
@@ -109,66 +105,3 @@ def test_cli_synth_inspect_io_report(tmp_path, capsys):
     for r in records:  # halo 0, tile-aligned shards: every rank reads about a quarter
         assert r["max_fraction"] < 0.25 + 0.05, r
         assert sum(k["bytes_read"] for k in r["ranks"]) < 1.2 * r["sample_bytes_read"]
-
-
-def _loader_rank(mesh, path, period):
-    loader = ShardedLoader(path, mesh, spec=SPEC, halo=Halo.uniform(1, "pole"), batch_size=2,
-                           lead_steps=2, period=period, seed=3)
-    it = iter(loader)
-    first = next(it)
-    second = next(it)
-    return {"coord": list(mesh.coord), "tile": list(loader.tile.slices[0].indices(99)[:2])
-            + list(loader.tile.slices[1].indices(99)[:2]),
-            "times": [str(t) for t in first.times] + [str(t) for t in second.times],
-            "inputs": first.inputs.numpy().tolist(), "targets_shape": list(first.targets.shape),
-            "n_batches": len(loader)}
-
-
-def test_loader_multi_rank(synth):
-    """2 data-parallel groups × 1x2 domain: same times within a group, different across groups,
-    each rank's normalised inputs equal the pad_reference window of the xarray field."""
-    period = ("2020-01-01", "2020-01-06")
-    results = spawn(MeshShape(2, 1, 2), _loader_rank, str(synth), period)
-    ds = _open(synth)
-    stats = read_statistics(synth)
-    by_group = {}
-    for r in results:
-        by_group.setdefault(r["coord"][0], []).append(r)
-    assert all(len({tuple(r["times"]) for r in g}) == 1 for g in by_group.values())
-    assert not set(by_group[0][0]["times"]) & set(by_group[1][0]["times"])
-    for r in results:
-        t0 = np.datetime64(r["times"][0])
-        fields = [ds[v].sel(time=t0, level=[500, 850]).values for v in SPEC.upper_air]
-        fields.append(ds["2m_temperature"].sel(time=t0).values[None])
-        raw = np.concatenate(fields)
-        mean = np.concatenate([stats[v].sel(stat="mean", level=[500, 850]).values for v in SPEC.upper_air]
-                              + [[float(stats["2m_temperature"].sel(stat="mean"))]])
-        std = np.concatenate([stats[v].sel(stat="std", level=[500, 850]).values for v in SPEC.upper_air]
-                             + [[float(stats["2m_temperature"].sel(stat="std"))]])
-        norm = (raw - mean[:, None, None]) / std[:, None, None]
-        from jigsaw_earth.distributed.tiles import TileGrid
-
-        tile = TileGrid(16, 32, 1, 2).tile_of(r["coord"][2])
-        want = padded_window(norm.astype(np.float32), tile, Halo.uniform(1, "pole"))
-        np.testing.assert_allclose(np.array(r["inputs"][0]), want, rtol=1e-5, atol=1e-5)
-        assert r["targets_shape"] == [2, 2, 5, 16, 16]
-
-
-def test_loader_resume_mid_epoch(synth):
-    mesh = DomainMesh(MeshShape(1, 2, 2), rank=3)
-    kw = {"spec": SPEC, "batch_size": 3, "lead_steps": 1, "period": ("2020-01-01", "2020-01-07"), "seed": 7}
-    a = ShardedLoader(synth, mesh, **kw)
-    it = iter(a)
-    next(it)
-    state = a.state_dict()
-    expected = next(it)
-    it.close()
-    b = ShardedLoader(synth, mesh, **kw)
-    b.load_state_dict(state)
-    got = next(iter(b))
-    np.testing.assert_array_equal(got.times, expected.times)
-    np.testing.assert_array_equal(got.inputs.numpy(), expected.inputs.numpy())
-    epoch = list(ShardedLoader(synth, mesh, **kw))
-    assert len(epoch) == len(a) and len({str(t) for b in epoch for t in b.times}) == 3 * len(epoch)
-    with pytest.raises(ValueError, match="batch_size"):
-        b.load_state_dict({**state, "batch_size": 5})

@@ -38,10 +38,13 @@ def _csv(text: str | None, cast=str) -> list | None:
     return None if text is None else [cast(x) for x in text.split(",") if x]
 
 
-def _variables(p: argparse.ArgumentParser, levels_default: str | None = "500,850") -> None:
-    p.add_argument("--upper-air", help="comma-separated upper-air variables (WB2 names)")
-    p.add_argument("--levels", default=levels_default, help="comma-separated levels in hPa, or 'all'")
-    p.add_argument("--surface", help="comma-separated surface variables (WB2 names)")
+def _variables(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--upper-air", help="comma-separated upper-air variables (WB2 names); default: every "
+                   "known one in the store; '' = none")
+    p.add_argument("--levels", help="comma-separated levels in hPa, or 'all' (default: all, for io-report "
+                   "500,850 when the store has them)")
+    p.add_argument("--surface", help="comma-separated surface variables (WB2 names); default: every known "
+                   "one in the store; '' = none")
     p.add_argument(
         "--name",
         action="append",
@@ -78,12 +81,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     _layout_args(s)
 
     r = dsub.add_parser("prepare", help="convert a WB2-layout store or netCDF folder to the training layout")
-    r.add_argument("src", help="WB2-layout Zarr store (path or fsspec URL) or a folder of netCDF files")
+    r.add_argument("src", help="Zarr store (path or fsspec URL), netCDF/GRIB file, or a folder/glob of them")
     r.add_argument("--out", required=True, type=Path, help="training store to write (local path)")
-    _variables(r, levels_default=None)
+    _variables(r)
     r.add_argument("--start", help="first time to keep")
     r.add_argument("--end", help="last time to keep")
-    r.add_argument("--step-hours", type=int, help="keep every N hours (default: the source spacing)")
+    r.add_argument("--step-hours", type=int, help="keep times at multiples of N hours (regular axes)")
+    r.add_argument("--time-units", metavar="UNITS",
+                   help="CF units of a numeric time axis, e.g. 'hours since 1970-01-01' (default: the "
+                   "coordinate's units, else a store attribute such as time_units)")
+    r.add_argument("--resample", metavar="HOURS", help="resample an irregular axis to this step, e.g. 6h")
+    r.add_argument("--resample-method", choices=["nearest", "linear"], default="nearest",
+                   help="nearest source time within the tolerance (default), or linear interpolation")
+    r.add_argument("--resample-tolerance", type=float, metavar="HOURS",
+                   help="nearest: max distance to a source time (default half the step); linear: max "
+                   "span between the two source times (default two steps)")
+    r.add_argument("--accumulate", metavar="HOURS",
+                   help="sum shorter accumulations (hourly total_precipitation) to totals over this "
+                   "period, e.g. 6h -> total_precipitation_6hr")
     r.add_argument("--stats-start", help="first time of the statistics period")
     r.add_argument("--stats-end", help="last time of the statistics period")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -119,18 +134,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _spec(args: argparse.Namespace, store_levels: list[float] | None = None):
-    from jigsaw_earth.data.batch import DEFAULT_SURFACE, DEFAULT_UPPER_AIR, VariableSpec
+def _spec(args: argparse.Namespace, view):
+    """Variables and levels to read: as given ('' = none), else every known one the store holds."""
+    from jigsaw_earth.data.batch import DEFAULT_LEVELS, VariableSpec
 
-    levels = args.levels
-    if levels == "all":
-        levels = ",".join(str(int(x)) for x in store_levels or [])
-    return VariableSpec(
-        tuple(_csv(args.upper_air) or DEFAULT_UPPER_AIR),
-        tuple(_csv(levels, int) or ()),
-        tuple(_csv(args.surface) or DEFAULT_SURFACE),
-        static=(),
-    )
+    store_upper, store_surface, _ = view.known_variables()
+    upper = store_upper if args.upper_air is None else _csv(args.upper_air)
+    surface = store_surface if args.surface is None else _csv(args.surface)
+    store_levels = [] if view.levels is None else [int(x) for x in view.levels]
+    if args.levels == "all" or (args.levels is None and not set(DEFAULT_LEVELS) <= set(store_levels)):
+        levels = store_levels
+    else:
+        levels = _csv(args.levels, int) if args.levels is not None else list(DEFAULT_LEVELS)
+    return VariableSpec(tuple(upper), tuple(levels if upper else ()), tuple(surface), static=())
 
 
 def _layout(args: argparse.Namespace, grid: tuple[int, int] | None, default_time_shard: int):
@@ -180,10 +196,11 @@ def _synth(args: argparse.Namespace) -> int:
 
 
 def _prepare(args: argparse.Namespace) -> int:
-    from jigsaw_earth.data.prepare import open_source, prepare_store
+    from jigsaw_earth.data.prepare import TimeOptions, open_source, prepare_store
+    from jigsaw_earth.data.times import parse_hours
 
     names = _names(args.name)
-    grid = open_source(args.src, names).grid_shape if args.for_mesh else None
+    grid = open_source(args.src, names, args.time_units).grid_shape if args.for_mesh else None
     layout = _layout(args, grid, 1)
     period = (args.start, args.end) if args.start or args.end else None
     if period:
@@ -197,8 +214,15 @@ def _prepare(args: argparse.Namespace) -> int:
         upper_air=_csv(args.upper_air),
         levels=levels,
         surface=_csv(args.surface),
-        period=period,
-        step_hours=args.step_hours,
+        time=TimeOptions(
+            period=period,
+            step_hours=args.step_hours,
+            resample_hours=parse_hours(args.resample, "--resample") if args.resample else None,
+            resample_method=args.resample_method,
+            resample_tolerance_hours=args.resample_tolerance,
+            accumulate_hours=parse_hours(args.accumulate, "--accumulate") if args.accumulate else None,
+            time_units=args.time_units,
+        ),
         stats_period=stats,
         names=names,
         layout=layout,
@@ -224,11 +248,19 @@ def _inspect(args: argparse.Namespace) -> int:
     )
     print(f"levels    {r['levels']}")
     print(
-        f"time      {t['start']} .. {t['end']}  ({t['count']} times, step {t['step_hours']} h, "
-        f"{len(t['gaps'])} gaps)"
+        f"time      {t['start']} .. {t['end']}  ({t['count']} times, step {t['step_hours'] or 0:g} h, "
+        f"{len(t['gaps'])} gaps = {t['missing_times']} missing times, "
+        f"{len(t['irregular'])} irregular spacings)"
     )
     for a, b in t["gaps"][:10]:
         print(f"  gap     {a} -> {b}")
+    if t["irregular"]:
+        suggest = max(h for h in (1, 2, 3, 6, 12, 24) if h <= max(1, t["step_hours"]))
+        spacing = ", ".join(f"{h:g} h x{n}" for h, n in sorted(t["spacing_hours"].items()))
+        print(f"  IRREGULAR time axis: spacings {spacing}; not gaps. Fix: jigsaw-earth data prepare "
+              f"{r['path']} --out DST --resample {suggest}h")
+        for a, b in t["irregular"][:5]:
+            print(f"  irregular {a} -> {b}")
     print(f"{'variable':<28} {'dims':<40} {'chunks':<22} {'shards':<22} NaNs ({r['nan_scan']})")
     for v in r["variables"]:
         shards = "-" if not v["shards"] else "x".join(map(str, v["shards"]))
@@ -246,7 +278,7 @@ def _io(args: argparse.Namespace) -> int:
 
     names = _names(args.name)
     view = StoreView.open(args.path, names=names)
-    spec = _spec(args, None if view.levels is None else list(view.levels))
+    spec = _spec(args, view)
     halo = Halo.uniform(args.halo, lat_mode=args.pole)
     records, failed = [], False
     for text in args.mesh or ["2x2"]:
@@ -261,15 +293,17 @@ def _io(args: argparse.Namespace) -> int:
         )
         print(
             f"  {'rank':>4} {'tile (rows, cols)':<24} {'bytes read':>12} {'requests':>8} {'fraction':>9} "
-            f"{'ideal':>7}"
+            f"{'ideal':>7} {'planned':>7}"
         )
         for k in r["ranks"]:
             a, b, c, d = k["tile"]
             print(
                 f"  {k['rank']:>4} {f'{a}:{b}, {c}:{d}':<24} {k['bytes_read']:>12} {k['requests']:>8} "
-                f"{k['fraction']:>9.3f} {k['ideal_fraction']:>7.3f}"
+                f"{k['fraction']:>9.3f} {k['ideal_fraction']:>7.3f} {k['planned_fraction']:>7.3f}"
             )
         print(f"  max fraction {r['max_fraction']:.3f} {'<=' if ok else '>'} bound {r['bound']:.3f}")
+        if r["warning"]:
+            print(f"  WARNING: {r['warning']}")
         if args.bench:
             b = throughput(args.path, m, spec, halo, args.bench, args.lead_steps, names=names)
             r["throughput"] = b

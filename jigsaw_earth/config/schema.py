@@ -65,6 +65,11 @@ class DataConfig:
         factory=lambda: ["land_sea_mask", "geopotential_at_surface"],
     )
     step_hours: int = doc("model time step in hours (one forecast step)", 6)
+    allow_gaps: bool = doc(
+        "train on a store with missing times: samples whose window crosses a gap are skipped (and "
+        "counted in the log); false refuses such a store and lists the first gap",
+        False,
+    )
     climatology: str | None = doc(
         "WB2-layout climatology store for the baseline; null = <store stem>-climatology.zarr", None
     )

@@ -37,7 +37,7 @@ def select_inits(
     lo, hi = np.datetime64(start, "h"), np.datetime64(end, "h")
     hours = (times - times.astype("datetime64[D]")).astype(int)
     idx = np.nonzero((times >= lo) & (times <= hi) & (hours % every_hours == 0))[0]
-    idx = idx[idx + steps * data.stride < len(times)]
+    idx = data.valid_inits(idx, steps)
     if len(idx) == 0:
         raise ValueError(
             f"no initialisation time in [{start}, {end}] every {every_hours} h has {steps} forecast "

@@ -23,6 +23,7 @@ import torch
 
 from ..data.batch import Batch
 from ..data.geometry import latitude_weights, time_features
+from ..data.times import sample_index
 from ..distributed.halo import Halo
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import Tile, TileGrid
@@ -105,6 +106,7 @@ class TrainData:
         val_period: list[str],
         rollout_steps: int,
         diff_std: np.ndarray | None = None,
+        allow_gaps: bool = False,
     ):
         self.source, self.mesh, self.grid = source, mesh, grid
         self.tile = grid.tile_of(mesh.domain.index)
@@ -115,20 +117,15 @@ class TrainData:
         self.tendency_std = torch.from_numpy((d / self.std.reshape(-1)).astype(np.float32))
         self.global_batch, self.seed, self.rollout_steps = global_batch, seed, rollout_steps
         times = np.asarray(source.times).astype("datetime64[ns]")
-        spacing = np.diff(times).astype("timedelta64[h]").astype(int)
-        if len(spacing) == 0 or not np.all(spacing == spacing[0]) or step_hours % spacing[0]:
-            raise ValueError(
-                f"data.step_hours={step_hours} must be a multiple of the store's regular time spacing "
-                f"({sorted(set(spacing.tolist()))[:5]} h)"
-            )
-        self.stride = step_hours // int(spacing[0])
+        self.where = f"store {getattr(source, 'path', 'of the data')!r}"
+        self.allow_gaps = allow_gaps
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future] = {}
         self.step_hours = step_hours
         self.times = times
         self.train_mask = _period_mask(times, train_period)
         self.val_mask = _period_mask(times, val_period)
-        self.train_index = self._inits(self.train_mask, rollout_steps)
+        self.train_index = self._inits(self.train_mask, rollout_steps, "training")
         if len(self.train_index) < global_batch:
             raise ValueError(
                 f"data.train_period {train_period} holds {len(self.train_index)} initialisation times with "
@@ -152,13 +149,25 @@ class TrainData:
     def n_static(self) -> int:
         return int(self._static.shape[0])
 
-    def _inits(self, mask: np.ndarray, lead_steps: int) -> np.ndarray:
-        """Time indices in ``mask`` whose ``lead_steps`` targets also lie in ``mask``."""
-        idx = np.nonzero(mask)[0]
-        last = idx + lead_steps * self.stride
-        ok = last < len(self.times)
-        ok[ok] &= mask[last[ok]]
-        return idx[ok]
+    def _inits(self, mask: np.ndarray, lead_steps: int, what: str) -> np.ndarray:
+        """Time indices in ``mask`` whose ``lead_steps`` targets exist and also lie in ``mask``."""
+        inits, targets = sample_index(self.times, np.nonzero(mask)[0], self.step_hours, lead_steps,
+                                      self.allow_gaps, self.where, what)
+        return inits[mask[targets[:, -1]]] if len(inits) else inits
+
+    def valid_inits(self, candidates: np.ndarray, lead_steps: int) -> np.ndarray:
+        """The candidates whose ``lead_steps`` targets all exist (gaps and the store's end skipped)."""
+        inits, _ = sample_index(
+            self.times, candidates, self.step_hours, lead_steps, True, self.where, "forecast"
+        )
+        return inits
+
+    def target_indices(self, inits: np.ndarray, lead_steps: int) -> np.ndarray:
+        """``(n, lead_steps)`` store indices of the targets of valid ``inits``."""
+        wanted = self.times[np.asarray(inits)][:, None] + np.timedelta64(self.step_hours, "h") * np.arange(
+            1, lead_steps + 1
+        )
+        return np.searchsorted(self.times, wanted)
 
     def _epoch_perm(self, epoch: int) -> np.ndarray:
         if self._perm is None or self._perm[0] != epoch:
@@ -175,9 +184,9 @@ class TrainData:
         return np.asarray(out)
 
     def _batch(self, inits: np.ndarray, lead_steps: int) -> Batch:
-        offsets = np.arange(1, lead_steps + 1) * self.stride
+        targets = self.target_indices(inits, lead_steps)
         x = np.stack([(self.source.inputs(int(t)) - self.mean) / self.std for t in inits])
-        y = np.stack([(self.source.targets(t + offsets) - self.mean) / self.std for t in inits])
+        y = np.stack([(self.source.targets(ts) - self.mean) / self.std for ts in targets])
         times = self.times[inits]
         return Batch(
             inputs=torch.from_numpy(x.astype(np.float32)),
@@ -187,7 +196,7 @@ class TrainData:
             channels=self.channels,
             static_channels=list(self.source.static_channels),
             times=times,
-            target_times=self.times[inits[:, None] + offsets[None, :]],
+            target_times=self.times[targets],
             tile=self.tile,
             halo=Halo(),
         )
@@ -214,7 +223,7 @@ class TrainData:
 
     def val_inits(self, lead_steps: int, max_samples: int) -> np.ndarray:
         """Validation initialisation indices, evenly spaced over the period (every rank agrees)."""
-        idx = self._inits(self.val_mask, lead_steps)
+        idx = self._inits(self.val_mask, lead_steps, "validation")
         if len(idx) == 0:
             raise ValueError(
                 f"the validation period holds no initialisation time with "

@@ -96,14 +96,32 @@ def validate(model: torch.nn.Module, data: TrainData, cfg: TrainConfig, forward:
 
 
 def format_table(result: dict[str, float], variables: list[str], leads: list[int]) -> str:
-    """A text table: one row per variable and lead, columns model / persistence / climatology."""
-    head = f"{'variable':<10} {'lead':>5} {'model':>12} {'persistence':>12} {'climatology':>12}  beats both"
+    """A text table: one row per variable and lead, columns model / persistence / climatology.
+
+    The verdict compares the model with the baselines that were scored: a baseline that is NaN
+    (no climatology store, say) is named as missing, never counted as beaten.
+    """
+    head = f"{'variable':<10} {'lead':>5} {'model':>12} {'persistence':>12} {'climatology':>12}  beats"
     lines = [head, "-" * len(head)]
     for lead in sorted(set(leads)):
         for name in variables:
             key = f"{short_name(name)}@{lead}h"
             vals = [result.get(f"{key}/{b}", float("nan")) for b in BASELINES]
-            beats = all(vals[0] < x for x in vals[1:] if np.isfinite(x))
             cells = " ".join(f"{x:>12.4g}" for x in vals)
-            lines.append(f"{short_name(name):<10} {lead:>4}h {cells}  {'yes' if beats else 'NO'}")
+            lines.append(f"{short_name(name):<10} {lead:>4}h {cells}  {_verdict(vals)}")
     return "\n".join(lines)
+
+
+def _verdict(vals: list[float]) -> str:
+    """'both: yes', 'persistence: NO (no climatology)', 'model NaN' ... for (model, *baselines)."""
+    model, baselines = vals[0], dict(zip(BASELINES[1:], vals[1:]))
+    scored = {b: x for b, x in baselines.items() if np.isfinite(x)}
+    missing = [b for b in baselines if b not in scored]
+    if not np.isfinite(model):
+        return "model NaN"
+    if not scored:
+        return "n/a (no baseline)"
+    beats = all(model < x for x in scored.values())
+    label = "both" if not missing else " + ".join(scored)
+    note = f" (no {', '.join(missing)})" if missing else ""
+    return f"{label}: {'yes' if beats else 'NO'}{note}"

@@ -17,7 +17,9 @@ import xarray as xr
 
 from ..config.schema import TrainConfig
 from ..data.batch import VariableSpec
+from ..data.preflight import default_climatology_path, store_preflight
 from ..data.reader import TileReader
+from ..data.report import OVER_READ_WARNING, planned_fraction
 from ..data.stats import Normalizer, read_statistics
 from ..data.store import StoreView
 from ..distributed.halo import Halo
@@ -28,12 +30,6 @@ from .data import TrainData
 __all__ = ["StoreSource", "build_data", "default_climatology_path"]
 
 log = logging.getLogger(__name__)
-
-
-def default_climatology_path(store: str) -> Path:
-    p = Path(store)
-    stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
-    return p.with_name(f"{stem}-climatology.zarr")
 
 
 class StoreSource:
@@ -49,6 +45,7 @@ class StoreSource:
         climatology: str | Path | None,
     ):
         self.view, self.spec = view, spec
+        self.path = view.path
         self.reader = TileReader(view, spec, grid, grid.tile_of(domain_index), Halo())
         self.tile = self.reader.tile
         self.times = np.asarray(view.times)
@@ -106,15 +103,35 @@ class StoreSource:
         return np.stack(out)
 
 
+def _warn_over_read(source: StoreSource, grid: TileGrid, mesh: DomainMesh) -> None:
+    """Warn (rank 0) when the store's chunks make this rank read much more than its tile."""
+    if mesh.rank != 0 or grid.n_tiles == 1:
+        return
+    planned = planned_fraction(source.reader, 1)
+    share = source.tile.shape[0] * source.tile.shape[1] / (grid.n_lat * grid.n_lon)
+    if planned > OVER_READ_WARNING * share:
+        log.warning(
+            "store %s: each rank reads %.2fx its tile (%.3f of every sample; its share is %.3f): the "
+            "chunks do not follow the %dx%d tiles. Rewrite it: jigsaw-earth data prepare %s --out DST "
+            "--for-mesh %dx%d",
+            source.path, planned / share, planned, share, mesh.shape.lat, mesh.shape.lon,
+            source.path, mesh.shape.lat, mesh.shape.lon,
+        )
+
+
 def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
     """Open the store of ``cfg.data`` and return this rank's ``TrainData``."""
     d = cfg.data
+    problems = store_preflight(cfg)
+    if problems:
+        raise ValueError(f"the config does not fit store {d.store!r}:\n- " + "\n- ".join(problems))
     spec = VariableSpec(tuple(d.upper_air), tuple(d.levels), tuple(d.surface), tuple(d.static))
     view = StoreView.open(d.store)
     grid = TileGrid(*view.grid_shape, mesh.shape.lat, mesh.shape.lon)
     normalizer = Normalizer.from_stats(read_statistics(d.store), spec, view, n_geometry=4)
     clim = d.climatology or default_climatology_path(d.store)
     source = StoreSource(view, spec, grid, mesh.domain.index, normalizer, clim)
+    _warn_over_read(source, grid, mesh)
     return TrainData(
         source,
         mesh,
@@ -128,4 +145,5 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
         val_period=d.val_period,
         rollout_steps=cfg.training.rollout_steps,
         diff_std=normalizer.diff_std,
+        allow_gaps=d.allow_gaps,
     )

@@ -1,0 +1,165 @@
+"""``store_preflight``: a training config checked against its store before any process starts.
+
+One function, called by ``jigsaw-earth config validate`` (when the store is reachable, or with
+``--store``) and at the start of training (``training.sources.build_data``). It returns every
+problem found (an empty list when the store fits the config); each names the config key to
+change and the value that would work:
+
+- variables (``data.upper_air``, ``data.surface``, ``data.static``) and ``data.levels`` exist;
+- statistics cover them on the store's grid;
+- the time axis is regular, ``data.step_hours`` is a multiple of its step, the periods hold
+  enough samples, and gaps are refused unless ``data.allow_gaps``;
+- the climatology (``data.climatology`` or the default beside the store) is on the store's grid
+  and holds the variables.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .batch import VariableSpec
+from .store import StoreView
+from .times import TimeAxis, sample_index
+
+__all__ = ["default_climatology_path", "store_preflight"]
+
+log = logging.getLogger(__name__)
+
+
+def default_climatology_path(store: str) -> Path:
+    """``<store stem>-climatology.zarr`` beside the store (what ``data synth`` writes)."""
+    p = Path(store)
+    stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
+    return p.with_name(f"{stem}-climatology.zarr")
+
+
+def _yaml_list(items: list[Any]) -> str:
+    return "[" + ", ".join(str(x) for x in items) + "]"
+
+
+def _check_variables(view: StoreView, d: Any) -> list[str]:
+    problems = []
+    store_upper, store_surface, store_static = view.known_variables()
+    for key, wanted, upper, held in (("data.upper_air", d.upper_air, True, store_upper),
+                                     ("data.surface", d.surface, False, store_surface),
+                                     ("data.static", d.static, False, store_static)):
+        missing = []
+        for v in wanted:
+            try:
+                view.resolve(v, upper_air=upper)
+            except ValueError:
+                missing.append(v)
+        if missing:
+            keep = [v for v in wanted if v not in missing]
+            problems.append(
+                f"{key} lists {missing}, which store {view.path!r} does not hold (its {key.split('.')[1]} "
+                f"variables: {held or 'none'}); set {key}: {_yaml_list(keep)}"
+                + (f" (or any of {held})" if set(held) - set(keep) else "")
+            )
+    if d.upper_air:
+        have = [] if view.levels is None else [int(x) if float(x).is_integer() else float(x)
+                                               for x in view.levels]
+        missing = [lev for lev in d.levels if not np.isclose(have, lev).any()] if have else list(d.levels)
+        if missing:
+            keep = [lev for lev in d.levels if lev not in missing] or sorted(have)[:2]
+            problems.append(
+                f"data.levels has {missing} hPa, not in store {view.path!r} (levels {sorted(have) or 'none'})"
+                + (f"; set data.levels: {_yaml_list(keep)}" if have else "; set data.upper_air: []")
+            )
+    return problems
+
+
+def _check_statistics(view: StoreView, spec: VariableSpec) -> list[str]:
+    from .stats import Normalizer, read_statistics
+
+    try:
+        Normalizer.from_stats(read_statistics(view.path), spec, view, 4)
+    except (ValueError, FileNotFoundError, KeyError) as err:
+        return [f"statistics of store {view.path!r}: {err}"]
+    return []
+
+
+def _check_times(view: StoreView, cfg: Any) -> list[str]:
+    d, problems = cfg.data, []
+    t = np.asarray(view.times).astype("datetime64[s]")
+    try:
+        TimeAxis.of(t).require_regular(f"store {view.path!r}")
+    except ValueError as err:
+        return [str(err)]
+    leads = max(cfg.validation.lead_hours or [d.step_hours]) // max(d.step_hours, 1)
+    for key, period, lead_steps, what, need in (
+            ("data.train_period", d.train_period, cfg.training.rollout_steps, "training",
+             cfg.training.batch_size),
+            ("data.val_period", d.val_period, leads, "validation", 1)):
+        mask = np.ones(len(t), dtype=bool)
+        if period:
+            mask = (t >= np.datetime64(period[0], "s")) & (t <= np.datetime64(period[1], "s"))
+        if not mask.any():
+            problems.append(f"{key} {period} holds no time of store {view.path!r} ({t[0]} .. {t[-1]}); "
+                            f"choose a period inside it")
+            continue
+        try:
+            inits, targets = sample_index(t, np.nonzero(mask)[0], d.step_hours, lead_steps, d.allow_gaps,
+                                          f"store {view.path!r}", what)
+        except ValueError as err:
+            problems.append(f"{key}: {err}")
+            continue
+        n = int(mask[targets[:, -1]].sum()) if len(inits) else 0
+        if n < need:
+            hours = lead_steps * d.step_hours
+            problems.append(f"{key} {period} holds {n} {what} sample(s) with {hours} h of targets; at least "
+                            f"{need} needed: widen {key}")
+    return problems
+
+
+def _check_climatology(view: StoreView, cfg: Any, spec: VariableSpec) -> list[str]:
+    from .climatology import open_climatology
+
+    d = cfg.data
+    path = d.climatology or str(default_climatology_path(view.path))
+    if not d.climatology and not (Path(path).exists() or "://" in path):
+        log.warning("no climatology at %s: validation will skip the climatology baseline", path)
+        return []
+    try:
+        clim = open_climatology(path, view)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        key = "data.climatology" if d.climatology else "the default climatology (data.climatology: null)"
+        return [f"{key} {path!r}: {err}"]
+    problems = []
+    for v in [*spec.upper_air, *spec.surface]:
+        if v not in clim.data_vars:
+            held = sorted(map(str, clim.data_vars))
+            problems.append(f"climatology {path!r} has no {v!r} (it has {held}); use a climatology with "
+                            f"every trained variable or drop {v!r}")
+        elif v in spec.upper_air and "level" in clim[v].dims:
+            missing = [lev for lev in spec.levels if lev not in clim["level"].values]
+            if missing:
+                problems.append(f"climatology {path!r} lacks levels {missing} of {v!r}; set data.levels to "
+                                f"levels it has ({clim['level'].values.tolist()})")
+    return problems
+
+
+def store_preflight(cfg: Any, store: str | None = None) -> list[str]:
+    """Every problem between ``cfg`` (a ``TrainConfig``) and its store; [] when they fit.
+
+    ``store`` overrides ``cfg.data.store`` (``config validate --store``).
+    """
+    d = cfg.data
+    path = store or d.store
+    try:
+        view = StoreView.open(path)
+    except (ValueError, FileNotFoundError, OSError) as err:
+        return [f"data.store {path!r}: {err}"]
+    problems = _check_variables(view, d)
+    problems += _check_times(view, cfg)
+    if problems:
+        return problems  # statistics and climatology checks assume the variables exist
+    try:
+        spec = VariableSpec(tuple(d.upper_air), tuple(d.levels), tuple(d.surface), tuple(d.static))
+    except ValueError as err:
+        return [f"data.upper_air / data.levels / data.surface: {err}"]
+    return _check_statistics(view, spec) + _check_climatology(view, cfg, spec)
