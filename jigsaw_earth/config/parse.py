@@ -197,7 +197,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], schema: type | No
                 if child is None:
                     child = node[part] = {}
                 if not isinstance(child, dict):
-                    raise ValueError(f"override {item!r}: {'.'.join(parts[: depth + 1])} is not a mapping")
+                    where = ".".join(parts[: depth + 1])
+                    raise ValueError(f"override {item!r}: {where} is not a mapping; write {where}=VALUE")
                 node = child
     return raw
 

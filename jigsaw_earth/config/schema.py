@@ -182,7 +182,9 @@ class TrainConfig:
     def check(self, world_size: int | None = None) -> None:
         """Cross-field checks; ``world_size`` (when known) must equal the mesh's product."""
         m, t, v, o = self.mesh, self.training, self.validation, self.optim
-        shape = m.shape  # validates positive axes
+        for axis in ("data", "lat", "lon"):
+            _positive(f"mesh.{axis}", getattr(m, axis))
+        shape = m.shape
         if world_size is not None and shape.world_size != world_size:
             raise ValueError(
                 f"config mesh: data={m.data} × lat={m.lat} × lon={m.lon} = {shape.world_size} ranks, "
@@ -312,4 +314,4 @@ def _close(name: str, options: list[str]) -> str:
 
 def _positive(key: str, value: float) -> None:
     if value <= 0:
-        raise ValueError(f"config {key}={value} must be positive")
+        raise ValueError(f"config {key}={value} must be positive; give a value > 0")

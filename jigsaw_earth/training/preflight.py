@@ -5,8 +5,8 @@ Called by the trainer before the first step (rank 0; the verdict is shared with 
 climatology checks live with the data code; these are the run directory's:
 
 * ``check_writable``: ``run.dir`` (and ``checkpoints/``) can be created and written — a probe
-  file is written and removed (``create=True``), or the nearest existing parent is a writable
-  directory (``create=False``, nothing is created);
+  file is written and removed (``create=True``), or a probe folder is made and removed in the
+  nearest existing parent (``create=False``: nothing is left behind);
 * ``check_free_space``: the filesystem has room for ``(checkpoint.keep + 1)`` checkpoints (the
   kept ones plus the one being saved), less what this run's checkpoints already occupy. A
   checkpoint's size is estimated from the model with ``models.summary.checkpoint_bytes``.
@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import shutil
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -72,8 +73,7 @@ def check_writable(run_dir: Path, create: bool) -> None:
     parent = _existing_parent(run_dir)
     if not parent.is_dir():
         raise NotADirectoryError(errno.ENOTDIR, os.strerror(errno.ENOTDIR), str(parent))
-    if not os.access(parent, os.W_OK | os.X_OK):
-        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), str(parent))
+    os.rmdir(tempfile.mkdtemp(prefix=_PROBE, dir=parent))  # a real write test that leaves nothing
 
 
 def _dir_bytes(path: Path) -> int:

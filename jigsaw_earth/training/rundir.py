@@ -103,6 +103,8 @@ def claim_run_dir(cfg: TrainConfig, new_run: bool = False) -> Path | None:
     naming the directory, the conflict and the three ways out.
     """
     run_dir = Path(cfg.run.dir)
+    if cfg.checkpoint.resume not in ("auto", "never"):
+        read_meta(cfg.checkpoint.resume)  # a complete checkpoint, or an error naming what is missing
     if new_run:
         if run_dir.is_dir() and any((run_dir / name).exists() for name in _RUN_FILES):
             aside = _aside_name(run_dir)
