@@ -447,7 +447,7 @@ RUN_CASES: list[tuple[str, Any, dict, list[str], list[str]]] = [
         _checkpoints_file,
         {"checkpoint": {"resume": "never"}},
         [],
-        ["not writable", "checkpoints", "Not a directory", "[ENOTDIR]"],
+        ["not writable", "checkpoints", "File exists", "[EEXIST]", "move it aside"],
     ),
 ]
 
@@ -606,8 +606,7 @@ def test_full_disk_prunes_before_saving_but_never_latest(
 ) -> None:
     from jigsaw_earth.checkpoint import manager
 
-    usage = shutil.disk_usage(tmp_path)
-    monkeypatch.setattr(manager.shutil, "disk_usage", lambda p: usage._replace(free=10))
+    monkeypatch.setattr(manager, "_free_bytes", lambda p: 10)  # preflight passed; the disk filled since
     cfg = _config_for(tmp_path, store, run_copy, {"training": {"steps": 6}})
     code, out = _cli(["train", str(cfg)], capsys)
     assert code == 0, out

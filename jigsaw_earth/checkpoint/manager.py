@@ -213,7 +213,7 @@ def _agree(mesh: DomainMesh, failure: BaseException | None, tmp: Path, step: int
 
 def _make_room(root: Path, expected_bytes: int, keep_last: int) -> None:
     """Before a save on a nearly full disk: prune what the save would prune anyway (not ``latest``)."""
-    free = shutil.disk_usage(root).free
+    free = _free_bytes(root)
     if free >= expected_bytes:
         return
     for old in _prunable(root, max(keep_last - 1, 0)):
@@ -222,9 +222,13 @@ def _make_room(root: Path, expected_bytes: int, keep_last: int) -> None:
             free / 2**20, expected_bytes / 2**20, old, keep_last,
         )
         shutil.rmtree(old, ignore_errors=True)
-        free = shutil.disk_usage(root).free
+        free = _free_bytes(root)
         if free >= expected_bytes:
             return
+
+
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
 
 
 def _prunable(root: Path, keep: int) -> list[Path]:

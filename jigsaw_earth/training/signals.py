@@ -64,5 +64,5 @@ class StopSignals:
         if self.mesh.is_distributed and dist.is_initialized():
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         if flag.item() and self.received is None:
-            self.received = "a stop signal on another rank"
+            self.received = "a signal to another rank"
         return bool(flag.item())
