@@ -76,6 +76,8 @@ def _main(argv: list[str]) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if not args.verbose:  # zarr's abandoned asyncio tasks after a read error: noise, not the error
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:

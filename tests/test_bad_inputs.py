@@ -640,3 +640,35 @@ def test_ctrl_c_is_one_line(capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_pa
         "jigsaw-earth config: interrupted (Ctrl-C); nothing after the last message was kept "
         "(a training run resumes from its last checkpoint)"
     ]
+
+
+# ---------------------------------------------------------------- data faults the trainer meets
+@pytest.fixture(scope="module")
+def other_grid_climatology(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from jigsaw_earth.data.synth import SynthConfig, synth_store
+
+    path = tmp_path_factory.mktemp("other") / "d.zarr"
+    synth_store(path, SynthConfig(n_lat=8, n_lon=16, start="2020-01-01T00", end="2020-01-03T18"))
+    return path.with_name("d-climatology.zarr")
+
+
+def test_climatology_on_another_grid(
+    other_grid_climatology: Path, store: Path, tmp_path: Path, capsys: Any
+) -> None:
+    run_dir = tmp_path / "run"
+    cfg = _config_for(tmp_path, store, run_dir, {"data": {"climatology": str(other_grid_climatology)}})
+    code, out = _cli(["train", str(cfg)], capsys)
+    fragments = [str(other_grid_climatology), "8 × 16", "16 × 32", "point data.climatology"]
+    _assert_clean_error(code, out, 2, fragments)
+    assert not run_dir.exists()  # nothing of the run was written
+
+
+@pytest.mark.parametrize("scan", ["sample", "full"])
+def test_damaged_chunk_under_inspect_nans(scan: str, store: Path, tmp_path: Path, capsys: Any) -> None:
+    damaged = tmp_path / "data.zarr"
+    shutil.copytree(store, damaged)
+    chunk = sorted((damaged / "temperature" / "c").rglob("*"))[-1]
+    assert chunk.is_file()
+    chunk.write_bytes(chunk.read_bytes()[:50])  # truncated
+    code, out = _cli(["data", "inspect", str(damaged), "--nans", scan], capsys)
+    _assert_clean_error(code, out, 2, [str(damaged), "'temperature'", "damaged or truncated", "re-write"])
