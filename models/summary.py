@@ -30,6 +30,7 @@ from .comm_model import layer_bytes
 
 __all__ = [
     "CHECKPOINT_STATES",
+    "TENSOR_OVERHEAD",
     "TRAIN_STATES",
     "ModelSummary",
     "checkpoint_bytes",
@@ -40,11 +41,15 @@ __all__ = [
 
 TRAIN_STATES = 4  # tensors per parameter while training: parameter, gradient, AdamW exp_avg, exp_avg_sq
 CHECKPOINT_STATES = 3  # tensors per parameter in a checkpoint: parameter, exp_avg, exp_avg_sq
+TENSOR_OVERHEAD = 1600  # bytes of DCP/torch.save framing per saved block (measured: 1575 B)
 
 
-def checkpoint_bytes(total_params: int, elsize: int = 4) -> int:
-    """Bytes of a training checkpoint's tensors (model + AdamW state) for ``total_params`` parameters."""
-    return total_params * CHECKPOINT_STATES * elsize
+def checkpoint_bytes(total_params: int, n_tensors: int = 0, writers: int = 1, elsize: int = 4) -> int:
+    """Bytes of a training checkpoint (model + AdamW state) for ``total_params`` parameters.
+
+    ``n_tensors`` parameter tensors, each saved as one block by each of ``writers`` domain ranks.
+    """
+    return CHECKPOINT_STATES * (total_params * elsize + n_tensors * writers * TENSOR_OVERHEAD)
 
 _FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.empty_like}
 
@@ -166,6 +171,7 @@ def summarize(
             acc = by_layer.setdefault(op, [0, 0])
             acc[0], acc[1] = acc[0] + f, acc[1] + b
     train = TRAIN_STATES * elsize
+    n_tensors = len(list(models[0].parameters()))
     d = shape.data
     dp = 2 * (d - 1) * max(per_rank) * elsize // d * shape.domain_size if d > 1 else 0
     cfg = getattr(models[0], "cfg", None)
@@ -186,7 +192,7 @@ def summarize(
         comm_backward_bytes=bwd,
         comm_by_layer=by_layer,
         data_parallel_allreduce_bytes=dp,
-        checkpoint_bytes=checkpoint_bytes(total, elsize),
+        checkpoint_bytes=checkpoint_bytes(total, n_tensors, shape.domain_size, elsize),
         seconds=round(time.perf_counter() - start, 3),
         config=asdict(cfg) if cfg is not None else {},
     )

@@ -625,6 +625,7 @@ def test_prune_never_removes_latest(tmp_path: Path) -> None:
         (root / f"step_{step:09d}" / "meta.json").write_text("{}")
     (root / "latest").write_text("step_000000002\n")
     assert [p.name for p in _prunable(root, 1)] == ["step_000000004"]
+    assert [p.name for p in _prunable(root, 5)] == []  # fewer than keep: nothing to prune
 
 
 def test_ctrl_c_is_one_line(capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -672,3 +673,16 @@ def test_damaged_chunk_under_inspect_nans(scan: str, store: Path, tmp_path: Path
     chunk.write_bytes(chunk.read_bytes()[:50])  # truncated
     code, out = _cli(["data", "inspect", str(damaged), "--nans", scan], capsys)
     _assert_clean_error(code, out, 2, [str(damaged), "'temperature'", "damaged or truncated", "re-write"])
+
+
+def test_checkpoint_size_estimate_matches_a_real_checkpoint(
+    finished_run: tuple[Path, Path], capsys: Any
+) -> None:
+    """The preflight's estimate (models.summary.checkpoint_bytes) against the files of step 4."""
+    from jigsaw_earth.commands.config import _checkpoint_estimate
+    from jigsaw_earth.config import load_config
+
+    run_dir, cfg = finished_run
+    estimate = _checkpoint_estimate(load_config(cfg))
+    saved = sum(f.stat().st_size for f in (run_dir / "checkpoints" / "step_000000004").glob("*.distcp"))
+    assert estimate is not None and abs(estimate - saved) < 0.1 * saved, (estimate, saved)

@@ -236,7 +236,7 @@ def _prunable(root: Path, keep: int) -> list[Path]:
     pointer = root / "latest"
     named = pointer.read_text().strip() if pointer.is_file() else None
     found = list_checkpoints(root.parent)
-    old = found[: len(found) - keep] if keep else found
+    old = found[: max(len(found) - keep, 0)]
     return [p for p in old if p.name != named]
 
 

@@ -75,7 +75,8 @@ def _checkpoint_estimate(cfg: TrainConfig) -> int | None:
     n_state = len(d.upper_air) * len(d.levels) + len(d.surface)
     n_static = len(d.static) + 4  # + geometry channels (training/sources.py)
     m = cfg.model
-    s = summarize(m.name, MeshShape(), grid, n_state, n_static, 4, preset=m.preset, **m.overrides)
+    shape = MeshShape(1, cfg.mesh.lat, cfg.mesh.lon)
+    s = summarize(m.name, shape, grid, n_state, n_static, 4, preset=m.preset, **m.overrides)
     return s.checkpoint_bytes
 
 

@@ -106,7 +106,7 @@ class Trainer:
         self.step, self.skipped = 0, 0
         self.history: list[dict[str, float]] = []
         self.validation: dict[str, float] = {}
-        self.checkpoint_bytes = model_checkpoint_bytes(self.model)
+        self.checkpoint_bytes = model_checkpoint_bytes(self.model, mesh.shape.domain_size)
         on_rank0(
             mesh,
             lambda: preflight_run_dir(self.run_dir, self.checkpoint_bytes, cfg.checkpoint.keep, create=True),

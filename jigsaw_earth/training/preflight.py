@@ -95,12 +95,13 @@ def check_free_space(run_dir: Path, ckpt_bytes: int, keep: int) -> None:
     log.debug("preflight: %s free for %d x %s checkpoints", _gib(free), keep + 1, _gib(ckpt_bytes))
 
 
-def model_checkpoint_bytes(model: torch.nn.Module) -> int:
-    """Checkpoint size of ``model`` (global shapes, every rank's blocks together)."""
+def model_checkpoint_bytes(model: torch.nn.Module, writers: int = 1) -> int:
+    """Checkpoint size of ``model`` (global shapes; ``writers`` domain ranks each write a block)."""
     from ..models.summary import checkpoint_bytes
 
-    total = sum(math.prod(spec_of(p).global_shape) for p in model.parameters() if p.requires_grad)
-    return checkpoint_bytes(total)
+    params = [p for p in model.parameters() if p.requires_grad]
+    total = sum(math.prod(spec_of(p).global_shape) for p in params)
+    return checkpoint_bytes(total, len(params), writers)
 
 
 def preflight_run_dir(run_dir: Path, ckpt_bytes: int | None, keep: int, create: bool) -> None:
