@@ -54,7 +54,15 @@ def inspect_store(path: str, names: dict[str, str] | None = None, nan_scan: str 
                 {view.coord_names["time"]: np.unique(np.linspace(0, len(t) - 1, 5).astype(int))})
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                entry["nans"] = int(np.isnan(np.asarray(sample.values, dtype=np.float64)).sum())
+                try:
+                    entry["nans"] = int(np.isnan(np.asarray(sample.values, dtype=np.float64)).sum())
+                except (ValueError, RuntimeError, OSError) as err:  # a damaged or truncated chunk
+                    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
+                    raise ValueError(
+                        f"store {str(path)!r}: variable {v!r} cannot be read ({reason}); a chunk is "
+                        f"damaged or truncated — re-write the store (data prepare / data synth --overwrite) "
+                        f"or restore it from a copy"
+                    ) from None
         variables.append(entry)
     lat_raw = np.asarray(ds[view.coord_names["latitude"]].values)
     info = view.group.attrs.get("jigsaw_earth") if view.group is not None else None

@@ -7,7 +7,11 @@ import importlib
 import logging
 import sys
 
-__all__ = ["main"]
+from .fs_errors import explain
+
+__all__ = ["EXIT_INTERRUPTED", "main"]
+
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
 
 COMMANDS = {
     "validate": "jigsaw_earth.commands.validate",
@@ -51,6 +55,14 @@ def _parser(chosen: str | None) -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # Ctrl-C while parsing or importing: one line, no traceback
+        print("jigsaw-earth: interrupted (Ctrl-C)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+
+
+def _main(argv: list[str]) -> int:
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = _parser(chosen)
     args, extra = parser.parse_known_args(argv)
@@ -65,9 +77,19 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    if not args.verbose:  # zarr's abandoned asyncio tasks after a read error: noise, not the error
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
     try:
         return int(args.run(args) or 0)
-    except (ValueError, FileNotFoundError, KeyError) as err:
+    except KeyboardInterrupt:
+        print(f"jigsaw-earth {args.command}: interrupted (Ctrl-C); nothing after the last message was kept "
+              "(a training run resumes from its last checkpoint)", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except OSError as err:  # a blocked or read-only directory, a full disk, a missing file
+        text = explain(err) if err.errno is not None and err.filename is not None else str(err)
+        print(f"jigsaw-earth {args.command}: error: {text}", file=sys.stderr)
+        return 2
+    except (ValueError, KeyError) as err:
         print(f"jigsaw-earth {args.command}: error: {err}", file=sys.stderr)
         return 2
 

@@ -28,7 +28,28 @@ from ..layers.base import Domain, spec_of
 from . import MODELS, build_model, model_class
 from .comm_model import layer_bytes
 
-__all__ = ["ModelSummary", "meta_construction", "rank_models", "summarize"]
+__all__ = [
+    "CHECKPOINT_STATES",
+    "TENSOR_OVERHEAD",
+    "TRAIN_STATES",
+    "ModelSummary",
+    "checkpoint_bytes",
+    "meta_construction",
+    "rank_models",
+    "summarize",
+]
+
+TRAIN_STATES = 4  # tensors per parameter while training: parameter, gradient, AdamW exp_avg, exp_avg_sq
+CHECKPOINT_STATES = 3  # tensors per parameter in a checkpoint: parameter, exp_avg, exp_avg_sq
+TENSOR_OVERHEAD = 1600  # bytes of DCP/torch.save framing per saved block (measured: 1575 B)
+
+
+def checkpoint_bytes(total_params: int, n_tensors: int = 0, writers: int = 1, elsize: int = 4) -> int:
+    """Bytes of a training checkpoint (model + AdamW state) for ``total_params`` parameters.
+
+    ``n_tensors`` parameter tensors, each saved as one block by each of ``writers`` domain ranks.
+    """
+    return CHECKPOINT_STATES * (total_params * elsize + n_tensors * writers * TENSOR_OVERHEAD)
 
 _FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.empty_like}
 
@@ -109,6 +130,7 @@ class ModelSummary:
     comm_backward_bytes: int
     comm_by_layer: dict[str, list[int]] = field(default_factory=dict)
     data_parallel_allreduce_bytes: int = 0
+    checkpoint_bytes: int = 0  # model + AdamW state in a checkpoint, fp32 (metadata not counted)
     seconds: float = 0.0
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -148,7 +170,8 @@ def summarize(
             fwd, bwd = fwd + f, bwd + b
             acc = by_layer.setdefault(op, [0, 0])
             acc[0], acc[1] = acc[0] + f, acc[1] + b
-    train = 4 * elsize  # parameter, gradient, exp_avg, exp_avg_sq
+    train = TRAIN_STATES * elsize
+    n_tensors = len(list(models[0].parameters()))
     d = shape.data
     dp = 2 * (d - 1) * max(per_rank) * elsize // d * shape.domain_size if d > 1 else 0
     cfg = getattr(models[0], "cfg", None)
@@ -169,6 +192,7 @@ def summarize(
         comm_backward_bytes=bwd,
         comm_by_layer=by_layer,
         data_parallel_allreduce_bytes=dp,
+        checkpoint_bytes=checkpoint_bytes(total, n_tensors, shape.domain_size, elsize),
         seconds=round(time.perf_counter() - start, 3),
         config=asdict(cfg) if cfg is not None else {},
     )

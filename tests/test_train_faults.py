@@ -125,9 +125,13 @@ def test_kill_one_rank_restarts_and_finishes_like_a_clean_run(store: Path, tmp_p
         assert proc.returncode == 0, "\n".join(errors[-20:]) + out[-2000:]
         runs[name] = json.loads((run_dir / "summary.json").read_text())
         runs[name]["steps_seen"] = _steps(run_dir)
-    killed_steps = runs["killed"]["steps_seen"]
-    assert len(killed_steps) > len(set(killed_steps)), "the killed run did not repeat steps after its restart"
+        history = (run_dir / "history.jsonl").read_text().splitlines()
+        runs[name]["starts"] = [json.loads(x)["start_step"] for x in history]
+    starts = runs["killed"]["starts"]
+    assert len(starts) == 2 and starts[1] > 0, f"the restart did not resume from a checkpoint: {starts}"
     assert runs["killed"]["steps_this_run"] < 24  # the restart resumed from a checkpoint
+    # metrics.jsonl was cut back to the resumed step: every step logged exactly once
+    assert runs["killed"]["steps_seen"] == list(range(1, 25))
     assert runs["killed"]["final_loss"] == pytest.approx(runs["clean"]["final_loss"], rel=1e-6, abs=0)
     assert (tmp_path / "clean" / "wandb").is_dir()  # offline wandb wrote locally, no network
 

@@ -82,7 +82,9 @@ def test_crash_during_save_keeps_previous_checkpoint(
         trainer.fit()
     monkeypatch.undo()
     assert latest_checkpoint(tmp_path).name == "step_000000005"
-    assert any(p.name.endswith(".tmp") for p in (tmp_path / "checkpoints").iterdir())
+    # a save that fails with an exception removes its half-written folder (a killed one leaves it,
+    # and the next save removes it: tests/test_checkpoint.py)
+    assert not any(p.name.endswith(".tmp") for p in (tmp_path / "checkpoints").iterdir())
     resumed = _trainer(tmp_path, checkpoint=ckpt)
     assert resumed.step == 5
     resumed.fit()

@@ -35,6 +35,7 @@ from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ..distributed.mesh import DomainMesh
+from ..fs_errors import os_error_in
 from .planner import Block, BlockLoadPlanner, BlockSavePlanner, SafeFileSystemReader
 from .state import (
     model_blocks,
@@ -46,6 +47,7 @@ from .state import (
 
 __all__ = [
     "CHECKPOINT_DIR",
+    "CheckpointWriteError",
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
@@ -119,24 +121,38 @@ def save_checkpoint(
     *,
     rank_state: dict[str, Any] | None = None,
     keep_last: int | None = 3,
+    expected_bytes: int | None = None,
 ) -> Path:
     """Write a checkpoint of ``model`` (and ``optimizer``) at ``step``; collective over the job.
 
     ``state`` (JSON-ready; rank 0's copy is stored) holds what else a resume needs: data-loader
     position, scheduler state, config hash. ``rank_state`` is per rank (e.g. ``capture_rng()``).
-    Keeps the newest ``keep_last`` checkpoints (``None``: keep all). Returns the final path.
+    Keeps the newest ``keep_last`` checkpoints (``None``: keep all) and never removes the one
+    ``latest`` names. Returns the final path.
+
+    With ``expected_bytes`` (the checkpoint's estimated size) and too little free space, the
+    checkpoints that this save would prune anyway are pruned *before* it (never ``latest``'s).
+    A save that fails on any rank (a full disk, a blocked directory) removes its ``.tmp``
+    folder on every rank's behalf and raises on every rank: the filesystem's ``OSError`` where
+    it happened, ``CheckpointWriteError`` elsewhere; a later save can succeed.
     """
     t0 = time.perf_counter()
     root = Path(run_dir) / CHECKPOINT_DIR
     final = root / f"step_{step:09d}"
     tmp = root / f"step_{step:09d}.tmp"
     rank = _rank()
+    failure: BaseException | None = None
     if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        for stale in root.glob("step_*.tmp"):
-            shutil.rmtree(stale, ignore_errors=True)
-        tmp.mkdir()
-    _barrier()
+        try:
+            root.mkdir(parents=True, exist_ok=True)
+            for stale in root.glob("step_*.tmp"):
+                shutil.rmtree(stale, ignore_errors=True)
+            if expected_bytes and keep_last is not None:
+                _make_room(root, expected_bytes, keep_last)
+            tmp.mkdir()
+        except OSError as err:
+            failure = err
+    _agree(mesh, failure, tmp, step)
 
     tensors = model_blocks(model)
     if optimizer is not None:
@@ -144,30 +160,84 @@ def save_checkpoint(
     writes_shards = mesh.coord[0] == 0  # data replicas hold identical shards: replica 0 writes
     writes_whole = writes_shards and mesh.domain.index == 0
     blocks = {k: b for k, (b, rep) in tensors.items() if (writes_whole if rep else writes_shards)}
-    _quiet(dcp.save, {}, storage_writer=dcp.FileSystemWriter(tmp), planner=BlockSavePlanner(blocks))
-    if rank_state is not None:
-        (tmp / "rank_state").mkdir(exist_ok=True)
-        _write_json(tmp / "rank_state" / f"rank_{rank:05d}.json", rank_state)
-    _barrier()
-    _commit(
-        tmp,
-        final,
-        {
-            "format": FORMAT,
-            "version": VERSION,
-            "step": step,
-            "mesh": str(mesh.shape),
-            "world_size": mesh.shape.world_size,
-            "torch": torch.__version__,
-            "tensors": {k: {"global_shape": list(b.global_shape)} for k, (b, _) in tensors.items()},
-            "optimizer": None if optimizer is None else optimizer_json(model, optimizer),
-            "state": state or {},
-        },
-        keep_last,
-    )
-    _barrier()
+    try:
+        _quiet(dcp.save, {}, storage_writer=dcp.FileSystemWriter(tmp), planner=BlockSavePlanner(blocks))
+        if rank_state is not None:
+            (tmp / "rank_state").mkdir(exist_ok=True)
+            _write_json(tmp / "rank_state" / f"rank_{rank:05d}.json", rank_state)
+    except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
+        failure = os_error_in(err) or err
+    _agree(mesh, failure, tmp, step)
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": step,
+        "mesh": str(mesh.shape),
+        "world_size": mesh.shape.world_size,
+        "torch": torch.__version__,
+        "tensors": {k: {"global_shape": list(b.global_shape)} for k, (b, _) in tensors.items()},
+        "optimizer": None if optimizer is None else optimizer_json(model, optimizer),
+        "state": state or {},
+    }
+    try:
+        _commit(tmp, final, meta, keep_last)
+    except OSError as err:
+        failure = err
+    _agree(mesh, failure, tmp, step)
     log.info("saved checkpoint %s in %.2f s", final, time.perf_counter() - t0)
     return final
+
+
+class CheckpointWriteError(ValueError):
+    """Another rank could not write its part of a checkpoint (its own error names the cause)."""
+
+
+def _agree(mesh: DomainMesh, failure: BaseException | None, tmp: Path, step: int) -> None:
+    """Collective: if any rank failed, rank 0 removes ``tmp`` and every rank raises."""
+    failed = torch.tensor([0.0 if failure is None else 1.0], device=mesh.device)
+    if dist.is_initialized():
+        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+    if not failed.item():
+        return
+    if _rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    if failure is None:
+        raise CheckpointWriteError(
+            f"checkpoint of step {step} not saved: another rank could not write its part (its error "
+            f"names the path and the cause); {tmp} was removed and the previous checkpoint is untouched"
+        )
+    if isinstance(failure, OSError):
+        raise failure
+    raise failure
+
+
+def _make_room(root: Path, expected_bytes: int, keep_last: int) -> None:
+    """Before a save on a nearly full disk: prune what the save would prune anyway (not ``latest``)."""
+    free = _free_bytes(root)
+    if free >= expected_bytes:
+        return
+    for old in _prunable(root, max(keep_last - 1, 0)):
+        log.warning(
+            "only %.1f MiB free for a ~%.1f MiB checkpoint: removing %s before saving (checkpoint.keep=%d)",
+            free / 2**20, expected_bytes / 2**20, old, keep_last,
+        )
+        shutil.rmtree(old, ignore_errors=True)
+        free = _free_bytes(root)
+        if free >= expected_bytes:
+            return
+
+
+def _free_bytes(path: Path) -> int:
+    return shutil.disk_usage(path).free
+
+
+def _prunable(root: Path, keep: int) -> list[Path]:
+    """Complete checkpoints beyond the newest ``keep``, oldest first, never the one ``latest`` names."""
+    pointer = root / "latest"
+    named = pointer.read_text().strip() if pointer.is_file() else None
+    found = list_checkpoints(root.parent)
+    old = found[: max(len(found) - keep, 0)]
+    return [p for p in old if p.name != named]
 
 
 def _commit(tmp: Path, final: Path, meta: dict[str, Any], keep_last: int | None) -> None:
@@ -184,7 +254,7 @@ def _commit(tmp: Path, final: Path, meta: dict[str, Any], keep_last: int | None)
         os.replace(tmp, final)
     _write_json_text(final.parent / "latest", final.name)
     if keep_last is not None:
-        for old in list_checkpoints(final.parent.parent)[:-keep_last]:
+        for old in _prunable(final.parent, keep_last):
             shutil.rmtree(old, ignore_errors=True)
 
 

@@ -1,8 +1,17 @@
-"""``jigsaw-earth config validate FILE [--world-size N] [--store PATH] [KEY=VALUE ...]``; ``config show``."""
+"""``jigsaw-earth config validate FILE [--world-size N] [--store PATH] [key=value ...]``, ``config show``,
+``config schema``.
+
+``validate`` parses and cross-checks the config, then runs the run-directory preflight
+(``training/preflight.py``: writable, room for ``keep + 1`` checkpoints estimated from the model
+on the store's grid), the run-directory claim (would ``train`` refuse this ``run.dir``?) and, when
+the store is reachable, the store preflight (``data/preflight.py``: variables, levels, statics,
+step, periods, climatology).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -26,10 +35,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     v.set_defaults(run=run_validate)
     s = csub.add_parser("show", help="every config field with its type, default and documentation")
     s.set_defaults(run=run_show)
+    j = csub.add_parser("schema", help="JSON schema of the config for editors (YAML language server)")
+    j.add_argument("--out", type=Path, metavar="PATH", help="write it to PATH (default: print it)")
+    j.set_defaults(run=run_schema)
 
 
 def run_validate(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.overrides, world_size=args.world_size)
+    note = _preflight(cfg)
     if not args.quiet:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     store = args.store or cfg.data.store
@@ -49,8 +62,55 @@ def run_validate(args: argparse.Namespace) -> int:
     print(
         f"config {args.config} is valid: mesh data={m.data} × lat={m.lat} × lon={m.lon} "
         f"({m.shape.world_size} ranks), global batch {cfg.training.batch_size} "
-        f"({cfg.training.batch_size // m.data} per replica), {cfg.training.steps} steps"
+        f"({cfg.training.batch_size // m.data} per replica), {cfg.training.steps} steps; {note}"
     )
+    return 0
+
+
+def _preflight(cfg: TrainConfig) -> str:
+    """The run-directory checks of ``train``, without creating anything; returns a summary."""
+    from ..training.preflight import preflight_run_dir
+    from ..training.rundir import claim_run_dir
+
+    run_dir = Path(cfg.run.dir)
+    size = _checkpoint_estimate(cfg)
+    preflight_run_dir(run_dir, size, cfg.checkpoint.keep, create=False)
+    claim_run_dir(cfg)  # refuses a run.dir holding another run's checkpoints (changes nothing)
+    if size is None:
+        return f"run.dir {run_dir} writable (space not checked: the store's grid is unknown)"
+    keep = cfg.checkpoint.keep
+    return f"run.dir {run_dir} writable with room for {keep} + 1 checkpoints of {size / 2**20:.1f} MiB"
+
+
+def _checkpoint_estimate(cfg: TrainConfig) -> int | None:
+    """Checkpoint bytes of the config's model on the store's grid (``None`` if the store is unreadable)."""
+    from ..data.store import StoreView
+    from ..distributed.mesh import MeshShape
+    from ..models.summary import summarize
+
+    try:
+        grid = StoreView.open(cfg.data.store).grid_shape
+    except Exception:  # the data checks report an unreadable store
+        return None
+    d = cfg.data
+    n_state = len(d.upper_air) * len(d.levels) + len(d.surface)
+    n_static = len(d.static) + 4  # + geometry channels (training/sources.py)
+    m = cfg.model
+    shape = MeshShape(1, cfg.mesh.lat, cfg.mesh.lon)
+    s = summarize(m.name, shape, grid, n_state, n_static, 4, preset=m.preset, **m.overrides)
+    return s.checkpoint_bytes
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    from ..config.json_schema import json_schema
+
+    text = json.dumps(json_schema(), indent=1)
+    if args.out is None:
+        print(text)
+        return 0
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(text + "\n")
+    print(f"wrote the config's JSON schema to {args.out}")
     return 0
 
 

@@ -117,6 +117,7 @@ def _print(s: ModelSummary) -> None:
         f"  per-rank train bytes   {_gib(s.rank_train_bytes_max)}  (param + grad + AdamW 2 states; "
         f"1 rank: {_gib(s.serial_train_bytes).strip()}; ratio {s.train_bytes_ratio:.4f})"
     )
+    print(f"  checkpoint bytes       {_gib(s.checkpoint_bytes)}  (model + AdamW state, fp32, all ranks)")
     print(
         f"  comm per step          {_gib(s.comm_forward_bytes)} forward, "
         f"{_gib(s.comm_backward_bytes).strip()} backward (all ranks of the domain group)"

@@ -3,6 +3,10 @@
 Runs as a plain single process, under ``torchrun --nproc-per-node N -m jigsaw_earth train ...``
 or under Slurm ``srun`` (see ``configs/slurm/train.sbatch``). The mesh comes from the config and
 must multiply to the world size.
+
+Exit codes: 0 done; 1 diverged (non-finite loss) or a peer never arrived; 2 a bad config, input
+or filesystem fault (one line names it and the fix; nothing of the run is lost); 75 stopped on
+SIGTERM/SIGUSR1 after saving a checkpoint (rerun to resume); 130 Ctrl-C.
 """
 
 from __future__ import annotations
@@ -21,19 +25,29 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("train", help="train a model from a YAML config (single process, torchrun or srun)")
     p.add_argument("config", help="YAML config file (see configs/demo.yaml, docs/training.md)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides such as optim.lr=3e-4")
+    p.add_argument(
+        "--new-run",
+        action="store_true",
+        help="run.dir holds another run: move it aside to RUN_DIR.old-K (printed) and start a new run",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..training import NonFiniteLossError, run_training
     from ..training.runner import world_size_from_env
+    from ..training.signals import Preempted
 
     cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     try:
-        summary = run_training(cfg)
+        summary = run_training(cfg, new_run=args.new_run)
+    except Preempted as err:
+        if rank == 0:
+            print(f"jigsaw-earth train: {err}", file=sys.stderr)
+        return err.exit_code
     except NonFiniteLossError as err:
         print(f"jigsaw-earth train: error: {err}", file=sys.stderr)
         return 1

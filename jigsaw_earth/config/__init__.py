@@ -7,7 +7,7 @@ from typing import Any
 
 import yaml
 
-from .parse import apply_overrides, describe, parse, to_dict
+from .parse import apply_overrides, describe, load_yaml, parse, to_dict
 from .schema import TrainConfig
 
 __all__ = ["TrainConfig", "describe", "load_config", "parse_config", "to_dict"]
@@ -24,14 +24,17 @@ def parse_config(raw: dict[str, Any], overrides: list[str] | None = None) -> Tra
 def load_config(
     path: str | Path, overrides: list[str] | None = None, world_size: int | None = None
 ) -> TrainConfig:
-    """Read ``path`` with ``yaml.safe_load`` (no arbitrary objects), apply overrides, check."""
+    """Read ``path`` safely (no arbitrary objects, no duplicate keys), apply overrides, check."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"config file {str(path)!r} not found; pass the path of a YAML file")
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
-        raise ValueError(f"config {str(path)!r} is not valid YAML: {err}") from None
+        detail = " ".join(str(err).split())  # one line: PyYAML's message spans several
+        raise ValueError(f"config {str(path)!r} is not valid YAML: {detail}") from None
+    except UnicodeDecodeError:
+        raise ValueError(f"config {str(path)!r} is not a UTF-8 text file; pass a YAML config") from None
     cfg = parse_config(raw, overrides)
     cfg.check(world_size)
     return cfg

@@ -4,12 +4,18 @@ Every schema field carries its documentation in ``field(metadata={"doc": ...})``
 converts a YAML mapping into the dataclass, rejecting unknown keys with the nearest valid name
 and wrong types with the path, the value and the expected type. ``apply_overrides`` applies
 ``key.sub=value`` strings (values read as YAML scalars) to the raw mapping before parsing.
+``load_yaml`` reads YAML safely (no arbitrary objects) and refuses duplicate keys, which plain
+YAML silently resolves to the last one. Numbers must be finite (``nan``/``inf`` are refused);
+an unquoted YAML date (``2020-01-01``) is accepted where a string is expected, as ISO text.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import datetime
 import difflib
+import math
 import types
 import typing
 from dataclasses import MISSING, field
@@ -17,7 +23,7 @@ from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import yaml
 
-__all__ = ["apply_overrides", "describe", "doc", "parse", "to_dict"]
+__all__ = ["UniqueKeyLoader", "apply_overrides", "describe", "doc", "load_yaml", "parse", "to_dict"]
 
 T = TypeVar("T")
 
@@ -29,6 +35,30 @@ def doc(text: str, default: Any = MISSING, factory: Any = MISSING) -> Any:
     if default is MISSING:
         return field(metadata={"doc": text})
     return field(default=default, metadata={"doc": text})
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses a key given twice in one mapping."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)  # type: ignore[no-untyped-call]
+            line = key_node.start_mark.line + 1
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"duplicate key {key!r} (line {seen[key]} and line {line}); keep one of them",
+                    key_node.start_mark,
+                )
+            seen[key] = line
+        return super().construct_mapping(node, deep=deep)
+
+
+def load_yaml(text: str) -> Any:
+    """YAML → Python with ``UniqueKeyLoader`` (safe: no arbitrary objects; no duplicate keys)."""
+    return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
 
 
 def _nearest(key: str, valid: list[str]) -> str:
@@ -93,15 +123,18 @@ def _convert(value: Any, tp: Any, path: str) -> Any:
             raise ValueError(f"config {path}: expected an integer, got {value!r}")
         return value
     if tp is float:
+        number = value
         if isinstance(value, str):  # YAML 1.1 reads 3e-4 (no dot) as a string
-            try:
-                return float(value)
-            except ValueError:
-                pass
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            with contextlib.suppress(ValueError):
+                number = float(value)
+        if isinstance(number, bool) or not isinstance(number, (int, float)):
             raise ValueError(f"config {path}: expected a number, got {value!r}")
-        return float(value)
+        if not math.isfinite(number):
+            raise ValueError(f"config {path}: {value!r} is not a finite number; give a finite value")
+        return float(number)
     if tp is str:
+        if isinstance(value, (datetime.date, datetime.datetime)):  # an unquoted YAML date
+            return value.isoformat()
         if not isinstance(value, (str, int, float)) or isinstance(value, bool):
             raise ValueError(f"config {path}: expected a string, got {value!r}")
         return str(value)
@@ -144,7 +177,7 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], schema: type | No
         if not sep or not key:
             raise ValueError(f"override {item!r}: write KEY.SUB=VALUE, e.g. optim.lr=3e-4")
         try:
-            value = yaml.safe_load(text) if text.strip() else None
+            value = load_yaml(text) if text.strip() else None
         except yaml.YAMLError as err:
             raise ValueError(f"override {item!r}: cannot read value {text!r} as YAML ({err})") from None
         parts = key.split(".")
@@ -164,7 +197,8 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str], schema: type | No
                 if child is None:
                     child = node[part] = {}
                 if not isinstance(child, dict):
-                    raise ValueError(f"override {item!r}: {'.'.join(parts[: depth + 1])} is not a mapping")
+                    where = ".".join(parts[: depth + 1])
+                    raise ValueError(f"override {item!r}: {where} is not a mapping; write {where}=VALUE")
                 node = child
     return raw
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+import numpy as np
+
 from ..distributed.mesh import MeshShape
 from .parse import doc
 
@@ -29,6 +31,7 @@ __all__ = [
     "TrainingConfig",
     "ValidationConfig",
     "WandbConfig",
+    "check_model_section",
 ]
 
 
@@ -184,7 +187,9 @@ class TrainConfig:
     def check(self, world_size: int | None = None) -> None:
         """Cross-field checks; ``world_size`` (when known) must equal the mesh's product."""
         m, t, v, o = self.mesh, self.training, self.validation, self.optim
-        shape = m.shape  # validates positive axes
+        for axis in ("data", "lat", "lon"):
+            _positive(f"mesh.{axis}", getattr(m, axis))
+        shape = m.shape
         if world_size is not None and shape.world_size != world_size:
             raise ValueError(
                 f"config mesh: data={m.data} × lat={m.lat} × lon={m.lon} = {shape.world_size} ranks, "
@@ -211,10 +216,7 @@ class TrainConfig:
             ("data.train_period", self.data.train_period),
             ("data.val_period", self.data.val_period),
         ):
-            if len(period) not in (0, 2):
-                raise ValueError(
-                    f"config {key}={period}: give [first, last] times, e.g. ['2000-01-01', '2000-12-31']"
-                )
+            _check_period(key, period)
         if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
             raise ValueError(f"config optim: need 0 <= min_lr ({o.min_lr}) <= lr ({o.lr}) and lr > 0")
         if o.warmup_steps < 0 or (o.warmup_steps >= t.steps and t.steps > 1):
@@ -252,8 +254,69 @@ class TrainConfig:
             )
         _positive("logging.every", self.logging.every)
         _positive("distributed.timeout_s", self.distributed.timeout_s)
+        check_model_section(self.model)
+
+
+def _check_period(key: str, period: list[str]) -> None:
+    """``[first, last]`` (or empty); both parse as dates and ``first <= last``."""
+    example = "e.g. ['2000-01-01', '2000-12-31T18']"
+    if len(period) not in (0, 2):
+        raise ValueError(f"config {key}={period}: give [first, last] times, {example}")
+    times = []
+    for i, text in enumerate(period):
+        try:
+            times.append(np.datetime64(text, "h"))
+        except ValueError:
+            raise ValueError(
+                f"config {key}[{i}]={text!r} is not a date; write YYYY-MM-DD or YYYY-MM-DDTHH, {example}"
+            ) from None
+    if times and times[0] > times[1]:
+        raise ValueError(f"config {key}={period}: the first time is after the last; swap them")
+
+
+def check_model_section(model: ModelConfig) -> None:
+    """Name, preset and overrides checked against the model's own config dataclass (``models.presets``)."""
+    import dataclasses
+    import typing
+
+    from pydantic import TypeAdapter, ValidationError
+
+    from ..models.presets import _CONFIGS, PRESETS, make_config
+
+    if model.name not in _CONFIGS:
+        raise ValueError(
+            f"config model.name={model.name!r} is not a model{_close(model.name, list(_CONFIGS))}; "
+            f"choose one of {', '.join(_CONFIGS)}"
+        )
+    presets = list(PRESETS[model.name])
+    if model.preset not in presets:
+        raise ValueError(
+            f"config model.preset={model.preset!r} is not a {model.name} preset"
+            f"{_close(model.preset, presets)}; choose one of {', '.join(presets)}"
+        )
+    try:
+        made = make_config(model.name, model.preset, **model.overrides)
+    except (ValueError, TypeError) as err:
+        raise ValueError(f"config model.overrides: {err}") from None
+    hints = typing.get_type_hints(type(made))
+    for key, value in dataclasses.asdict(made).items():
+        try:  # pydantic checks each value against the type in the model's config dataclass
+            TypeAdapter(hints[key]).validate_python(value, strict=True)
+        except ValidationError as err:
+            expected = str(hints[key]).replace("typing.", "").replace("<class '", "").replace("'>", "")
+            raise ValueError(
+                f"config model.overrides.{key}={value!r}: {err.errors()[0]['msg'].lower()}; "
+                f"{type(made).__name__}.{key} is {expected}"
+            ) from None
+
+
+def _close(name: str, options: list[str]) -> str:
+    import difflib
+
+    close = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _positive(key: str, value: float) -> None:
     if value <= 0:
-        raise ValueError(f"config {key}={value} must be positive")
+        raise ValueError(f"config {key}={value} must be positive; give a value > 0")

@@ -13,11 +13,15 @@ Per step ``s`` (1-based; global batch ``s − 1``):
 Checkpoints (``jigsaw_earth.checkpoint``: sharded, atomic, any mesh) hold the model, the
 optimizer, the step and the RNG; data order and learning rate are functions of the step, so a
 resumed run continues with exactly the losses the uninterrupted run would have had.
+
+Before the first step the run directory is claimed (``rundir.py``: a start that would discard
+or shadow another run's checkpoints refuses) and checked (``preflight.py``: writable, room for
+``keep + 1`` checkpoints); only then are ``config.yaml`` and the ``history.jsonl`` entry written.
+``SIGTERM``/``SIGUSR1`` checkpoint at the next step boundary and stop (``signals.py``).
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import math
@@ -27,12 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
-from ..config.parse import to_dict
 from ..config.schema import TrainConfig
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, init_model
@@ -41,21 +43,17 @@ from .evaluate import format_table, validate
 from .loss import channel_weights, global_value, weighted_sq_error
 from .monitor import Monitor, memory_mb
 from .optim import build_optimizer, clip_grad_norm, lr_at, replication_weights, sync_gradients
+from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
+from .rundir import claim_run_dir, config_hash, record_start
+from .signals import Preempted, StopSignals
 
-__all__ = ["NonFiniteLossError", "Trainer", "config_hash"]
+__all__ = ["NonFiniteLossError", "Preempted", "Trainer", "config_hash"]
 
 log = logging.getLogger(__name__)
 
 
 class NonFiniteLossError(RuntimeError):
     """The loss or gradient norm became NaN/inf (``training.nan_policy: stop``)."""
-
-
-def config_hash(cfg: TrainConfig) -> str:
-    """Hash of what must not change across a resume (model, data, batch)."""
-    key = {k: to_dict(getattr(cfg, k)) for k in ("model", "data", "loss")}
-    key["batch_size"] = cfg.training.batch_size
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
 class Trainer:
@@ -67,12 +65,14 @@ class Trainer:
         mesh: DomainMesh,
         data: TrainData | None = None,
         model: nn.Module | None = None,
+        new_run: bool = False,
     ):
         self.cfg, self.mesh = cfg, mesh
         self.run_dir = Path(cfg.run.dir)
-        if mesh.rank == 0:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            (self.run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        # nothing is written to run.dir before these checks pass (collective: rank 0 decides)
+        moved = on_rank0(mesh, lambda: claim_run_dir(cfg, new_run))
+        if mesh.is_distributed and torch.distributed.is_initialized():
+            torch.distributed.barrier()  # no rank reads checkpoints while rank 0 moves a run aside
         if data is None:
             from .sources import build_data
 
@@ -106,27 +106,34 @@ class Trainer:
         self.step, self.skipped = 0, 0
         self.history: list[dict[str, float]] = []
         self.validation: dict[str, float] = {}
-        self._resume()
+        self.checkpoint_bytes = model_checkpoint_bytes(self.model, mesh.shape.domain_size)
+        on_rank0(
+            mesh,
+            lambda: preflight_run_dir(self.run_dir, self.checkpoint_bytes, cfg.checkpoint.keep, create=True),
+        )
+        resumed = self._resume()
+        on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
 
     # ------------------------------------------------------------------ checkpoints
-    def _resume(self) -> None:
+    def _resume(self) -> Path | None:
         mode = self.cfg.checkpoint.resume
         if mode == "never":
-            return
+            return None
         path = latest_checkpoint(self.run_dir) if mode == "auto" else Path(mode)
         if path is None:
-            return
+            return None
         info = load_checkpoint(path, self.model, self.optimizer, self.mesh)
         saved = info["state"]
         if saved.get("config_hash") not in (None, config_hash(self.cfg)):
             raise ValueError(
                 f"checkpoint {path} was written with another model/data/loss/batch configuration; use a new "
-                f"run.dir, or checkpoint.resume=never to start over in this one"
+                f"run.dir, or pass --new-run to move the old run aside and start over in this one"
             )
         self.step, self.skipped = int(info["step"]), int(saved.get("skipped", 0))
         if info["rank_state"] is not None:
             restore_rng(info["rank_state"])
         log.info("resumed from %s at step %d (saved on mesh %s)", path, self.step, info["mesh"])
+        return path
 
     def save(self) -> Path:
         state = {"config_hash": config_hash(self.cfg), "skipped": self.skipped, "run": self.cfg.run.name}
@@ -139,6 +146,7 @@ class Trainer:
             state,
             rank_state=capture_rng(),
             keep_last=self.cfg.checkpoint.keep,
+            expected_bytes=self.checkpoint_bytes,
         )
 
     # ------------------------------------------------------------------ compute
@@ -227,16 +235,23 @@ class Trainer:
         monitor = Monitor(cfg, self.run_dir, self.mesh.rank, self.step)
         start_step, t_start = self.step, time.perf_counter()
         try:
-            while self.step < cfg.training.steps:
-                metrics = self.train_step(self.step + 1)
-                self.step += 1
-                self.history.append({"step": self.step, **metrics})
-                monitor.step(self.step, metrics)
-                last = self.step == cfg.training.steps
-                if cfg.validation.every and self.step % cfg.validation.every == 0 and not last:
-                    monitor.record("val", self.step, self.run_validation())
-                if (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0) or last:
-                    self.save()
+            with StopSignals(self.mesh) as stop:
+                while self.step < cfg.training.steps:
+                    metrics = self.train_step(self.step + 1)
+                    self.step += 1
+                    self.history.append({"step": self.step, **metrics})
+                    monitor.step(self.step, metrics)
+                    last = self.step == cfg.training.steps
+                    if cfg.validation.every and self.step % cfg.validation.every == 0 and not last:
+                        monitor.record("val", self.step, self.run_validation())
+                    saved = (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0) or last
+                    ckpt = self.save() if saved else None
+                    if not last and stop.should_stop():
+                        ckpt = ckpt or self.save()
+                        raise Preempted(
+                            f"stopped on {stop.received} after step {self.step} of {cfg.training.steps}; "
+                            f"saved {ckpt}; run the same command again (sbatch --requeue does) to resume"
+                        )
             wall = time.perf_counter() - t_start
             result = self.run_validation()
             monitor.record("val", self.step, result)

@@ -1,7 +1,8 @@
 """Rank-0 reporting: one fixed-format line per step, a tqdm bar, JSON lines and wandb.
 
 * ``metrics.jsonl`` in the run directory gets one JSON object per logged step and per
-  validation (appended, so a resumed run continues the same file).
+  validation (appended, so a resumed run continues the same file; rows past the step a run
+  resumes from are dropped first, so no step appears twice).
 * wandb runs in ``offline`` mode unless the config says ``online``: it writes under
   ``run.dir/wandb`` and never touches the network (``wandb sync`` uploads later). Any wandb
   failure is logged and training goes on without it.
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
+from .rundir import truncate_metrics
 
 __all__ = ["Monitor", "memory_mb"]
 
@@ -52,6 +54,7 @@ class Monitor:
         self._last = time.perf_counter()
         if not self.enabled:
             return
+        truncate_metrics(run_dir / "metrics.jsonl", start_step)
         self.jsonl = (run_dir / "metrics.jsonl").open("a")
         if cfg.logging.progress and sys.stderr.isatty():
             self.bar = tqdm(total=cfg.training.steps, initial=start_step, desc="train", dynamic_ncols=True)

@@ -78,13 +78,16 @@ def setup_mesh(cfg: TrainConfig) -> DomainMesh:
         ) from err
 
 
-def run_training(cfg: TrainConfig) -> dict[str, Any]:
-    """Train ``cfg`` on this process's rank; returns the trainer's summary."""
+def run_training(cfg: TrainConfig, new_run: bool = False) -> dict[str, Any]:
+    """Train ``cfg`` on this process's rank; returns the trainer's summary.
+
+    ``new_run``: move an earlier run in ``run.dir`` aside and start a new one (``rundir.py``).
+    """
     from .loop import Trainer
 
     mesh = setup_mesh(cfg)
     try:
-        trainer = Trainer(cfg, mesh)
+        trainer = Trainer(cfg, mesh, new_run=new_run)
         return trainer.fit()
     finally:
         if dist.is_initialized():

@@ -74,12 +74,22 @@ class StoreSource:
             warnings.simplefilter("ignore")
             ds = xr.open_zarr(str(path), chunks=None, consolidated=False)
         lat = np.asarray(ds["latitude"].values)
+        lon = np.asarray(ds["longitude"].values)
         order = np.argsort(-lat, kind="stable")
-        if not np.allclose(lat[order], self.lat):
-            raise ValueError(f"climatology {str(path)!r} has another latitude grid than the store; regrid it")
+        store_lon = np.asarray(self.view.lon)
+        if (
+            lat.shape != self.lat.shape
+            or lon.shape != store_lon.shape
+            or not np.allclose(lat[order], self.lat)
+            or not np.allclose(np.sort(lon), store_lon)
+        ):
+            raise ValueError(
+                f"climatology {str(path)!r} is on a {len(lat)} × {len(lon)} latitude × longitude grid, "
+                f"the store {self.view.path!r} on {len(self.lat)} × {len(store_lon)}; point "
+                f"data.climatology at a climatology of the store's grid (or regrid this one)"
+            )
         t = self.tile
         rows = order[t.lat_start : t.lat_stop]
-        lon = np.asarray(ds["longitude"].values)
         cols = np.argsort(lon, kind="stable")[t.lon_start : t.lon_stop]
         return ds.isel(latitude=rows, longitude=cols)
 

@@ -1,0 +1,168 @@
+"""A run directory belongs to one run: starts that would discard or shadow checkpoints refuse.
+
+``claim_run_dir`` (rank 0, before any file of the run is written) decides whether this start
+continues the run in ``run.dir``, starts a new one there, or must refuse:
+
+* ``checkpoint.resume=never`` where checkpoints exist would overwrite them (a new step_N replaces
+  the old one) or shadow them (``latest`` and pruning would mix two runs): refused;
+* ``resume=auto`` with a newest checkpoint beyond ``training.steps`` (a shorter new run), or one
+  written with another model/data/loss/batch configuration: refused;
+* ``resume=PATH`` from outside this run directory while it holds checkpoints: refused.
+
+``--new-run`` moves the old run aside (``RUN_DIR`` → ``RUN_DIR.old-K``, the name is logged and
+returned) and starts fresh. ``record_start`` then writes ``config.yaml`` and appends the start to
+``history.jsonl``; ``truncate_metrics`` drops rows past the resumed step from ``metrics.jsonl``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..checkpoint import latest_checkpoint, list_checkpoints, read_meta
+from ..config.parse import to_dict
+from ..config.schema import TrainConfig
+
+__all__ = [
+    "HISTORY_FILE",
+    "RunDirError",
+    "claim_run_dir",
+    "config_hash",
+    "record_start",
+    "truncate_metrics",
+]
+
+log = logging.getLogger(__name__)
+HISTORY_FILE = "history.jsonl"
+_RUN_FILES = ("checkpoints", "metrics.jsonl", "config.yaml", HISTORY_FILE, "summary.json")
+
+
+class RunDirError(ValueError):
+    """This start would discard or shadow the checkpoints of another run."""
+
+
+def config_hash(cfg: TrainConfig) -> str:
+    """Hash of what must not change across a resume (model, data, loss, global batch)."""
+    key = {k: to_dict(getattr(cfg, k)) for k in ("model", "data", "loss")}
+    key["batch_size"] = cfg.training.batch_size
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _step_of(path: Path) -> int:
+    return int(path.name.split("_")[-1])
+
+
+def _conflict(cfg: TrainConfig, run_dir: Path) -> str | None:
+    """Why this start would lose or shadow checkpoints in ``run_dir`` (``None``: it would not)."""
+    found = list_checkpoints(run_dir)
+    if not found:
+        return None
+    newest = latest_checkpoint(run_dir) or found[-1]
+    held = f"run.dir {str(run_dir)!r} holds checkpoints of an earlier run up to step {_step_of(newest)}"
+    mode, steps = cfg.checkpoint.resume, cfg.training.steps
+    if mode == "never":
+        return f"{held}; checkpoint.resume=never would overwrite or shadow them"
+    if mode == "auto":
+        if _step_of(newest) > steps:
+            return (
+                f"{held}, beyond training.steps={steps}; a shorter run here would prune its own checkpoints "
+                f"(set training.steps >= {_step_of(newest)} to continue that run)"
+            )
+        saved = read_meta(newest)["state"].get("config_hash")
+        if saved not in (None, config_hash(cfg)):
+            return (
+                f"{held}, written with another model/data/loss/batch configuration "
+                f"(see {run_dir}/config.yaml), so this config cannot resume it"
+            )
+        return None
+    source = Path(mode).resolve()
+    if source.parent != (run_dir / "checkpoints").resolve():
+        return f"{held}; checkpoint.resume={mode} starts another run from outside it"
+    return None
+
+
+def _aside_name(run_dir: Path) -> Path:
+    k = 1
+    while run_dir.with_name(f"{run_dir.name}.old-{k}").exists():
+        k += 1
+    return run_dir.with_name(f"{run_dir.name}.old-{k}")
+
+
+def claim_run_dir(cfg: TrainConfig, new_run: bool = False) -> Path | None:
+    """Rank 0: check that this start may use ``run.dir``; with ``new_run`` move an old run aside.
+
+    Returns where the old run was moved (``None`` if nothing was moved). Raises ``RunDirError``
+    naming the directory, the conflict and the three ways out.
+    """
+    run_dir = Path(cfg.run.dir)
+    if cfg.checkpoint.resume not in ("auto", "never"):
+        read_meta(cfg.checkpoint.resume)  # a complete checkpoint, or an error naming what is missing
+    if new_run:
+        if run_dir.is_dir() and any((run_dir / name).exists() for name in _RUN_FILES):
+            aside = _aside_name(run_dir)
+            os.replace(run_dir, aside)
+            log.warning("--new-run: moved the earlier run in %s aside to %s", run_dir, aside)
+            print(f"jigsaw-earth train: moved the earlier run in {run_dir} aside to {aside}", file=sys.stderr)
+            return aside
+        return None
+    why = _conflict(cfg, run_dir)
+    if why is not None:
+        raise RunDirError(
+            f"{why}. Nothing was changed. Choose another run.dir, resume that run "
+            f"(checkpoint.resume=auto with its config), or pass --new-run to move it aside to "
+            f"{_aside_name(run_dir)} and start here"
+        )
+    return None
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".partial")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def record_start(cfg: TrainConfig, start_step: int, resumed_from: Path | None, moved: Path | None) -> None:
+    """Rank 0, after every check passed: write ``config.yaml``, append to ``history.jsonl``."""
+    run_dir = Path(cfg.run.dir)
+    resolved = to_dict(cfg)
+    _write_atomic(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    entry: dict[str, Any] = {
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "start_step": start_step,
+        "resumed_from": None if resumed_from is None else str(resumed_from),
+        "moved_aside": None if moved is None else str(moved),
+        "config_hash": config_hash(cfg),
+        "argv": sys.argv,
+        "config": resolved,
+    }
+    with open(run_dir / HISTORY_FILE, "a") as f:
+        f.write(json.dumps(entry) + "\n")
+
+
+def truncate_metrics(path: Path, step: int) -> int:
+    """Drop rows of ``metrics.jsonl`` past ``step`` (a resume repeats them); returns rows dropped."""
+    if not path.is_file():
+        return 0
+    kept, dropped = [], 0
+    for line in path.read_text().splitlines():
+        try:
+            row_step = json.loads(line).get("step", 0)
+        except (json.JSONDecodeError, AttributeError):
+            dropped += 1  # a line cut by a crash
+            continue
+        if row_step > step:
+            dropped += 1
+        else:
+            kept.append(line)
+    if dropped:
+        _write_atomic(path, "".join(x + "\n" for x in kept))
+        log.info("metrics.jsonl: dropped %d rows past the resumed step %d", dropped, step)
+    return dropped

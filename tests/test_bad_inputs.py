@@ -1,0 +1,688 @@
+"""A table of bad inputs and faults, each through the real command line (``cli.main``, in process).
+
+Every case asserts the exit code, that the one error line names the item, the value and the fix,
+that no traceback is printed, and that nothing on disk changed that should not have (the config
+file, an earlier run's directory, no half-made run directory). Config cases go through
+``config validate`` and, for a sample, ``train``; run-directory, checkpoint and filesystem cases
+through ``train`` on a run made once per module (a 4-step tiny WeatherMixer on a 16 × 32 store).
+Real signals are in ``tests/test_train_signals.py``.
+"""
+
+from __future__ import annotations
+
+import errno
+import hashlib
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from jigsaw_earth.cli import main
+
+BASE: dict[str, Any] = {
+    "run": {"dir": "RUN", "seed": 1, "name": "bad-inputs"},
+    "mesh": {"data": 1, "lat": 1, "lon": 1},
+    "data": {
+        "store": "STORE",
+        "train_period": ["2020-01-01", "2020-01-31T18"],
+        "val_period": ["2020-02-01", "2020-02-10"],
+        "upper_air": ["geopotential", "temperature"],
+        "levels": [500, 850],
+        "surface": ["2m_temperature"],
+    },
+    "model": {"name": "weathermixer", "preset": "tiny"},
+    "optim": {"lr": 2.0e-3, "warmup_steps": 1},
+    "training": {"steps": 4, "batch_size": 2},
+    "validation": {"lead_hours": [6], "max_samples": 2, "batch_size": 2},
+    "checkpoint": {"every": 2, "keep": 2, "resume": "auto"},
+    "logging": {"every": 1, "progress": False, "wandb": {"mode": "disabled"}},
+}
+
+
+def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    out = json.loads(json.dumps(base))
+    for section, values in change.items():
+        if isinstance(values, dict) and isinstance(out.get(section), dict):
+            out[section].update(values)
+        else:
+            out[section] = values
+    return out
+
+
+def _snapshot(root: Path) -> dict[str, str]:
+    """Relative path → content hash of every file under ``root`` (directories as '<dir>')."""
+    if not root.exists():
+        return {}
+    if root.is_file():
+        return {".": hashlib.sha256(root.read_bytes()).hexdigest()}
+    out = {}
+    for p in sorted(root.rglob("*")):
+        rel = str(p.relative_to(root))
+        out[rel] = "<dir>" if p.is_dir() else hashlib.sha256(p.read_bytes()).hexdigest()
+    return out
+
+
+def _cli(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    code = main(argv)
+    captured = capsys.readouterr()
+    return code, captured.out + captured.err
+
+
+def _assert_clean_error(code: int, text: str, want_code: int, fragments: list[str]) -> None:
+    assert code == want_code, text[-3000:]
+    assert "Traceback" not in text, text[-3000:]
+    errors = [ln for ln in text.splitlines() if ": error: " in ln]
+    assert len(errors) == 1, text[-3000:]
+    for frag in fragments:
+        assert frag in errors[0], f"{frag!r} not in {errors[0]!r}"
+
+
+# ---------------------------------------------------------------- config: (id, change, fragments)
+# ``change`` is merged into BASE section by section; the fragments name the item, value and fix.
+CONFIG_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
+    ("unknown-top", {"trainig": {"steps": 3}}, ["'trainig'", "did you mean 'training'"]),
+    ("unknown-run", {"run": {"dri": "x"}}, ["'run.dri'", "did you mean 'dir'"]),
+    ("unknown-mesh", {"mesh": {"lom": 2}}, ["'mesh.lom'", "did you mean 'lon'"]),
+    ("unknown-data", {"data": {"stor": "x"}}, ["'data.stor'", "did you mean 'store'"]),
+    ("unknown-model", {"model": {"nme": "vit"}}, ["'model.nme'", "did you mean 'name'"]),
+    ("unknown-optim", {"optim": {"lrr": 1e-3}}, ["'optim.lrr'", "did you mean 'lr'"]),
+    ("unknown-loss", {"loss": {"tendency_scalin": True}}, ["'loss.tendency_scalin'", "tendency_scaling"]),
+    ("unknown-training", {"training": {"step": 3}}, ["'training.step'", "did you mean 'steps'"]),
+    ("unknown-validation", {"validation": {"evry": 3}}, ["'validation.evry'", "did you mean 'every'"]),
+    ("unknown-checkpoint", {"checkpoint": {"kep": 3}}, ["'checkpoint.kep'", "did you mean 'keep'"]),
+    ("unknown-logging", {"logging": {"evry": 3}}, ["'logging.evry'", "did you mean 'every'"]),
+    ("unknown-wandb", {"logging": {"wandb": {"mod": "offline"}}}, ["'logging.wandb.mod'", "'mode'"]),
+    ("unknown-distributed", {"distributed": {"backnd": "gloo"}}, ["'distributed.backnd'", "'backend'"]),
+    ("lr-text", {"optim": {"lr": "fast"}}, ["optim.lr", "'fast'", "expected a number"]),
+    ("lr-nan", {"optim": {"lr": float("nan")}}, ["optim.lr", "nan", "finite"]),
+    ("lr-inf", {"optim": {"lr": float("inf")}}, ["optim.lr", "inf", "finite"]),
+    ("lr-nan-text", {"optim": {"lr": "nan"}}, ["optim.lr", "'nan'", "finite"]),
+    ("grad-clip-nan", {"optim": {"grad_clip": float("nan")}}, ["optim.grad_clip", "nan", "finite"]),
+    ("min-lr-nan", {"optim": {"min_lr": float("nan")}}, ["optim.min_lr", "nan", "finite"]),
+    ("weight-decay-inf", {"optim": {"weight_decay": float("-inf")}}, ["optim.weight_decay", "finite"]),
+    ("eps-nan", {"optim": {"eps": float("nan")}}, ["optim.eps", "finite"]),
+    ("betas-nan", {"optim": {"betas": [float("nan"), 0.9]}}, ["optim.betas[0]", "finite"]),
+    ("timeout-nan", {"distributed": {"timeout_s": float("nan")}}, ["distributed.timeout_s", "finite"]),
+    (
+        "loss-weight-nan",
+        {"loss": {"variable_weights": {"temperature": float("nan")}}},
+        ["temperature", "finite"],
+    ),
+    ("lr-zero", {"optim": {"lr": 0.0}}, ["optim", "lr (0.0)", "lr > 0"]),
+    ("min-lr-above-lr", {"optim": {"min_lr": 1.0}}, ["min_lr (1.0)", "<= lr"]),
+    ("grad-clip-negative", {"optim": {"grad_clip": -1.0}}, ["optim.grad_clip=-1.0", ">= 0"]),
+    ("betas-range", {"optim": {"betas": [0.9, 1.5]}}, ["optim.betas=[0.9, 1.5]", "[0, 1)"]),
+    ("betas-three", {"optim": {"betas": [0.9, 0.95, 0.99]}}, ["optim.betas", "two numbers"]),
+    ("warmup-too-long", {"optim": {"warmup_steps": 4}}, ["optim.warmup_steps=4", "training.steps=4"]),
+    ("steps-float", {"training": {"steps": 1.5}}, ["training.steps", "1.5", "expected an integer"]),
+    ("steps-text", {"training": {"steps": "ten"}}, ["training.steps", "'ten'", "integer"]),
+    ("steps-negative", {"training": {"steps": -1}}, ["training.steps=-1", "positive"]),
+    ("steps-zero", {"training": {"steps": 0}}, ["training.steps=0", "positive"]),
+    ("batch-bool", {"training": {"batch_size": True}}, ["training.batch_size", "True", "integer"]),
+    (
+        "batch-split",
+        {"training": {"batch_size": 3}, "mesh": {"data": 2}},
+        ["training.batch_size=3", "mesh.data=2", "use a multiple of 2"],
+    ),
+    ("rollout-zero", {"training": {"rollout_steps": 0}}, ["training.rollout_steps=0", "positive"]),
+    ("precision", {"training": {"precision": "fp16"}}, ["training.precision", "'fp16'", "'bf16'"]),
+    ("nan-policy", {"training": {"nan_policy": "ignore"}}, ["training.nan_policy", "'ignore'", "'skip'"]),
+    ("backend", {"distributed": {"backend": "mpi"}}, ["distributed.backend", "'mpi'", "'gloo'"]),
+    ("wandb-mode", {"logging": {"wandb": {"mode": "cloud"}}}, ["logging.wandb.mode", "'cloud'", "'offline'"]),
+    ("progress-text", {"logging": {"progress": "yes"}}, ["logging.progress", "'yes'", "true or false"]),
+    ("logging-every-zero", {"logging": {"every": 0}}, ["logging.every=0", "positive"]),
+    ("seed-float", {"run": {"seed": 1.5}}, ["run.seed", "1.5", "integer"]),
+    ("mesh-zero", {"mesh": {"lat": 0}}, ["mesh.lat=0", "positive"]),
+    ("mesh-text", {"mesh": {"lon": "two"}}, ["mesh.lon", "'two'", "integer"]),
+    ("levels-text", {"data": {"levels": [500, "x"]}}, ["data.levels[1]", "'x'", "integer"]),
+    ("upper-air-string", {"data": {"upper_air": "geopotential"}}, ["data.upper_air", "expected a list"]),
+    ("step-hours-zero", {"data": {"step_hours": 0}}, ["data.step_hours=0", "positive"]),
+    (
+        "period-bad-month",
+        {"data": {"train_period": ["2020-13-01", "2020-02-01"]}},
+        ["data.train_period[0]", "'2020-13-01'", "YYYY-MM-DD"],
+    ),
+    (
+        "period-bad-day",
+        {"data": {"val_period": ["2020-02-01", "2020-02-30"]}},
+        ["data.val_period[1]", "'2020-02-30'", "YYYY-MM-DD"],
+    ),
+    (
+        "period-words",
+        {"data": {"train_period": ["yesterday", "today"]}},
+        ["data.train_period[0]", "'yesterday'"],
+    ),
+    (
+        "period-reversed",
+        {"data": {"train_period": ["2020-02-01", "2020-01-01"]}},
+        ["data.train_period", "after the last", "swap"],
+    ),
+    (
+        "period-three",
+        {"data": {"train_period": ["2020-01-01", "2020-01-02", "2020-01-03"]}},
+        ["data.train_period", "[first, last]"],
+    ),
+    ("period-not-list", {"data": {"train_period": "2020"}}, ["data.train_period", "expected a list"]),
+    (
+        "lead-not-multiple",
+        {"validation": {"lead_hours": [10]}},
+        ["validation.lead_hours", "10", "step_hours=6"],
+    ),
+    ("lead-negative", {"validation": {"lead_hours": [-6]}}, ["validation.lead_hours", "-6", "positive"]),
+    (
+        "val-variable",
+        {"validation": {"variables": ["z500"]}},
+        ["validation.variables", "'z500'", "choose from"],
+    ),
+    ("val-batch-zero", {"validation": {"batch_size": 0}}, ["validation.batch_size=0", "positive"]),
+    (
+        "loss-unknown-var",
+        {"loss": {"variable_weights": {"humidity": 2.0}}},
+        ["loss.variable_weights", "'humidity'", "choose from"],
+    ),
+    (
+        "loss-unknown-level",
+        {"loss": {"level_weights": {300: 2.0}}},
+        ["loss.level_weights", "300", "data.levels"],
+    ),
+    ("keep-zero", {"checkpoint": {"keep": 0}}, ["checkpoint", "keep=0", ">= 1"]),
+    ("every-negative", {"checkpoint": {"every": -1}}, ["checkpoint", "every=-1", ">= 0"]),
+    ("model-preset-huge", {"model": {"preset": "huge"}}, ["model.preset='huge'", "tiny, small, 1b, 3b"]),
+    (
+        "model-name-typo",
+        {"model": {"name": "weathermixr"}},
+        ["model.name='weathermixr'", "did you mean 'weathermixer'", "vit, unet"],
+    ),
+    ("model-name-unknown", {"model": {"name": "graphcast"}}, ["model.name='graphcast'", "choose one of"]),
+    ("model-unet-preset", {"model": {"name": "unet", "preset": "medium"}}, ["model.preset='medium'", "unet"]),
+    (
+        "model-override-unknown",
+        {"model": {"overrides": {"embed_dimm": 8}}},
+        ["model.overrides", "'embed_dimm'", "did you mean 'embed_dim'"],
+    ),
+    (
+        "model-override-type",
+        {"model": {"overrides": {"embed_dim": "wide"}}},
+        ["model.overrides.embed_dim='wide'", "integer", "WeatherMixerConfig.embed_dim is int"],
+    ),
+    ("model-override-float", {"model": {"overrides": {"depth": 2.5}}}, ["model.overrides.depth=2.5", "int"]),
+    (
+        "model-override-vit",
+        {"model": {"name": "vit", "overrides": {"token_hidden": 8}}},
+        ["vit has no option 'token_hidden'"],
+    ),
+    ("model-overrides-list", {"model": {"overrides": [1, 2]}}, ["model.overrides", "expected a mapping"]),
+    ("section-not-mapping", {"optim": 3}, ["optim", "expected a mapping"]),
+    ("store-missing-key", {"data": None}, ["data.store", "required"]),
+]
+
+# (id, raw YAML text (RUN/STORE substituted), fragments)
+TEXT_CASES: list[tuple[str, str, list[str]]] = [
+    (
+        "duplicate-section",
+        "data: {store: STORE}\nrun: {dir: RUN}\nrun: {seed: 2}\n",
+        ["duplicate key 'run'", "line 2 and line 3", "keep one"],
+    ),
+    (
+        "duplicate-nested",
+        "data: {store: STORE}\nrun: {dir: RUN}\noptim:\n  lr: 1.0e-3\n  lr: 2.0e-3\n",
+        ["duplicate key 'lr'", "line 4 and line 5"],
+    ),
+    ("yaml-syntax", "data: {store: STORE\nrun: [\n", ["not valid YAML"]),
+    (
+        "yaml-python-tag",
+        "data: {store: STORE}\nrun: !!python/object/apply:os.system ['echo x']\n",
+        ["not valid YAML", "python/object/apply"],
+    ),
+    ("top-level-list", "- data\n- run\n", ["top level must be a mapping", "list"]),
+    ("top-level-scalar", "42\n", ["top level must be a mapping", "int"]),
+    ("tab-indent", "data:\n\tstore: STORE\n", ["not valid YAML"]),
+]
+
+# (id, overrides, fragments): KEY=VALUE on the command line
+OVERRIDE_CASES: list[tuple[str, list[str], list[str]]] = [
+    ("override-unknown", ["optim.lrr=1"], ["override 'optim.lrr=1'", "did you mean 'lr'"]),
+    ("override-unknown-section", ["optimm.lr=1"], ["'optimm'", "did you mean 'optim'"]),
+    ("override-no-key", ["=3"], ["override '=3'", "KEY.SUB=VALUE"]),
+    ("override-bad-yaml", ["optim.betas=[0.9"], ["override 'optim.betas=[0.9'", "cannot read value"]),
+    ("override-nan", ["optim.lr=.nan"], ["optim.lr", "finite"]),
+    ("override-into-scalar", ["optim.lr.x=1"], ["optim.lr is not a mapping", "write optim.lr=VALUE"]),
+    ("override-duplicate", ["optim={lr: 1, lr: 2}"], ["duplicate key 'lr'"]),
+    ("override-world-size", ["--world-size", "4"], ["= 1 ranks, but the job has 4", "mesh.*"]),
+]
+
+
+@pytest.fixture()
+def config_paths(tmp_path: Path) -> tuple[Path, Path]:
+    """(config file path, run dir) — the run dir must still not exist after a refused config."""
+    return tmp_path / "config.yaml", tmp_path / "run"
+
+
+def _write(path: Path, text: str, run_dir: Path) -> None:
+    path.write_text(text.replace("RUN", str(run_dir)).replace("STORE", str(path.parent / "none.zarr")))
+
+
+@pytest.mark.parametrize(("case", "change", "fragments"), CONFIG_CASES, ids=[c[0] for c in CONFIG_CASES])
+def test_bad_config(
+    case: str, change: dict, fragments: list[str], config_paths: tuple[Path, Path], capsys: Any
+) -> None:
+    cfg, run_dir = config_paths
+    _write(cfg, yaml.safe_dump(_merge(BASE, change)), run_dir)
+    before = _snapshot(cfg)
+    code, text = _cli(["config", "validate", "--quiet", str(cfg)], capsys)
+    _assert_clean_error(code, text, 2, fragments)
+    assert _snapshot(cfg) == before and not run_dir.exists()
+
+
+@pytest.mark.parametrize(("case", "text", "fragments"), TEXT_CASES, ids=[c[0] for c in TEXT_CASES])
+def test_bad_config_text(
+    case: str, text: str, fragments: list[str], config_paths: tuple[Path, Path], capsys: Any
+) -> None:
+    cfg, run_dir = config_paths
+    _write(cfg, text, run_dir)
+    code, out = _cli(["config", "validate", "--quiet", str(cfg)], capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert not run_dir.exists()
+
+
+@pytest.mark.parametrize(("case", "extra", "fragments"), OVERRIDE_CASES, ids=[c[0] for c in OVERRIDE_CASES])
+def test_bad_override(
+    case: str, extra: list[str], fragments: list[str], config_paths: tuple[Path, Path], capsys: Any
+) -> None:
+    cfg, run_dir = config_paths
+    _write(cfg, yaml.safe_dump(BASE), run_dir)
+    code, out = _cli(["config", "validate", "--quiet", str(cfg), *extra], capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert not run_dir.exists()
+
+
+FILE_CASES = [
+    ("config-missing", lambda d: d / "missing.yaml", ["missing.yaml", "not found", "pass the path"]),
+    ("config-is-dir", lambda d: d, ["not found", "pass the path of a YAML file"]),
+    ("config-binary", lambda d: _binary(d / "c.bin"), ["c.bin", "not a UTF-8 text file"]),
+]
+
+
+def _binary(path: Path) -> Path:
+    path.write_bytes(bytes(range(256)) * 4)
+    return path
+
+
+@pytest.mark.parametrize(("case", "make", "fragments"), FILE_CASES, ids=[c[0] for c in FILE_CASES])
+def test_bad_config_file(case: str, make: Any, fragments: list[str], tmp_path: Path, capsys: Any) -> None:
+    path = make(tmp_path)
+    for command in (["config", "validate"], ["train"]):
+        code, out = _cli([*command, str(path)], capsys)
+        _assert_clean_error(code, out, 2, fragments)
+
+
+def test_unquoted_yaml_date_is_a_date(config_paths: tuple[Path, Path], capsys: Any) -> None:
+    cfg, run_dir = config_paths
+    text = yaml.safe_dump(BASE).replace("'2020-01-01'", "2020-01-01").replace("'2020-02-01'", "2020-02-01")
+    assert "- 2020-01-01\n" in text
+    _write(cfg, text, run_dir)
+    code, out = _cli(["config", "validate", str(cfg)], capsys)
+    assert code == 0, out
+    assert "- '2020-01-01'" in out  # read as the date, printed as ISO text
+
+
+def test_config_schema_export(tmp_path: Path, capsys: Any) -> None:
+    out = tmp_path / "schema" / "jigsaw-earth.schema.json"
+    code, _ = _cli(["config", "schema", "--out", str(out)], capsys)
+    assert code == 0
+    schema = json.loads(out.read_text())
+    model = schema["$defs"]["ModelConfig"]
+    assert model["properties"]["name"]["enum"] == ["vit", "unet", "weathermixer"]
+    assert "huge" not in model["properties"]["preset"]["enum"]
+    assert schema["$defs"]["OptimConfig"]["additionalProperties"] is False
+    assert schema["$defs"]["OptimConfig"]["properties"]["lr"]["description"].startswith("peak learning rate")
+    assert set(schema["properties"]) == set(BASE) | {"loss", "distributed"}
+
+
+# ---------------------------------------------------------------- runs, checkpoints, filesystem
+@pytest.fixture(scope="module")
+def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from jigsaw_earth.data.synth import SynthConfig, synth_store
+
+    path = tmp_path_factory.mktemp("store") / "data.zarr"
+    synth_store(path, SynthConfig(n_lat=16, n_lon=32, start="2020-01-01T00", end="2020-02-12T18"))
+    return path
+
+
+def _config_for(directory: Path, store: Path, run_dir: Path, change: dict | None = None) -> Path:
+    raw = _merge(BASE, change or {})
+    raw["run"]["dir"], raw["data"]["store"] = str(run_dir), str(store)
+    path = directory / f"config-{run_dir.name}.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory: pytest.TempPathFactory, store: Path) -> tuple[Path, Path]:
+    """A finished 4-step run (checkpoints at steps 2 and 4) and its config."""
+    root = tmp_path_factory.mktemp("finished")
+    run_dir = root / "run"
+    cfg = _config_for(root, store, run_dir)
+    assert main(["train", str(cfg)]) == 0
+    return run_dir, cfg
+
+
+@pytest.fixture()
+def run_copy(finished_run: tuple[Path, Path], tmp_path: Path, store: Path) -> Path:
+    run_dir = tmp_path / "run"
+    shutil.copytree(finished_run[0], run_dir)
+    return run_dir
+
+
+def _corrupt_meta(run: Path) -> None:
+    (run / "checkpoints" / "step_000000004" / "meta.json").write_text("{not json")
+
+
+def _truncate_data(run: Path) -> None:
+    for f in (run / "checkpoints" / "step_000000004").glob("*.distcp"):
+        f.write_bytes(f.read_bytes()[:100])
+
+
+def _wrong_format(run: Path) -> None:
+    meta = run / "checkpoints" / "step_000000004" / "meta.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "version": 99}))
+
+
+def _checkpoints_file(run: Path) -> None:
+    shutil.rmtree(run / "checkpoints")
+    (run / "checkpoints").write_text("not a folder")
+
+
+# (id, prepare(run_dir), config change, extra argv, fragments) — train refuses; the run dir is untouched
+RUN_CASES: list[tuple[str, Any, dict, list[str], list[str]]] = [
+    (
+        "resume-never-over-checkpoints",
+        None,
+        {"checkpoint": {"resume": "never"}},
+        [],
+        [
+            "holds checkpoints of an earlier run up to step 4",
+            "checkpoint.resume=never",
+            "--new-run",
+            ".old-1",
+        ],
+    ),
+    (
+        "shorter-new-run",
+        None,
+        {"training": {"steps": 2}},
+        [],
+        ["up to step 4", "beyond training.steps=2", "training.steps >= 4", "--new-run"],
+    ),
+    (
+        "other-model",
+        None,
+        {"model": {"overrides": {"embed_dim": 8}}},
+        [],
+        ["another model/data/loss/batch configuration", "config.yaml", "--new-run"],
+    ),
+    ("other-batch", None, {"training": {"batch_size": 4}}, [], ["another model/data/loss/batch"]),
+    (
+        "other-variables",
+        None,
+        {"data": {"surface": []}, "validation": {"variables": ["temperature@850"]}},
+        [],
+        ["another model/data/loss/batch"],
+    ),
+    (
+        "resume-path-missing",
+        None,
+        {"checkpoint": {"resume": "/nonexistent/step_1"}},
+        [],
+        ["/nonexistent/step_1/meta.json not found", "not a complete jigsaw-earth checkpoint"],
+    ),
+    ("corrupt-meta", _corrupt_meta, {}, [], ["meta.json is corrupted", "delete", "older checkpoint"]),
+    ("meta-other-version", _wrong_format, {}, [], ["version 99", "this code reads"]),
+    ("truncated-shards", _truncate_data, {}, [], ["cannot read checkpoint", "step_000000004", "delete"]),
+    (
+        "checkpoints-is-file",
+        _checkpoints_file,
+        {"checkpoint": {"resume": "never"}},
+        [],
+        ["not writable", "checkpoints", "File exists", "[EEXIST]", "move it aside"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "prepare", "change", "extra", "fragments"), RUN_CASES, ids=[c[0] for c in RUN_CASES]
+)
+def test_run_dir_refusals(
+    case: str,
+    prepare: Any,
+    change: dict,
+    extra: list[str],
+    fragments: list[str],
+    run_copy: Path,
+    store: Path,
+    tmp_path: Path,
+    capsys: Any,
+) -> None:
+    if prepare is not None:
+        prepare(run_copy)
+    before = _snapshot(run_copy)
+    cfg = _config_for(tmp_path, store, run_copy, change)
+    code, out = _cli(["train", str(cfg), *extra], capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert _snapshot(run_copy) == before, "a refused start changed the run directory"
+    assert not list(tmp_path.glob("run.old-*"))
+
+
+def test_other_resume_source_refused(
+    run_copy: Path, finished_run: tuple[Path, Path], store: Path, tmp_path: Path, capsys: Any
+) -> None:
+    """``checkpoint.resume=PATH`` from another run while this run dir holds its own checkpoints."""
+    other = tmp_path / "other"
+    shutil.copytree(finished_run[0], other)
+    before = _snapshot(run_copy)
+    source = other / "checkpoints" / "step_000000002"
+    cfg = _config_for(tmp_path, store, run_copy, {"checkpoint": {"resume": str(source)}})
+    code, out = _cli(["train", str(cfg)], capsys)
+    _assert_clean_error(code, out, 2, ["starts another run from outside it", "--new-run"])
+    assert _snapshot(run_copy) == before
+
+
+def test_new_run_moves_the_old_run_aside(run_copy: Path, store: Path, tmp_path: Path, capsys: Any) -> None:
+    before = _snapshot(run_copy)
+    cfg = _config_for(
+        tmp_path, store, run_copy, {"checkpoint": {"resume": "never"}, "training": {"steps": 2}}
+    )
+    code, out = _cli(["train", str(cfg), "--new-run"], capsys)
+    assert code == 0, out
+    aside = tmp_path / "run.old-1"
+    assert f"aside to {aside}" in out
+    assert _snapshot(aside) == before  # the earlier run, intact under the printed name
+    history = [json.loads(x) for x in (run_copy / "history.jsonl").read_text().splitlines()]
+    assert len(history) == 1 and history[0]["moved_aside"] == str(aside)
+    assert history[0]["config"]["training"]["steps"] == 2
+
+
+def test_resume_records_history_and_metrics_have_no_repeated_steps(
+    run_copy: Path, store: Path, tmp_path: Path, capsys: Any
+) -> None:
+    # the run died after step 3 (its metrics have step 3), its newest checkpoint is step 2
+    ckpts = run_copy / "checkpoints"
+    shutil.rmtree(ckpts / "step_000000004")
+    (ckpts / "latest").write_text("step_000000002\n")
+    rows = [json.loads(x) for x in (run_copy / "metrics.jsonl").read_text().splitlines()]
+    (run_copy / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows if r["step"] <= 3))
+    cfg = _config_for(tmp_path, store, run_copy)
+    code, out = _cli(["train", str(cfg)], capsys)
+    assert code == 0, out
+    steps = [
+        json.loads(x)["step"]
+        for x in (run_copy / "metrics.jsonl").read_text().splitlines()
+        if json.loads(x)["kind"] == "train"
+    ]
+    assert steps == [1, 2, 3, 4]
+    history = [json.loads(x) for x in (run_copy / "history.jsonl").read_text().splitlines()]
+    assert [h["start_step"] for h in history] == [0, 2]
+    assert history[-1]["resumed_from"].endswith("step_000000002")
+
+
+# (id, run.dir under tmp_path, fragments) — the run dir cannot be made or written
+FS_PATH_CASES = [
+    (
+        "run-dir-blocked",
+        lambda t: Path("/sys/jigsaw-earth-test/run"),
+        ["/sys/jigsaw-earth-test", "[EPERM]", "choose another directory"],
+    ),
+    ("run-dir-under-file", lambda t: _file(t / "afile") / "run", ["afile", "[ENOTDIR]", "a file stands"]),
+    ("run-dir-is-file", lambda t: _file(t / "runfile"), ["runfile", "a file stands"]),
+]
+
+
+def _file(path: Path) -> Path:
+    path.write_text("x")
+    return path
+
+
+@pytest.mark.parametrize(("case", "where", "fragments"), FS_PATH_CASES, ids=[c[0] for c in FS_PATH_CASES])
+@pytest.mark.parametrize("command", ["train", "validate"])
+def test_unwritable_run_dir(
+    case: str, where: Any, fragments: list[str], command: str, store: Path, tmp_path: Path, capsys: Any
+) -> None:
+    run_dir = where(tmp_path)
+    cfg = _config_for(tmp_path, store, Path(run_dir))
+    before = _snapshot(tmp_path)
+    argv = ["train", str(cfg)] if command == "train" else ["config", "validate", "--quiet", str(cfg)]
+    code, out = _cli(argv, capsys)
+    _assert_clean_error(code, out, 2, ["not writable", *fragments])
+    assert _snapshot(tmp_path) == before
+
+
+@pytest.mark.parametrize("command", ["train", "validate"])
+def test_too_little_space(
+    command: str, store: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jigsaw_earth.training import preflight
+
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(preflight.shutil, "disk_usage", lambda p: usage._replace(free=1000))
+    run_dir = tmp_path / "run"
+    cfg = _config_for(tmp_path, store, run_dir)
+    argv = ["train", str(cfg)] if command == "train" else ["config", "validate", "--quiet", str(cfg)]
+    code, out = _cli(argv, capsys)
+    _assert_clean_error(code, out, 2, [str(run_dir), "checkpoint.keep=2", "2 + 1 checkpoints", "free space"])
+    assert not (run_dir / "config.yaml").exists() and not (run_dir / "history.jsonl").exists()
+
+
+@pytest.mark.parametrize("code_", [errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES])
+def test_save_fails_cleanly_and_a_retry_succeeds(
+    code_: int, run_copy: Path, store: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A filesystem error while writing the step-6 checkpoint: one line, .tmp removed, step 4 kept."""
+    from torch.distributed.checkpoint import filesystem
+
+    real = filesystem._write_item
+    import os as _os
+
+    def failing(*args: Any, **kwargs: Any) -> Any:
+        raise OSError(code_, _os.strerror(code_), str(run_copy / "checkpoints" / "step_000000006.tmp"))
+
+    monkeypatch.setattr(filesystem, "_write_item", failing)
+    cfg = _config_for(tmp_path, store, run_copy, {"training": {"steps": 6}})
+    code, out = _cli(["train", str(cfg)], capsys)
+    _assert_clean_error(code, out, 2, ["step_000000006.tmp", _os.strerror(code_), errno.errorcode[code_]])
+    ckpts = run_copy / "checkpoints"
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000000002", "step_000000004"]
+    assert (ckpts / "latest").read_text().strip() == "step_000000004"
+    monkeypatch.setattr(filesystem, "_write_item", real)
+    code, out = _cli(["train", str(cfg)], capsys)
+    assert code == 0, out
+    assert (ckpts / "latest").read_text().strip() == "step_000000006"
+
+
+def test_full_disk_prunes_before_saving_but_never_latest(
+    run_copy: Path, store: Path, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from jigsaw_earth.checkpoint import manager
+
+    monkeypatch.setattr(manager, "_free_bytes", lambda p: 10)  # preflight passed; the disk filled since
+    cfg = _config_for(tmp_path, store, run_copy, {"training": {"steps": 6}})
+    code, out = _cli(["train", str(cfg)], capsys)
+    assert code == 0, out
+    ckpts = run_copy / "checkpoints"
+    # step 2 went before the save (keep=2: it would have been pruned after it anyway); step 4,
+    # which `latest` named during the save, stayed
+    assert sorted(p.name for p in ckpts.iterdir()) == ["latest", "step_000000004", "step_000000006"]
+
+
+def test_prune_never_removes_latest(tmp_path: Path) -> None:
+    from jigsaw_earth.checkpoint.manager import _prunable
+
+    root = tmp_path / "checkpoints"
+    for step in (2, 4, 8):
+        (root / f"step_{step:09d}").mkdir(parents=True)
+        (root / f"step_{step:09d}" / "meta.json").write_text("{}")
+    (root / "latest").write_text("step_000000002\n")
+    assert [p.name for p in _prunable(root, 1)] == ["step_000000004"]
+    assert [p.name for p in _prunable(root, 5)] == []  # fewer than keep: nothing to prune
+
+
+def test_ctrl_c_is_one_line(capsys: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from jigsaw_earth.commands import config as config_command
+
+    def interrupted(args: Any) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(config_command, "run_show", interrupted)
+    code, out = _cli(["config", "show"], capsys)
+    assert code == 130 and "Traceback" not in out
+    assert out.strip().splitlines() == [
+        "jigsaw-earth config: interrupted (Ctrl-C); nothing after the last message was kept "
+        "(a training run resumes from its last checkpoint)"
+    ]
+
+
+# ---------------------------------------------------------------- data faults the trainer meets
+@pytest.fixture(scope="module")
+def other_grid_climatology(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from jigsaw_earth.data.synth import SynthConfig, synth_store
+
+    path = tmp_path_factory.mktemp("other") / "d.zarr"
+    synth_store(path, SynthConfig(n_lat=8, n_lon=16, start="2020-01-01T00", end="2020-01-03T18"))
+    return path.with_name("d-climatology.zarr")
+
+
+def test_climatology_on_another_grid(
+    other_grid_climatology: Path, store: Path, tmp_path: Path, capsys: Any
+) -> None:
+    run_dir = tmp_path / "run"
+    cfg = _config_for(tmp_path, store, run_dir, {"data": {"climatology": str(other_grid_climatology)}})
+    code, out = _cli(["train", str(cfg)], capsys)
+    fragments = [str(other_grid_climatology), "8 × 16", "16 × 32", "point data.climatology"]
+    _assert_clean_error(code, out, 2, fragments)
+    assert not run_dir.exists()  # nothing of the run was written
+
+
+@pytest.mark.parametrize("scan", ["sample", "full"])
+def test_damaged_chunk_under_inspect_nans(scan: str, store: Path, tmp_path: Path, capsys: Any) -> None:
+    damaged = tmp_path / "data.zarr"
+    shutil.copytree(store, damaged)
+    chunk = sorted((damaged / "temperature" / "c").rglob("*"))[-1]
+    assert chunk.is_file()
+    chunk.write_bytes(chunk.read_bytes()[:50])  # truncated
+    code, out = _cli(["data", "inspect", str(damaged), "--nans", scan], capsys)
+    _assert_clean_error(code, out, 2, [str(damaged), "'temperature'", "damaged or truncated", "re-write"])
+
+
+def test_checkpoint_size_estimate_matches_a_real_checkpoint(
+    finished_run: tuple[Path, Path], capsys: Any
+) -> None:
+    """The preflight's estimate (models.summary.checkpoint_bytes) against the files of step 4."""
+    from jigsaw_earth.commands.config import _checkpoint_estimate
+    from jigsaw_earth.config import load_config
+
+    run_dir, cfg = finished_run
+    estimate = _checkpoint_estimate(load_config(cfg))
+    saved = sum(f.stat().st_size for f in (run_dir / "checkpoints" / "step_000000004").glob("*.distcp"))
+    assert estimate is not None and abs(estimate - saved) < 0.1 * saved, (estimate, saved)
