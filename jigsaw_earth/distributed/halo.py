@@ -374,6 +374,7 @@ def _check_tile(x: torch.Tensor, grid: TileGrid, axis: Axis) -> None:
         raise ValueError(f"tile has shape {tuple(x.shape[-2:])}, the grid expects {expected}")
 
 
+@lru_cache(maxsize=512)
 def _check_windows(grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, lon_mode: str) -> None:
     if len(windows) != grid.n_tiles:
         raise ValueError(f"{len(windows)} windows given for {grid.n_tiles} tiles")
@@ -396,8 +397,8 @@ def gather_windows(
     ``pad_reference``. Every rank passes the same ``windows`` (one per domain rank).
     """
     _check_tile(x, grid, axis)
-    _check_windows(grid, windows, lat_mode, lon_mode)
     windows = tuple(windows)
+    _check_windows(grid, windows, lat_mode, lon_mode)
     view = _view_of_tile(grid, windows, lat_mode, lon_mode, axis.index)
     if view is not None:
         return x[..., view[0], view[1]]
@@ -418,11 +419,11 @@ def scatter_add_windows(
 
     Overlapping patch recovery and transposed convolution sum their contributions with this.
     """
+    windows = tuple(windows)
     _check_windows(grid, windows, lat_mode, lon_mode)
     lat_lo, lat_hi, lon_lo, lon_hi = windows[axis.index]
     if tuple(y.shape[-2:]) != (lat_hi - lat_lo, lon_hi - lon_lo):
         raise ValueError(f"window data has shape {tuple(y.shape[-2:])}, its window is {windows[axis.index]}")
-    windows = tuple(windows)
     view = _view_of_tile(grid, windows, lat_mode, lon_mode, axis.index)
     if view is not None and (view[0].stop - view[0].start, view[1].stop - view[1].start) == tuple(
         grid.tile_of(axis.index).shape

@@ -22,7 +22,7 @@ strategy is one ``F.conv2d`` on the padded input.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -108,8 +108,8 @@ def _span(o0: int, o1: int, k: int, s: int, d: int, p: int) -> Pair:
 
 
 def conv_strategy(
-    strategy: Strategy, domain: Domain, counts: Sequence[int], rows: int, out_sizes: Sequence[int],
-    *operands: torch.Tensor | None,
+    strategy: Strategy, domain: Domain, counts: Callable[[], Sequence[int]], rows: int,
+    out_sizes: Sequence[int], *operands: torch.Tensor | None,
 ) -> str:  # fmt: skip
     """``"weights"`` (the weight ring on native kernels) or ``"activations"`` (im2col rows through
     ``matmul_channels``); ``"auto"`` picks the fewer bytes by ``channel_bytes``, as the matmul does."""
@@ -119,7 +119,8 @@ def conv_strategy(
     if strategy != "auto":
         return strategy
     bias = operands[-1] is not None
-    costs = {s: channel_bytes(s, counts, rows, out_sizes, bias) for s in ("weights", "activations")}
+    n = counts()  # this rank's output tokens per rank (computed only when choosing)
+    costs = {s: channel_bytes(s, n, rows, out_sizes, bias) for s in ("weights", "activations")}
     return choose(costs, is_training(*operands))
 
 
@@ -144,7 +145,7 @@ def sharded_conv(
     x, weight, bias = autocast_operands(x, weight, bias)
     win = gather_windows(x, domain.grid, windows, domain.axis, *modes, op="gather_windows")
     rows = math.prod(weight.shape[1:])
-    counts = out_domain.counts(batch=x.shape[0])
+    counts = lambda: out_domain.counts(batch=x.shape[0])  # noqa: E731
     chosen = conv_strategy(strategy, domain, counts, rows, out_sizes, win, weight, bias)
     if chosen == "weights":
         return conv_ring(win, weight, bias, domain.axis, out_sizes, stride, dilation)
@@ -153,7 +154,7 @@ def sharded_conv(
     cols = F.unfold(win, kernel, dilation=dilation, stride=stride)  # (B, C*kh*kw, L)
     tokens = cols.transpose(1, 2).reshape(-1, rows)
     w = weight.reshape(weight.shape[0], rows).t()
-    y = matmul_channels(tokens, w, bias, domain.axis, out_sizes, counts, "activations")
+    y = matmul_channels(tokens, w, bias, domain.axis, out_sizes, counts(), "activations")
     h, w_ = out_domain.tile.shape
     return y.reshape(x.shape[0], h, w_, -1).permute(0, 3, 1, 2)
 

@@ -131,7 +131,9 @@ class ConvTranspose2d(nn.Module):
             win = gather_windows(x, self.domain.grid, self.windows, axis, *self.modes, op="gather_windows")
             counts = [b * (w_[1] - w_[0]) * (w_[3] - w_[2]) for w_ in self.windows]
             col_sizes = [n * kh * kw for n in self.out_sizes]
-            strategy = conv_strategy(self.strategy, self.domain, counts, self.in_ch, col_sizes, win, w, None)
+            strategy = conv_strategy(
+                self.strategy, self.domain, lambda: counts, self.in_ch, col_sizes, win, w, None
+            )
             if strategy == "weights":
                 z = conv_ring(win, w, bias, axis, self.out_sizes, self.stride, transposed=True)
             else:  # tokens of in_ch through the activation-exchange matmul, then fold
