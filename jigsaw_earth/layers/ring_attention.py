@@ -2,14 +2,18 @@
 
 Rank ``q`` holds the queries, keys and values of its own tokens, ``(B, heads, n_q, d)``. The
 key/value blocks travel once around the domain axis (send to the next rank, receive from the
-previous), and each rank folds every block into an online softmax (running max ``m``, running
-sum ``l``, unnormalised output ``o``), so no rank ever holds more than ``n_q × n_block`` scores
-(``block`` caps that further by splitting each arriving block). The transfer of the next block
-is posted before the compute on the current one, so they overlap.
+previous; one message ``stack([k, v])``). Each block goes through one fused attention kernel
+(``attention_kernels``: the flash kernel on CPU, flash or memory-efficient on CUDA) that returns
+the block's output ``o_b`` and log-sum-exp ``lse_b``; blocks merge exactly, ``lse = log Σ_b
+exp(lse_b)`` (float64, ``B·heads·n_q`` values) and ``o = Σ_b exp(lse_b − lse)·o_b`` (fp32), so no
+rank holds a score matrix (``block`` splits an arriving block into several kernel calls). The
+transfer of the next block is posted before the compute on the current one, so they overlap.
+On one rank (``block`` and ``kernel`` unset) it is exactly ``F.scaled_dot_product_attention``.
 
-Backward (a custom ``autograd.Function``) recomputes the probabilities block by block from the
-saved log-sum-exp while the K/V blocks circulate a second time. The gradient of each block's
-keys and values is accumulated by every rank it visits: the accumulator follows its block one
+Backward (a custom ``autograd.Function``) saves ``q, k, v``, the output and the log-sum-exp
+(nothing of size tokens²). While the K/V blocks circulate a second time, each block goes through
+the fused backward kernel with the *global* output and log-sum-exp, which gives exactly this
+block's share of dQ, dK and dV. The dK/dV accumulator (fp32) of each block follows its block one
 hop behind and, after a full circle, arrives back at the block's owner.
 
 Bytes sent over all ranks, ``P`` ranks, ``N`` tokens per sample over all ranks, batch ``B``,
@@ -19,8 +23,9 @@ Bytes sent over all ranks, ``P`` ranks, ``N`` tokens per sample over all ranks, 
 * backward: ``(P - 1) · B · N · 2C · e`` (K/V again) ``+ (P - 1) · B · N · 2C · 4`` (dK/dV
   accumulators, kept in fp32 so that bf16 training sums its partial gradients exactly).
 
-Softmax statistics and accumulators are fp32 whatever the input dtype; autocast is switched off
-inside, and the matmuls run in the dtype of ``q, k, v``.
+Merging and accumulators are fp32 (the log-sum-exp float64) whatever the input dtype; autocast is
+switched off inside, and the kernels run in the dtype of ``q, k, v`` (bf16 under bf16 autocast,
+so K/V messages are bf16 too).
 """
 
 from __future__ import annotations
