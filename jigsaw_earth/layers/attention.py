@@ -74,8 +74,9 @@ class GlobalAttention(_Projections):
     """Exact multi-head self-attention over all tokens of the global grid (per sample).
 
     Input and output: this rank's token tile ``(B, h, w, dim)``. Per-rank memory is
-    ``O(local tokens × block tokens)``, never global tokens². ``block`` (key tokens per score
-    tile) bounds it further; ``None`` uses whole circulating blocks.
+    ``O(local tokens)``: fused kernels per circulating block, never a tokens² score matrix.
+    ``block`` caps the key tokens per kernel call (see ``ring_attention``); ``None`` uses whole
+    blocks, and on one rank exactly ``F.scaled_dot_product_attention``.
     """
 
     def __init__(
@@ -98,8 +99,9 @@ class GlobalAttention(_Projections):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_tokens(x, self.domain, self.dim, "GlobalAttention")
         B, h, w, C = x.shape
+        # (B, heads, tokens, head_dim) views, no copies: the fused kernels take these strides
         q, k, v = (
-            lin(x).reshape(B, h * w, self.num_heads, self.head_dim).transpose(1, 2).contiguous()
+            lin(x).reshape(B, h * w, self.num_heads, self.head_dim).transpose(1, 2)
             for lin in (self.q, self.k, self.v)
         )
         with comm_site("global_attention"):

@@ -295,8 +295,9 @@ def largest_intermediate(module: nn.Module, x: torch.Tensor) -> int:
 def _memory_record(mesh: DomainMesh, grid: tuple[int, int] = (16, 16), dim: int = 8, heads: int = 2):
     """Per-rank largest intermediate of GlobalAttention vs the 1-rank module, same global size.
 
-    Passes when it is at most one fp32 score tile ``B × heads × n_local × n_block`` of the
-    largest tiles (at this size the score tile dominates every other tensor).
+    Passes when no tensor exceeds one circulating fp32 ``[k, v]`` block ``B × 2 × n_local × dim``
+    of the largest tile: the fused block kernels keep no ``n_local × n_block`` score tile (the
+    ``math`` fallback kernel would, and would fail).
     """
     batch = 1
     domain = Domain.create(mesh, *grid)
@@ -309,7 +310,7 @@ def _memory_record(mesh: DomainMesh, grid: tuple[int, int] = (16, 16), dim: int 
     if dist.is_initialized():
         dist.all_reduce(worst, op=dist.ReduceOp.MAX)
     n_max = max(domain.counts(1))
-    bound = batch * heads * n_max * n_max * 4
+    bound = batch * 2 * n_max * dim * 4
     rec = Record(
         "global_attention.memory",
         f"{mesh.shape.lat}x{mesh.shape.lon}",
@@ -318,7 +319,8 @@ def _memory_record(mesh: DomainMesh, grid: tuple[int, int] = (16, 16), dim: int 
         extra={
             "largest_bytes_rank_max": int(worst.item()),
             "largest_bytes_serial": serial,
-            "score_tile_bound": bound,
+            "kv_block_bound": bound,
+            "score_tile_bytes": batch * heads * n_max * n_max * 4,
         },
     )
     return rec
