@@ -20,9 +20,10 @@ the serial float32 computation itself is. A sharded sum only changes the order o
 float32 roundings (blocks of a tile, then across ranks); its error is of the serial one's size
 (the worst float32 case of all 130 on 2×3 and on 3×2, models included, reaches 0.26 of what
 the judge allows: docs/core.md), so the factor 8 leaves room for the spread of a maximum over
-few elements while a wrong term of relative size ~1e-5 or more fails. The floor only matters when the serial float32 result is
-exact (copies, exchanges, tiny tensors): 16 ulps of the terms. A true gradient of ~0 (terms
-cancelling) is judged by the serial noise, not by dividing by ~0.
+few elements while a wrong term of relative size ~1e-5 or more fails. The floor only matters
+when the serial float32 result is exact (copies, exchanges, tiny tensors): 16 ulps of the
+terms. A true gradient of ~0 (terms cancelling) is judged by the serial noise, not by dividing
+by ~0.
 
 Reduced-precision cases (bf16 autocast) carry a ``tolerance``: their relative error
 ``sharded / max|ref64|`` must be at most it (the dtype's resolution times a few).
