@@ -42,7 +42,7 @@ def records(request) -> list[dict]:
 def _describe(r: dict) -> str:
     return (
         f"{r['op']} mesh {r['mesh']} {r['shape']}: err fwd {r['error_forward']:.2e} "
-        f"bwd {r['error_backward']:.2e} (tol {r['tolerance']:.0e}), bytes {r['comm_bytes']} "
+        f"bwd {r['error_backward']:.2e} (tol {r['tolerance']}), bytes {r['comm_bytes']} "
         f"vs expected {r['expected_bytes']}, extra {r['extra']}"
     )
 

@@ -31,7 +31,7 @@ from torch import nn
 from ..distributed.comm import comm_site
 from ..distributed.conv_ring import conv_ring
 from ..distributed.halo import LatMode, LonMode, Window, gather_windows
-from ..distributed.matmul import Strategy, channel_bytes, choose, matmul_channels
+from ..distributed.matmul import Strategy, autocast_operands, channel_bytes, choose, matmul_channels
 from ..distributed.matmul import _check_strategy as check_strategy
 from ..distributed.matmul import _training as is_training
 from ..distributed.tiles import TileGrid
@@ -40,7 +40,6 @@ from .base import Domain, fill_fan_in_, sharded_parameter
 __all__ = [
     "Conv2d",
     "Padding",
-    "autocast_operands",
     "conv_out_size",
     "conv_strategy",
     "conv_windows",
@@ -157,17 +156,6 @@ def sharded_conv(
     y = matmul_channels(tokens, w, bias, domain.axis, out_sizes, counts(), "activations")
     h, w_ = out_domain.tile.shape
     return y.reshape(x.shape[0], h, w_, -1).permute(0, 3, 1, 2)
-
-
-def autocast_operands(*tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
-    """Cast floating operands to the autocast dtype when autocast is on (as autocast would cast a
-    ``conv2d``/``matmul``'s inputs), so a distributed matmul sees one dtype in forward and backward
-    and halo and weight messages travel in the lower precision."""
-    dev = next(t for t in tensors if t is not None).device.type
-    if not torch.is_autocast_enabled(dev):
-        return tensors
-    dtype = torch.get_autocast_dtype(dev)
-    return tuple(t.to(dtype) if t is not None and t.is_floating_point() else t for t in tensors)
 
 
 def check_field(x: torch.Tensor, domain: Domain, channels: int, layer: str) -> None:

@@ -37,10 +37,10 @@ from ..distributed.collectives import all_gather
 from ..distributed.comm import comm_site
 from ..distributed.conv_ring import conv_ring
 from ..distributed.halo import LatMode, LonMode, Window, gather_windows
-from ..distributed.matmul import Strategy, matmul_channels
+from ..distributed.matmul import Strategy, autocast_operands, matmul_channels
 from ..distributed.tiles import TileGrid
 from .base import Domain, fill_fan_in_, sharded_parameter
-from .conv import _pair, autocast_operands, check_field, conv_strategy
+from .conv import _pair, check_field, conv_strategy
 
 __all__ = ["ConvTranspose2d", "transposed_windows"]
 

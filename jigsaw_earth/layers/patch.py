@@ -41,9 +41,9 @@ from torch import nn
 
 from ..distributed.comm import comm_site
 from ..distributed.halo import LatMode, LonMode, scatter_add_windows
-from ..distributed.matmul import Strategy, matmul_channels
+from ..distributed.matmul import Strategy, autocast_operands, matmul_channels
 from .base import Domain, fill_fan_in_, sharded_parameter
-from .conv import _pair, autocast_operands, check_field, conv_windows, sharded_conv
+from .conv import _pair, check_field, conv_windows, sharded_conv
 
 __all__ = ["PatchEmbed", "PatchRecovery", "patch_layout"]
 
