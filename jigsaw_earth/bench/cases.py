@@ -1,6 +1,6 @@
 """What ``jigsaw-earth bench layers`` and ``bench models`` measure: each case builds a jigsaw
 module on a domain, its plain twin, and the global inputs (default sizes from issue 9's table;
-``quick`` sizes for CI)."""
+``quick`` sizes for CI; ``large`` sizes for a GPU, where the default ones measure launch overhead)."""
 
 from __future__ import annotations
 
@@ -48,12 +48,27 @@ def _tokens(name, grid, c, jig, twin, note, b=1) -> Case:
     return Case(name, grid, jig, twin, ((b, *grid, c),), ("tokens",), note)
 
 
-def layer_cases(quick: bool) -> list[Case]:
-    """Default: issue 9's sizes. Quick: the same layers, small (CI smoke)."""
-    g, c = ((16, 32), 8) if quick else ((64, 128), 64)  # field grid, conv channels
-    t, d = ((8, 16), 16) if quick else ((32, 64), 128)  # token grid (2048 tokens), token channels
-    t512 = (4, 8) if quick else (16, 32)
-    p, cin = 4, (4 if quick else 32)
+SIZES = ("quick", "default", "large")
+
+# size: (field grid, conv channels, token grid, token channels, small token grid, patch input channels)
+_LAYER_SIZES = {
+    "quick": ((16, 32), 8, (8, 16), 16, (4, 8), 4),
+    "default": ((64, 128), 64, (32, 64), 128, (16, 32), 32),  # issue 9's table
+    "large": ((256, 512), 128, (64, 128), 256, (32, 64), 64),  # 8192 / 2048 tokens
+}
+
+
+def _check_size(size: str) -> None:
+    if size not in SIZES:
+        raise ValueError(f"bench size {size!r}: use one of {', '.join(SIZES)}")
+
+
+def layer_cases(size: str = "default") -> list[Case]:
+    """Default: issue 9's sizes. Quick: the same layers, small (CI smoke). Large: for a GPU."""
+    _check_size(size)
+    quick = size == "quick"
+    g, c, t, d, t512, cin = _LAYER_SIZES[size]
+    p = 4
     tok = (g[0] // p, g[1] // p)
     coarse = (g[0] // 2, g[1] // 2)
     cases = [
@@ -95,7 +110,7 @@ def layer_cases(quick: bool) -> list[Case]:
 N_STATE, N_STATIC, N_TIME = 8, 2, 4
 
 MODEL_CONFIGS = {
-    # name: (grid, quick grid, preset, overrides, quick overrides)
+    # name: (grid, quick grid, preset, overrides, quick overrides); large sizes in _LARGE_MODELS
     "vit": ((64, 128), (16, 32), "small", dict(embed_dim=128, depth=4, num_heads=4, local_radius=1),
             dict(embed_dim=16, depth=2, num_heads=2, local_radius=1)),
     "unet": ((128, 256), (16, 32), "small", dict(base_channels=16, channel_mults=(1, 2, 4), groups=8),
@@ -106,10 +121,21 @@ MODEL_CONFIGS = {
 }  # fmt: skip
 
 
-def model_cases(quick: bool) -> list[Case]:
+_LARGE_MODELS = {
+    "vit": ((256, 512), dict(embed_dim=384, depth=6, num_heads=6, local_radius=1)),
+    "unet": ((256, 512), dict(base_channels=32, channel_mults=(1, 2, 4), groups=8)),
+    "weathermixer": (
+        (256, 512),
+        dict(embed_dim=384, depth=6, channel_hidden=1536, token_hidden=1024, patch=8),
+    ),
+}
+
+
+def model_cases(size: str = "default") -> list[Case]:
+    _check_size(size)
     cases = []
     for name, (grid, qgrid, preset, over, qover) in MODEL_CONFIGS.items():
-        g, o = (qgrid, qover) if quick else (grid, over)
+        g, o = {"quick": (qgrid, qover), "default": (grid, over), "large": _LARGE_MODELS[name]}[size]
         desc = ", ".join(f"{k}={v}" for k, v in o.items())
         cases.append(
             Case(
@@ -125,7 +151,7 @@ def model_cases(quick: bool) -> list[Case]:
     return cases
 
 
-LAYER_CASES = tuple(c.name for c in layer_cases(True))
+LAYER_CASES = tuple(c.name for c in layer_cases("quick"))
 MODEL_CASES = tuple(MODEL_CONFIGS)
 
 

@@ -25,8 +25,8 @@ log = logging.getLogger(__name__)
 DTYPES = {"fp32": None, "bf16": torch.bfloat16}
 
 
-def cases_for(kind: str, quick: bool, only: list[str] | None) -> list[Case]:
-    return select(layer_cases(quick) if kind == "layers" else model_cases(quick), only)
+def cases_for(kind: str, size: str, only: list[str] | None) -> list[Case]:
+    return select(layer_cases(size) if kind == "layers" else model_cases(size), only)
 
 
 def check_case(case: Case, jig: torch.nn.Module, twin: torch.nn.Module, inputs, tolerance: float) -> dict:
@@ -69,10 +69,10 @@ def run_case(case: Case, repeats: int, device: str, dtype: str, tolerance: float
     }
 
 
-def _mesh_worker(mesh: DomainMesh, kind: str, quick: bool, names: list[str], dtype: str) -> list[dict]:
+def _mesh_worker(mesh: DomainMesh, kind: str, size: str, names: list[str], dtype: str) -> list[dict]:
     """On every rank: per case, this rank's peak bytes of one step and the bytes it sent."""
     out = []
-    for case in cases_for(kind, quick, names):
+    for case in cases_for(kind, size, names):
         domain = Domain.create(mesh, *case.grid)
         module = init_model(case.jigsaw(domain), 0)
         k = domain.index
@@ -93,9 +93,9 @@ def _mesh_worker(mesh: DomainMesh, kind: str, quick: bool, names: list[str], dty
     return out
 
 
-def mesh_figures(kind: str, quick: bool, names: list[str], mesh: str, dtype: str) -> dict[str, dict]:
+def mesh_figures(kind: str, size: str, names: list[str], mesh: str, dtype: str) -> dict[str, dict]:
     """``{case: {peak_bytes_max, bytes_sent_max, bytes_sent_total}}`` over the ranks of ``mesh``."""
-    ranks = spawn(parse_mesh(mesh), _mesh_worker, kind, quick, names, dtype)
+    ranks = spawn(parse_mesh(mesh), _mesh_worker, kind, size, names, dtype)
     figures = {}
     for i, name in enumerate(names):
         per_rank = [r[i] for r in ranks]
@@ -110,7 +110,7 @@ def mesh_figures(kind: str, quick: bool, names: list[str], mesh: str, dtype: str
 
 def run_cases(
     kind: str,
-    quick: bool,
+    size: str,
     only: list[str] | None,
     repeats: int,
     device: str,
@@ -119,20 +119,20 @@ def run_cases(
     tolerance: float,
 ) -> list[dict]:
     results = []
-    for case in cases_for(kind, quick, only):
+    for case in cases_for(kind, size, only):
         log.info("bench %s: %s (%s)", kind, case.name, case.note)
         results.append(run_case(case, repeats, device, dtype, tolerance))
-    names = [c.name for c in cases_for(kind, quick, only) if "serial" not in c.tags]
+    names = [c.name for c in cases_for(kind, size, only) if "serial" not in c.tags]
     one_rank = {}
     for mesh in meshes if names else []:
         log.info("bench %s: per-rank memory and bytes on %s", kind, mesh)
-        figures = mesh_figures(kind, quick, names, mesh, dtype)
+        figures = mesh_figures(kind, size, names, mesh, dtype)
         for r in results:
             if r["name"] not in figures:
                 continue
             f = figures[r["name"]]
             if r["name"] not in one_rank:  # the one-rank figure on CPU, measured like the ranks'
-                one_rank[r["name"]] = mesh_figures(kind, quick, [r["name"]], "1x1", dtype)[r["name"]]
+                one_rank[r["name"]] = mesh_figures(kind, size, [r["name"]], "1x1", dtype)[r["name"]]
             base = one_rank[r["name"]]["peak_bytes_max"]
             r["meshes"][mesh] = {
                 **f,

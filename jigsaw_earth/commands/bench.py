@@ -39,7 +39,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--only", action="append", metavar="NAME[,NAME]", help="layers/models: cases (or prefixes)"
     )
-    p.add_argument("--quick", action="store_true", help="layers/models: small sizes (CI smoke)")
+    p.add_argument(
+        "--quick", action="store_true", help="layers/models: small sizes (CI smoke); = --size quick"
+    )
+    p.add_argument(
+        "--size",
+        choices=["quick", "default", "large"],
+        default="default",
+        help="layers/models: case sizes (default: issue 9's; large: for a GPU)",
+    )
     p.add_argument(
         "--meshes", default="2x2,1x4", help="layers/models: meshes for per-rank memory; 'none' skips"
     )
@@ -162,20 +170,21 @@ def _run_cases(args: argparse.Namespace) -> int:
         raise ValueError("--only picks cases of one kind: use it with bench layers or bench models")
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: use 1 or more")
+    size = "quick" if args.quick else args.size
     torch.set_num_threads(args.threads)
     meta = metadata(args.argv, args.device, args.dtype, args.threads)
     results = []
     for kind in ("layers", "models") if args.what == "all" else (args.what,):
         repeats = args.repeats or (7 if kind == "layers" else 5)
         for r in run_cases(
-            kind, args.quick, _names(args.only), repeats, args.device, args.dtype, meshes, args.tolerance
+            kind, size, _names(args.only), repeats, args.device, args.dtype, meshes, args.tolerance
         ):
             results.append({"kind": kind, **r})
     meta["load_average_end"] = list(os.getloadavg())
     print(format_table(results))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        data = {"kind": args.what, "quick": args.quick, "meta": meta, "results": results}
+        data = {"kind": args.what, "quick": size == "quick", "size": size, "meta": meta, "results": results}
         tmp = args.json.with_suffix(args.json.suffix + ".tmp")
         tmp.write_text(json.dumps(data, indent=1))
         tmp.replace(args.json)
