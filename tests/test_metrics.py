@@ -274,7 +274,9 @@ def test_score_store_end_to_end(tmp_path, capsys):
     )  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out
-    assert "WB1 IFS T42" in out and "WB2 IFS HRES" not in out and "489" in out
+    assert "WB1 5.625deg, evaluated 2017-2018" in out and "IFS T42 489" in out and "IFS HRES" not in out
+    assert max(map(len, out.splitlines())) <= 100, "the scorecard fits 100 columns"
+    print(out)
     rows = json.loads((tmp_path / "scores.json").read_text())["scores"]
     with open(tmp_path / "scores.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)
