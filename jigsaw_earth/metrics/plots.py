@@ -20,6 +20,15 @@ __all__ = ["plot_all", "plot_maps", "plot_scorecard"]
 
 log = logging.getLogger(__name__)
 
+# One level per upper-air variable in the scorecard picture (WB2's headline levels); the printed
+# scorecard and the score files have every level.
+HEADLINE_LEVELS = {
+    "geopotential": 500,
+    "temperature": 850,
+    "specific_humidity": 700,
+    "u_component_of_wind": 850,
+    "v_component_of_wind": 850,
+}
 STYLE = {
     "persistence": {"color": "tab:gray", "linestyle": "--"},
     "climatology": {"color": "tab:brown", "linestyle": ":"},
@@ -42,7 +51,8 @@ def _label(var: str, level: Any) -> str:
 def plot_scorecard(
     rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str, out_dir: str | os.PathLike
 ) -> list[Path]:
-    """``scorecard-REGION.png``: per variable (and level) RMSE and ACC against lead (days)."""
+    """``scorecard-REGION.png``: per variable RMSE and ACC against lead (days); upper-air variables
+    at their headline level (``HEADLINE_LEVELS``)."""
     plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -54,7 +64,7 @@ def plot_scorecard(
         units[key] = r.get("unit", "")
     paths = []
     for region in dict.fromkeys(k[0] for k in series):
-        fields = list(dict.fromkeys(k[1:3] for k in series if k[0] == region))
+        fields = _headline(list(dict.fromkeys(k[1:3] for k in series if k[0] == region)))
         fig, axes = plt.subplots(len(fields), 2, figsize=(10, 2.6 * len(fields) + 0.6), squeeze=False)
         for (var, lev), (ax_rmse, ax_acc) in zip(fields, axes):
             for metric, ax in (("rmse", ax_rmse), ("acc", ax_acc)):
@@ -78,6 +88,18 @@ def plot_scorecard(
         plt.close(fig)
         paths.append(path)
     return paths
+
+
+def _headline(fields: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Surface fields, and each upper-air variable at its headline level (else its first level)."""
+    levels: dict[str, list] = defaultdict(list)
+    for var, lev in fields:
+        levels[var].append(lev)
+    out = []
+    for var, levs in levels.items():
+        want = HEADLINE_LEVELS.get(var)
+        out.append((var, want if want in levs else levs[0]))
+    return out
 
 
 def _published(ax, pub: list[dict[str, Any]]) -> None:
