@@ -111,7 +111,8 @@ def test_recipe_end_to_end(name: str, tmp_path: Path, capsys: pytest.CaptureFixt
     code = main(
         [
             "score", str(forecast), "--truth", str(store), "--climatology", str(clim),
-            "--regions", "global", "europe", "--out", str(tmp_path / "scores"), "--plot", str(tmp_path / "plots"),
+            "--regions", "global", "europe", "--out", str(tmp_path / "scores"),
+            "--plot", str(tmp_path / "plots"),
         ]
     )  # fmt: skip
     assert code == 0
