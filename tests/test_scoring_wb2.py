@@ -264,3 +264,31 @@ def test_scorecard_fits_100_columns_with_units_acc_bias_and_the_published_period
     assert "global · geopotential @ 500 hPa [m2/s2]" in text and "europe · 2m_temperature [K]" in text
     assert "ACC" in text and "bias" in text and "persistence" in text
     assert "WB2 1.5deg, evaluated 2020" in text and "GraphCast 124.2" in text  # the shipped CSV
+
+
+def test_each_truth_and_climatology_field_is_read_once(monkeypatch):
+    fc, truth, clim = _stores(n_init=4)
+    monkeypatch.setattr(engine, "READ_BYTES", 1)  # a block per init: later blocks reuse earlier reads
+    reads: dict[tuple[str, str], list] = {}
+
+    def counting(make, what):
+        def wrapped(da, *args):
+            read = make(da, *args)
+
+            def counted(keys):
+                reads.setdefault((what, str(da.name)), []).extend(keys)
+                return read(keys)
+
+            return counted
+
+        return wrapped
+
+    monkeypatch.setattr(engine, "_reader", counting(engine._reader, "truth"))
+    monkeypatch.setattr(engine, "_clim_reader", counting(engine._clim_reader, "climatology"))
+    evaluate(fc, truth, clim)
+    needed = np.union1d(fc.time.values, (fc.time + fc.prediction_timedelta).values.ravel())
+    for (what, name), keys in reads.items():
+        assert len(keys) == len(set(keys)), f"{what} {name}: a field read twice"
+        if what == "truth":
+            assert len(keys) == needed.size
+    assert {k[1] for k in reads} == {"geopotential", "2m_temperature"}
