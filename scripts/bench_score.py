@@ -3,10 +3,12 @@ formulas (WB2's own package is not on PyPI and its evaluation needs apache-beam)
 stores: `jigsaw-earth data synth` and a forecast store written by ForecastWriter as predict writes it
 (2x2 tiles, chunks (1, 1, level, 16, 32)), truth + noise at the valid times.
 
-    python scripts/bench_score.py --dir runs/bench-score [--repeats 3]
+    python scripts/bench_score.py --dir runs/bench-score [--repeats 3] [--inits N]
 
-Both compute RMSE, bias and ACC of the forecast, persistence and climatology for every variable,
-level and lead (global). Runs alternate; prints per-repeat ratios and their median (CPU and wall).
+All compute RMSE, bias and ACC of the forecast, persistence and climatology for every variable,
+level and lead (global): ours (`evaluate`, stores opened as `score` opens them), the xarray
+formulas on dask (single-threaded, as WB2 opens stores), and the same formulas on fields loaded
+into memory first. Runs alternate; prints per-repeat timings and the median ratios (CPU and wall).
 """
 
 from __future__ import annotations
@@ -68,15 +70,19 @@ def make_stores(root: Path, steps: int = 4) -> tuple[Path, Path, Path]:
 INITS = 0  # score only the first N inits (0: all), the same for both
 
 
-def xarray_wb2(fc_path: Path, truth_path: Path, clim_path: Path) -> dict:
-    """WB2's formulas written plainly with xarray on dask (as WB2 opens stores): one compute."""
-    fc, truth, clim = (xr.open_zarr(p) for p in (fc_path, truth_path, clim_path))
+def xarray_wb2(fc_path: Path, truth_path: Path, clim_path: Path, eager: bool = False) -> dict:
+    """WB2's formulas written plainly with xarray: on dask as WB2 opens stores (one compute), or
+    ``eager``: the needed truth and climatology fields loaded into memory first, then numpy."""
+    chunks = None if eager else {}
+    fc, truth, clim = (xr.open_zarr(p, chunks=chunks) for p in (fc_path, truth_path, clim_path))
     names = list(fc.data_vars)
     fc = fc[names].isel(time=slice(0, INITS or None))
     valid = fc.time + fc.prediction_timedelta
     obs = truth[names].sel(time=valid)
     c = clim[names].sel(dayofyear=valid.dt.dayofyear, hour=valid.dt.hour)
     pers = truth[names].sel(time=fc.time)
+    if eager:
+        fc, obs, c, pers = (x.load() for x in (fc, obs, c, pers))
     lat = np.deg2rad(np.sort(fc.latitude.values))
     edges = np.concatenate([[-np.pi / 2], (lat[1:] + lat[:-1]) / 2, [np.pi / 2]])
     w = np.sin(edges[1:]) - np.sin(edges[:-1])
