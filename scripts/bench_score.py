@@ -140,30 +140,29 @@ def main() -> None:
         f"and ACC {worst['acc']:.1e} relative, bias {worst['bias']:.1e} absolute (float32 stores)",
         flush=True,
     )
-    ratios_cpu, ratios_wall = [], []
+    runs = {
+        "ours": ours,
+        "xarray-dask": xarray_wb2,
+        "xarray-eager": lambda *p: xarray_wb2(*p, eager=True),
+    }
+    ratios: dict[str, list[tuple[float, float]]] = {"xarray-dask": [], "xarray-eager": []}
     for rep in range(args.repeats):
         timings = {}
-        for name, fn in (
-            (("ours", ours), ("xarray", xarray_wb2))
-            if rep % 2 == 0
-            else (("xarray", xarray_wb2), ("ours", ours))
-        ):
+        for name in list(runs) if rep % 2 == 0 else list(runs)[::-1]:  # alternate the order
             c0, w0 = time.process_time(), time.perf_counter()
-            fn(*paths)
+            runs[name](*paths)
             timings[name] = (time.process_time() - c0, time.perf_counter() - w0)
-        rc, rw = timings["ours"][0] / timings["xarray"][0], timings["ours"][1] / timings["xarray"][1]
-        ratios_cpu.append(rc)
-        ratios_wall.append(rw)
+        line = "; ".join(f"{n} {w:.2f} s wall / {c:.2f} s CPU" for n, (c, w) in timings.items())
+        print(f"repeat {rep}: {line}", flush=True)
+        for other in ratios:
+            ratios[other].append(
+                (timings["ours"][0] / timings[other][0], timings["ours"][1] / timings[other][1])
+            )
+    for other, rs in ratios.items():
         print(
-            f"repeat {rep}: ours {timings['ours'][1]:.2f} s wall / {timings['ours'][0]:.2f} s CPU; "
-            f"xarray {timings['xarray'][1]:.2f} s / {timings['xarray'][0]:.2f} s; "
-            f"ratio wall {rw:.3f} CPU {rc:.3f}",
-            flush=True,
+            f"median ratio ours/{other}: CPU {statistics.median(r[0] for r in rs):.3f}, "
+            f"wall {statistics.median(r[1] for r in rs):.3f} (< 1: ours is faster)"
         )
-    print(
-        f"median ratio ours/xarray: wall {statistics.median(ratios_wall):.3f}, "
-        f"CPU {statistics.median(ratios_cpu):.3f} (< 1: ours is faster)"
-    )
 
 
 if __name__ == "__main__":
