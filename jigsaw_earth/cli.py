@@ -21,6 +21,7 @@ COMMANDS = {
     "train": "jigsaw_earth.commands.train",
     "config": "jigsaw_earth.commands.config",
     "score": "jigsaw_earth.commands.score",
+    "plot": "jigsaw_earth.commands.plot",
     "predict": "jigsaw_earth.commands.predict",
 }
 
@@ -34,6 +35,7 @@ SUMMARIES = {
     "train": "train from a YAML config (single process, torchrun or Slurm srun)",
     "config": "validate or show a training config",
     "score": "WeatherBench 2 scorecard of a forecast store",
+    "plot": "scorecard and map PNGs of a score file",
     "predict": "sharded inference: forecasts written by all ranks into one WB2-layout Zarr",
 }
 

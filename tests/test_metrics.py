@@ -269,12 +269,18 @@ def test_score_store_end_to_end(tmp_path, capsys):
         [
             "score", str(tmp_path / "fc.zarr"), "--truth", str(tmp_path / "truth.zarr"),
             "--climatology", str(tmp_path / "clim.zarr"), "--baselines", str(baselines),
-            "--out", str(tmp_path / "scores"),
+            "--out", str(tmp_path / "scores"), "--plot", str(tmp_path / "png"),
         ]
     )  # fmt: skip
     assert code == 0
+    pngs = sorted(p.name for p in (tmp_path / "png").glob("*.png"))
+    assert pngs == ["map-2m_temperature.png", "map-geopotential.png", "scorecard-global.png"]
+    assert all((tmp_path / "png" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
+    assert main(["plot", str(tmp_path / "scores.json"), "--out", str(tmp_path / "again")]) == 0
+    assert sorted(p.name for p in (tmp_path / "again").glob("*.png")) == pngs
     out = capsys.readouterr().out
-    assert "WB1 IFS T42" in out and "WB2 IFS HRES" not in out and "489" in out
+    assert "WB1 5.625deg, evaluated 2017-2018" in out and "IFS T42 489" in out and "IFS HRES" not in out
+    assert max(map(len, out.splitlines())) <= 100, "the scorecard fits 100 columns"
     rows = json.loads((tmp_path / "scores.json").read_text())["scores"]
     with open(tmp_path / "scores.csv") as f:
         assert len(list(csv.DictReader(f))) == len(rows)

@@ -1,16 +1,18 @@
-"""``jigsaw-earth score``: WB2 metrics of a forecast store, beside persistence, climatology and the
-published baselines at the same resolution."""
+"""``jigsaw-earth score``: WB2 metrics of a forecast store per region, beside persistence,
+climatology and the published baselines at the same resolution; optionally pictures (``--plot``)."""
 
 from __future__ import annotations
 
 import argparse
 import logging
+import sys
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
 from ..metrics.evaluate import evaluate, normalise
+from ..metrics.regions import REGIONS
 from ..metrics.scorecard import format_scorecard, grid_resolution, read_baselines, write_scores
 
 log = logging.getLogger(__name__)
@@ -21,8 +23,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("forecast", type=Path, metavar="FORECAST.zarr", help="dims time, prediction_timedelta, …")
     p.add_argument("--truth", type=Path, required=True, metavar="ERA5.zarr", help="verifying analysis")
     p.add_argument("--climatology", type=Path, metavar="CLIM.zarr", help="dims hour, dayofyear, … (for ACC)")
-    p.add_argument("--baselines", type=Path, metavar="CSV", help="published RMSEs (baselines_rmse.csv)")
+    p.add_argument(
+        "--baselines", type=Path, metavar="CSV", help="published RMSEs (default: the shipped WB1/WB2 numbers)"
+    )
     p.add_argument("--variables", nargs="+", metavar="NAME", help="score only these variables")
+    p.add_argument(
+        "--regions",
+        nargs="+",
+        default=["global"],
+        metavar="NAME",
+        help=f"WB2 regions to score, or 'all' (default global): {', '.join(REGIONS)}",
+    )
     p.add_argument("--start", help="first init time (e.g. 2020-01-01)")
     p.add_argument("--end", help="last init time")
     p.add_argument(
@@ -31,6 +42,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="PREFIX",
         help="write PREFIX.json and PREFIX.csv (default: next to FORECAST)",
     )
+    p.add_argument("--plot", type=Path, metavar="DIR", help="also write the scorecard and maps as PNGs here")
     p.set_defaults(run=run)
 
 
@@ -41,31 +53,36 @@ def _open(path: Path, what: str) -> xr.Dataset:
 
 
 def run(args: argparse.Namespace) -> int:
-    forecast = _open(args.forecast, "forecast")
+    forecast = normalise(_open(args.forecast, "forecast"), "forecast")
     if args.start or args.end:
-        forecast = normalise(forecast, "forecast").sel(time=slice(args.start, args.end))
+        forecast = forecast.sel(time=slice(args.start, args.end))
         if forecast.sizes["time"] == 0:
             raise ValueError(f"no init times between {args.start} and {args.end} in {args.forecast}")
     truth = _open(args.truth, "truth")
     clim = _open(args.climatology, "climatology") if args.climatology else None
-    rows = evaluate(forecast, truth, clim, variables=args.variables)
-    n_lon = normalise(forecast, "forecast").sizes["longitude"]
-    resolution = grid_resolution(n_lon)
-    baselines = read_baselines(args.baselines) if args.baselines else []
-    print(format_scorecard(rows, baselines, resolution))
+    baselines = read_baselines(args.baselines)
+    rows = evaluate(
+        forecast, truth, clim, variables=args.variables, regions=args.regions, progress=sys.stderr.isatty()
+    )
+    resolution = grid_resolution(forecast.sizes["longitude"])
+    times = forecast["time"].values
+    first, last = (str(np.datetime_as_string(t, unit="h")) for t in (times.min(), times.max()))
+    period = f"{first} … {last}, {times.size} inits"
+    print(format_scorecard(rows, baselines, resolution, period))
     prefix = args.out or args.forecast.with_name(args.forecast.name.removesuffix(".zarr") + "-scores")
-    times = normalise(forecast, "forecast")["time"].values
     info = {
         "forecast": str(args.forecast),
         "truth": str(args.truth),
         "climatology": None if clim is None else str(args.climatology),
+        "baselines": None if args.baselines is None else str(args.baselines),
         "resolution": resolution,
-        "inits": [
-            str(np.datetime_as_string(times.min())),
-            str(np.datetime_as_string(times.max())),
-            int(times.size),
-        ],
+        "inits": [first, last, int(times.size)],
     }
     for path in write_scores(rows, prefix, info):
         print(f"wrote {path}")
+    if args.plot:
+        from ..metrics.plots import plot_all
+
+        for path in plot_all(rows, info, baselines, args.plot):
+            print(f"wrote {path}")
     return 0

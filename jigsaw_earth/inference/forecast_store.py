@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import shutil
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,10 +29,20 @@ import xarray as xr
 import zarr
 
 from ..distributed.tiles import Tile, TileGrid
+from ..metrics.units import CF_ATTRS, UNITS
 
 __all__ = ["ForecastLayout", "ForecastWriter", "aligned_chunk"]
 
 log = logging.getLogger(__name__)
+
+
+COORD_ATTRS = {
+    "time": {"standard_name": "forecast_reference_time", "long_name": "initialisation time"},
+    "prediction_timedelta": {"standard_name": "forecast_period", "long_name": "lead time"},
+    "latitude": {"standard_name": "latitude", "units": "degrees_north"},
+    "longitude": {"standard_name": "longitude", "units": "degrees_east"},
+    "level": {"standard_name": "air_pressure", "long_name": "pressure level", "units": "hPa"},
+}
 
 
 def aligned_chunk(offsets: tuple[int, ...]) -> int:
@@ -122,15 +133,24 @@ class ForecastWriter:
                 (n_t, n_l, grid.n_lat, grid.n_lon), np.nan, dtype=np.float32, chunks=(1, 1, c_lat, c_lon)
             )
             data_vars[name] = (("time", "prediction_timedelta", "latitude", "longitude"), arr)
+        for name, (dims, arr) in data_vars.items():  # CF attributes: units as WB2 writes them
+            data_vars[name] = xr.Variable(
+                dims, arr, attrs={**CF_ATTRS.get(name, {}), "units": UNITS.get(name, "")}
+            )
         coords = {
-            "time": np.asarray(lay.init_times, dtype="datetime64[ns]"),
-            "prediction_timedelta": np.asarray(lay.leads, dtype="timedelta64[ns]"),
-            "latitude": np.asarray(lay.latitude, dtype=np.float64),
-            "longitude": np.asarray(lay.longitude, dtype=np.float64),
+            "time": ("time", np.asarray(lay.init_times, dtype="datetime64[ns]"), COORD_ATTRS["time"]),
+            "prediction_timedelta": (
+                "prediction_timedelta",
+                np.asarray(lay.leads, dtype="timedelta64[ns]"),
+                COORD_ATTRS["prediction_timedelta"],
+            ),
+            "latitude": ("latitude", np.asarray(lay.latitude, dtype=np.float64), COORD_ATTRS["latitude"]),
+            "longitude": ("longitude", np.asarray(lay.longitude, dtype=np.float64), COORD_ATTRS["longitude"]),
         }
         if lay.upper_air:
-            coords["level"] = np.asarray(sorted(lay.levels), dtype=np.int64)
-        return xr.Dataset(data_vars, coords=coords, attrs={"jigsaw_earth": {"complete": False}})
+            coords["level"] = ("level", np.asarray(sorted(lay.levels), dtype=np.int64), COORD_ATTRS["level"])
+        attrs = {"jigsaw_earth": {"complete": False}, "Conventions": "CF-1.8"}
+        return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
     def write(self, init_index: int, lead_index: int, fields: np.ndarray, tile: Tile) -> None:
         """Write this rank's tile: ``fields`` is ``(channels, h, w)`` in physical units."""
@@ -155,7 +175,11 @@ class ForecastWriter:
         if self.rank == 0:
             group = zarr.open_group(self.tmp, mode="r+")
             group.attrs["jigsaw_earth"] = {"complete": True}
-            zarr.consolidate_metadata(self.tmp)
+            with (
+                warnings.catch_warnings()
+            ):  # consolidated metadata is not in the v3 spec (yet): xarray reads it
+                warnings.filterwarnings("ignore", message="Consolidated metadata")
+                zarr.consolidate_metadata(self.tmp)
             if self.path.exists():
                 shutil.rmtree(self.path)
             self.tmp.rename(self.path)

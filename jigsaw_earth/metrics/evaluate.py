@@ -1,9 +1,9 @@
 """Score a forecast store against truth (and a climatology) the WeatherBench 2 way.
 
 ``normalise`` maps the names other ERA5 sources use (``lat``, ``t2m``, ``lead_time`` …) to WB2's;
-``evaluate`` aligns forecast, truth and climatology by coordinate values and returns one long
-table row per (variable, level, lead, metric), for the forecast and for the persistence and
-climatology baselines.
+``evaluate`` aligns forecast, truth and climatology by coordinate values (within 1e-3°) and returns
+one long table row per (region, variable, level, lead, metric), for the forecast and for the
+persistence and climatology baselines.
 """
 
 from __future__ import annotations
@@ -14,11 +14,17 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
+from tqdm.auto import tqdm
 
 from ..data.store import ALIASES, SURFACE_VARIABLES, UPPER_AIR_VARIABLES
-from . import wb2
+from .engine import block_size, plan_regions, score_variable
+from .grid import ForecastGrid
+from .regions import get_regions
+from .units import unit_of
 
 __all__ = ["DIM_ALIASES", "VAR_ALIASES", "evaluate", "normalise"]
+
+SPACE = ("latitude", "longitude")
 
 log = logging.getLogger(__name__)
 
@@ -61,42 +67,47 @@ def normalise(ds: xr.Dataset, what: str = "dataset") -> xr.Dataset:
     return ds
 
 
-def _align(ref: xr.Dataset, other: xr.Dataset, what: str) -> xr.Dataset:
-    """``other`` on ``ref``'s latitude, longitude and level values (exact match required)."""
-    for dim in ("latitude", "longitude", "level"):
-        if dim not in ref.dims:
-            continue
-        if dim not in other.dims:
-            raise ValueError(f"{what} has no {dim!r} dimension but the forecast has")
-        want, have = ref[dim].values, other[dim].values
-        missing = np.setdiff1d(want, have)
-        if missing.size:
-            raise ValueError(
-                f"{what} lacks {dim} values {missing.tolist()[:5]} of the forecast grid "
-                f"({have.min()}…{have.max()}, {have.size} values); regrid it to the forecast's {dim}"
-            )
-        other = other.sel({dim: want})
-    return other
+def _levels(ref: xr.DataArray, other: xr.DataArray, what: str) -> xr.DataArray:
+    """``other`` on the forecast variable's levels (exact hPa values)."""
+    if "level" not in ref.dims:
+        return other
+    if "level" not in other.dims:
+        raise ValueError(f"{what} {ref.name} has no 'level' dimension but the forecast has")
+    want, have = ref["level"].values, other["level"].values
+    missing = np.setdiff1d(want, have)
+    if missing.size:
+        raise ValueError(
+            f"{what} {ref.name} lacks levels {missing.tolist()[:5]} of the forecast (it has "
+            f"{have.tolist()}); use a store with those levels or score --variables without them"
+        )
+    return other.sel(level=want)
 
 
-def _rows(metric: str, model: str, result: xr.Dataset) -> list[dict[str, Any]]:
+def _rows(
+    scores: dict[tuple[str, str, str], np.ndarray], fc: xr.DataArray, unit: str
+) -> list[dict[str, Any]]:
+    """Time means (RMSE = sqrt of the mean MSE) as long-table rows."""
+    levels = fc["level"].values if "level" in fc.dims else [None]
+    hours = fc["prediction_timedelta"].values / np.timedelta64(1, "h")
     rows = []
-    for var in result.data_vars:
-        da = result[var].compute()
-        levels = da["level"].values if "level" in da.dims else [None]
-        for lev in levels:
-            sub = da.sel(level=lev) if lev is not None else da
-            for lead in sub["prediction_timedelta"].values:
-                value = float(sub.sel(prediction_timedelta=lead))
-                hours = float(np.asarray(lead, "timedelta64[s]").astype(np.int64)) / 3600
+    for (model, quantity, region), per_init in scores.items():
+        value = per_init.mean(axis=0)  # skipna=False: a NaN init makes the mean NaN
+        metric = {"se": "rmse", "e": "bias", "acc": "acc"}[quantity]
+        if metric == "rmse":
+            value = np.sqrt(value)
+        for li, h in enumerate(hours):
+            for ki, lev in enumerate(levels):
+                v = value[li] if lev is None else value[li, ki]
                 rows.append(
                     {
                         "model": model,
                         "metric": metric,
-                        "variable": str(var),
+                        "region": region,
+                        "variable": str(fc.name),
                         "level": None if lev is None else int(lev),
-                        "lead_hours": hours,
-                        "value": value,
+                        "lead_hours": float(h),
+                        "value": float(v),
+                        "unit": "1" if metric == "acc" else unit,
                     }
                 )
     return rows
@@ -110,10 +121,14 @@ def evaluate(
     variables: Sequence[str] | None = None,
     baselines: bool = True,
     model: str = "forecast",
+    regions: Sequence[str] | None = None,
+    progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """RMSE, bias (and ACC with a climatology) per variable, level and lead, as table rows.
+    """RMSE, bias (and ACC with a climatology) per region, variable, level and lead, as table rows.
 
     With ``baselines`` the persistence (and climatology) forecasts are scored on the same inits.
+    ``regions``: names from ``REGIONS`` or ``["all"]`` (default: global). Every chunk of the three
+    stores is read once (``engine.score_variable``).
     """
     forecast, truth = normalise(forecast, "forecast"), normalise(truth, "truth")
     names = list(variables) if variables else [v for v in forecast.data_vars if v in truth.data_vars]
@@ -126,23 +141,36 @@ def evaluate(
     for dim in ("time", "prediction_timedelta"):
         if dim not in forecast.dims:
             raise ValueError(f"forecast has no {dim!r} dimension: is it a forecast store (init, lead)?")
-    fc = forecast[names]
-    obs = wb2.truth_at_valid_time(_align(fc, truth[names], "truth"), fc)
-    init, lead = fc["time"], fc["prediction_timedelta"]
-    candidates: dict[str, xr.Dataset] = {model: fc}
-    clim = None
     if climatology is not None:
-        clim_ds = _align(fc, normalise(climatology, "climatology")[names], "climatology")
-        clim = wb2.climatology_at_valid_time(clim_ds, init, lead)
-    if baselines:
-        candidates["persistence"] = wb2.persistence_forecast(_align(fc, truth[names], "truth"), init, lead)
-        if clim is not None:
-            candidates["climatology"] = clim.transpose(*obs.dims)
+        climatology = normalise(climatology, "climatology")
+        lacking = [v for v in names if v not in climatology.data_vars]
+        if lacking:
+            raise ValueError(
+                f"climatology lacks {lacking}; it has {sorted(map(str, climatology.data_vars))}: "
+                f"score without --climatology or with --variables that it has"
+            )
+    forecast = forecast if forecast.indexes["time"].is_monotonic_increasing else forecast.sortby("time")
+    truth = truth if truth.indexes["time"].is_monotonic_increasing else truth.sortby("time")
+    grid = ForecastGrid.match(forecast, truth)
+    plans = plan_regions(get_regions(regions), grid, truth)
     rows: list[dict[str, Any]] = []
-    for label, f in candidates.items():
-        rows += _rows("rmse", label, wb2.rmse(f, obs))
-        rows += _rows("bias", label, wb2.bias(f, obs))
-        if clim is not None and label != "climatology":  # ACC of the climatology is undefined (0/0)
-            rows += _rows("acc", label, wb2.acc(f, obs, clim))
-    log.info("scored %d variables × %d inits × %d leads", len(names), init.size, lead.size)
+    blocks = {n: block_size(forecast[n]) for n in names}
+    total = sum(-(-forecast.sizes["time"] // b) for b in blocks.values())
+    with tqdm(total=total, desc="score", unit="block", disable=not progress, leave=False) as bar:
+        for name in names:
+            fc = forecast[name]
+            fc = fc.transpose("time", "prediction_timedelta", *[d for d in fc.dims if d == "level"], *SPACE)
+            obs = _levels(fc, truth[name], "truth")
+            obs = obs.transpose("time", *[d for d in obs.dims if d == "level"], *SPACE)
+            clim = None
+            if climatology is not None:
+                clim = _levels(fc, climatology[name], "climatology")
+                clim = clim.transpose("hour", "dayofyear", *[d for d in clim.dims if d == "level"], *SPACE)
+            scores = score_variable(fc, obs, clim, grid, plans, baselines=baselines, model=model, bar=bar)
+            unit = unit_of(name, fc.attrs, truth[name].attrs)
+            rows += _rows(scores, fc, unit)
+    log.info(
+        "scored %d variables × %d inits × %d leads in %d region(s)",
+        len(names), forecast.sizes["time"], forecast.sizes["prediction_timedelta"], len(plans),
+    )  # fmt: skip
     return rows

@@ -1,16 +1,30 @@
-"""Scorecard: our RMSE per variable, level and lead beside the published WB1/WB2 baselines."""
+"""Scorecard: RMSE, ACC and bias per region, variable, level and lead, with units, beside the
+published WB1/WB2 RMSEs (shipped as ``baselines_rmse.csv``) and the period they were measured on."""
 
 from __future__ import annotations
 
 import csv
 import json
 import os
+import textwrap
 from collections import defaultdict
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
-__all__ = ["format_scorecard", "grid_resolution", "read_baselines", "write_scores"]
+__all__ = [
+    "BASELINES",
+    "format_scorecard",
+    "grid_resolution",
+    "published_for",
+    "read_baselines",
+    "read_scores",
+    "write_scores",
+]
 
+WIDTH = 100
+BASELINES = "baselines_rmse.csv"  # package data of jigsaw_earth.metrics
+FIELDS = ["model", "metric", "region", "variable", "level", "lead_hours", "value", "unit"]
 _RESOLUTIONS = {1440: "0.25deg", 240: "1.5deg", 64: "5.625deg"}
 
 
@@ -19,62 +33,110 @@ def grid_resolution(n_lon: int) -> str:
     return _RESOLUTIONS.get(n_lon, f"{360 / n_lon:g}deg")
 
 
-def read_baselines(path: str | os.PathLike) -> list[dict[str, Any]]:
-    """Rows of ``baselines_rmse.csv`` (benchmark, resolution, model, variable, level_hpa, lead_days, rmse)."""
-    path = Path(path)
-    if not path.is_file():
-        raise FileNotFoundError(
-            f"baselines file {path} not found; pass --baselines shared/reference/baselines_rmse.csv"
-        )
-    with open(path, newline="") as f:
-        rows = list(csv.DictReader(f))
+def read_baselines(path: str | os.PathLike | None = None) -> list[dict[str, Any]]:
+    """Rows of a baselines CSV (benchmark, resolution, eval_period, model, variable, level_hpa,
+    lead_days, rmse, unit); default: the published WB1/WB2 numbers shipped with the package."""
+    if path is None:
+        text = resources.files("jigsaw_earth.metrics").joinpath(BASELINES).read_text()
+        source = f"jigsaw_earth.metrics/{BASELINES}"
+    else:
+        if not Path(path).is_file():
+            raise FileNotFoundError(
+                f"baselines file {path} not found; leave --baselines out for the shipped one"
+            )
+        text, source = Path(path).read_text(), str(path)
+    rows = list(csv.DictReader(text.splitlines()))
     needed = {"benchmark", "resolution", "model", "variable", "level_hpa", "lead_days", "rmse"}
     if rows and not needed <= set(rows[0]):
-        raise ValueError(f"{path} lacks columns {sorted(needed - set(rows[0]))}")
+        raise ValueError(f"{source} lacks columns {sorted(needed - set(rows[0]))}")
     return rows
 
 
-def _key(variable: str, level: Any, lead_days: Any) -> tuple[str, str, str]:
-    lev = "" if level in (None, "") else str(int(float(level)))
-    return variable, lev, str(lead_days)
+def _level_key(level: Any) -> str:
+    return "" if level in (None, "") else str(int(float(level)))
 
 
-def format_scorecard(rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str) -> str:
-    """A text table: one line per (variable, level, lead) with our models' and the published RMSEs."""
-    ours: dict[tuple[str, str, float], dict[str, float]] = defaultdict(dict)
+def published_for(
+    baselines: list[dict[str, Any]], resolution: str, variable: str, level: Any
+) -> list[dict[str, Any]]:
+    """Published rows for one variable and level at ``resolution``."""
+    return [
+        b
+        for b in baselines
+        if b["resolution"] == resolution
+        and b["variable"] == variable
+        and _level_key(b["level_hpa"]) == _level_key(level)
+    ]
+
+
+def _fmt(v: float | None, metric: str = "rmse") -> str:
+    if v is None:
+        return ""
+    return f"{v:.4f}" if metric == "acc" else f"{v:.4g}"
+
+
+def _published_lines(pub: list[dict[str, Any]], unit: str, period: str) -> list[str]:
+    by_lead: dict[str, list[str]] = defaultdict(list)
+    for b in pub:
+        by_lead[b["lead_days"]].append(f"{b['model']} {float(b['rmse']):.4g}")
+    first = pub[0]
+    title = (
+        f"published RMSE [{unit}], {first['benchmark']} {first['resolution']}, evaluated "
+        f"{first.get('eval_period') or '?'} (this run: {period}):"
+    )
+    lines = textwrap.wrap(title, WIDTH, initial_indent="  ", subsequent_indent="    ")
+    order = sorted(by_lead, key=lambda d: (d == "all", float(d) if d != "all" else 0))
+    for d in order:
+        label = "all leads" if d == "all" else f"{d} d"
+        lines += textwrap.wrap(
+            " · ".join(by_lead[d]), WIDTH, initial_indent=f"    {label}: ", subsequent_indent=" " * 8
+        )
+    return lines
+
+
+def format_scorecard(
+    rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str, period: str = "?"
+) -> str:
+    """Text tables (at most 100 columns): per region and variable, one line per lead with RMSE and
+    ACC of every model and the forecast's bias; the published RMSEs under the global tables."""
+    table: dict[tuple, dict[tuple[str, str], float]] = defaultdict(dict)
+    units: dict[tuple, str] = {}
+    models: list[str] = []
     for r in rows:
-        if r["metric"] == "rmse":
-            ours[(r["variable"], "" if r["level"] is None else str(r["level"]), r["lead_hours"])][
-                r["model"]
-            ] = r["value"]
-    published: dict[tuple[str, str, str], dict[str, float]] = defaultdict(dict)
-    for b in baselines:
-        if b["resolution"] == resolution:
-            published[_key(b["variable"], b["level_hpa"], b["lead_days"])][
-                f"{b['benchmark']} {b['model']}"
-            ] = float(b["rmse"])
-    models = sorted({m for v in ours.values() for m in v}, key=lambda m: (m != "forecast", m))
-    pub_models = sorted({m for v in published.values() for m in v})
-    header = ["variable", "level", "lead_h", *models, *pub_models]
-    lines = []
-    for (var, lev, hours), scores in sorted(ours.items()):
-        days = hours / 24
-        pub = published.get(_key(var, lev or None, f"{days:g}"), {}) if days.is_integer() else {}
-        pub = {**published.get(_key(var, lev or None, "all"), {}), **pub}
-        lines.append(
-            [var, lev or "-", f"{hours:g}"]
-            + [f"{scores[m]:.4g}" if m in scores else "" for m in models]
-            + [f"{pub[m]:.4g}" if m in pub else "" for m in pub_models]
-        )
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *lines)]
-
-    def fmt(row: list[Any]) -> str:
-        return "  ".join(
-            str(x).rjust(w) if i else str(x).ljust(w) for i, (x, w) in enumerate(zip(row, widths))
-        )
-
-    note = f"published baselines at {resolution}" if pub_models else f"no published baselines at {resolution}"
-    return "\n".join([fmt(header), *map(fmt, lines), f"({note}; RMSE = sqrt of the mean MSE over inits)"])
+        key = (r.get("region", "global"), r["variable"], r["level"])
+        table[(*key, r["lead_hours"])][(r["metric"], r["model"])] = r["value"]
+        if r["metric"] != "acc":
+            units[key] = r.get("unit", "")
+        if r["model"] not in models:
+            models.append(r["model"])
+    cols = [(m, mod) for m in ("rmse", "acc") for mod in models if any((m, mod) in v for v in table.values())]
+    cols += [("bias", models[0])] if models else []
+    width = max(9, *(min(len(mod), 11) for _, mod in cols)) if cols else 9
+    group_names = {"rmse": "RMSE", "acc": "ACC", "bias": "bias"}
+    out = textwrap.wrap(
+        f"Scores at {resolution}, inits {period}. RMSE = sqrt of the mean MSE over inits; ACC against "
+        f"the climatology (WB2, uncentred); RMSE and bias in the variable's unit.",
+        WIDTH,
+    )
+    blocks = sorted({k[:3] for k in table}, key=lambda k: (k[0] != "global", k[0], k[1], k[2] or 0))
+    for region, var, lev in blocks:
+        unit = units.get((region, var, lev), "")
+        where = var if lev is None else f"{var} @ {lev} hPa"
+        out += ["", f"{region} · {where} [{unit}]"]
+        metrics = dict.fromkeys(c[0] for c in cols)
+        groups = "".join(group_names[m].ljust((width + 1) * sum(c[0] == m for c in cols)) for m in metrics)
+        out.append(" " * 8 + groups.rstrip())
+        out.append("  lead  " + " ".join(mod[:11].rjust(width) for _, mod in cols))
+        leads = sorted(k[3] for k in table if k[:3] == (region, var, lev))
+        for hours in leads:
+            vals = table[(region, var, lev, hours)]
+            out.append(f"{hours:>5g} h " + " ".join(_fmt(vals.get(c), c[0]).rjust(width) for c in cols))
+        pub = published_for(baselines, resolution, var, lev) if region == "global" else []
+        if pub:
+            out += _published_lines(pub, unit, period)
+    if not any(published_for(baselines, resolution, r["variable"], r["level"]) for r in rows):
+        out += ["", f"(no published baselines at {resolution} for these variables)"]
+    return "\n".join(out)
 
 
 def write_scores(rows: list[dict[str, Any]], prefix: str | os.PathLike, info: dict[str, Any]) -> list[Path]:
@@ -84,7 +146,19 @@ def write_scores(rows: list[dict[str, Any]], prefix: str | os.PathLike, info: di
     js, cs = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".csv")
     js.write_text(json.dumps({**info, "scores": rows}, indent=1))
     with open(cs, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=["model", "metric", "variable", "level", "lead_hours", "value"])
+        writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
     return [js, cs]
+
+
+def read_scores(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+    """Rows and run info of a ``PREFIX.json`` written by ``write_scores``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"score file {path} not found; write one with `jigsaw-earth score`")
+    data = json.loads(path.read_text())
+    if "scores" not in data:
+        raise ValueError(f"{path} has no 'scores' list: is it a PREFIX.json from `jigsaw-earth score`?")
+    rows = data.pop("scores")
+    return rows, data

@@ -40,8 +40,8 @@ Data = xr.DataArray | xr.Dataset
 
 
 def spatial_mean(x: Data, kind: str = "wb2") -> Data:
-    """Latitude-weighted mean over latitude and longitude (WB2's ``_spatial_average``)."""
-    return x.weighted(weights_like(x, kind)).mean(SPACE)
+    """Latitude-weighted mean over latitude and longitude (WB2's ``_spatial_average``, skipna=False)."""
+    return x.weighted(weights_like(x, kind)).mean(SPACE, skipna=False)
 
 
 def valid_times(init: xr.DataArray, lead: xr.DataArray) -> xr.DataArray:
@@ -104,18 +104,18 @@ def mse(forecast: Data, truth: Data, kind: str = "wb2") -> Data:
 
 def rmse(forecast: Data, truth: Data) -> Data:
     """WB2 headline RMSE per lead: ``sqrt(mean over inits of mse)``."""
-    return np.sqrt(mse(forecast, truth).mean("time"))
+    return np.sqrt(mse(forecast, truth).mean("time", skipna=False))
 
 
 def bias(forecast: Data, truth: Data) -> Data:
-    return spatial_mean(forecast - truth).mean("time")
+    return spatial_mean(forecast - truth).mean("time", skipna=False)
 
 
 def acc(forecast: Data, truth: Data, climatology: Data) -> Data:
     """Uncentred ACC per lead; ``truth`` and ``climatology`` already at the valid times."""
     fa, oa = forecast - climatology, truth - climatology
     per_init = spatial_mean(fa * oa) / np.sqrt(spatial_mean(fa**2) * spatial_mean(oa**2))
-    return per_init.mean("time")
+    return per_init.mean("time", skipna=False)
 
 
 def _lead_dims(x: Data) -> list[str]:

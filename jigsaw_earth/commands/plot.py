@@ -1,0 +1,31 @@
+"""``jigsaw-earth plot``: pictures of an existing score file (``PREFIX.json`` from ``score``)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+
+from ..metrics.scorecard import read_baselines, read_scores
+
+log = logging.getLogger(__name__)
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("plot", help="scorecard PNGs and forecast/truth/error maps of a score file")
+    p.add_argument("scores", type=Path, metavar="PREFIX.json", help="written by `jigsaw-earth score`")
+    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the PNGs")
+    p.add_argument(
+        "--baselines", type=Path, metavar="CSV", help="published RMSEs (default: the shipped ones)"
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..metrics.plots import plot_all
+
+    rows, info = read_scores(args.scores)
+    baselines = read_baselines(args.baselines or info.get("baselines"))
+    for path in plot_all(rows, info, baselines, args.out):
+        print(f"wrote {path}")
+    return 0

@@ -1,0 +1,207 @@
+"""Pictures of a score: a scorecard PNG per region (RMSE and ACC against lead for the model, the
+persistence and climatology baselines and the published numbers) and maps of forecast, truth and
+error. matplotlib draws them (Agg, no display needed); cartopy adds coastlines when installed."""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import xarray as xr
+
+from .evaluate import normalise
+from .scorecard import published_for
+
+__all__ = ["plot_all", "plot_maps", "plot_scorecard"]
+
+log = logging.getLogger(__name__)
+
+# One level per upper-air variable in the scorecard picture (WB2's headline levels); the printed
+# scorecard and the score files have every level.
+HEADLINE_LEVELS = {
+    "geopotential": 500,
+    "temperature": 850,
+    "specific_humidity": 700,
+    "u_component_of_wind": 850,
+    "v_component_of_wind": 850,
+}
+STYLE = {
+    "persistence": {"color": "tab:gray", "linestyle": "--"},
+    "climatology": {"color": "tab:brown", "linestyle": ":"},
+}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _label(var: str, level: Any) -> str:
+    return var if level is None else f"{var} @ {level} hPa"
+
+
+def plot_scorecard(
+    rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str, out_dir: str | os.PathLike
+) -> list[Path]:
+    """``scorecard-REGION.png``: per variable RMSE and ACC against lead (days); upper-air variables
+    at their headline level (``HEADLINE_LEVELS``)."""
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    series: dict[tuple, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    units: dict[tuple, str] = {}
+    for r in rows:
+        key = (r.get("region", "global"), r["variable"], r["level"], r["metric"])
+        series[key][r["model"]].append((r["lead_hours"] / 24, r["value"]))
+        units[key] = r.get("unit", "")
+    paths = []
+    for region in dict.fromkeys(k[0] for k in series):
+        fields = _headline(list(dict.fromkeys(k[1:3] for k in series if k[0] == region)))
+        fig, axes = plt.subplots(len(fields), 2, figsize=(10, 2.6 * len(fields) + 0.6), squeeze=False)
+        for (var, lev), (ax_rmse, ax_acc) in zip(fields, axes):
+            for metric, ax in (("rmse", ax_rmse), ("acc", ax_acc)):
+                for model, points in series.get((region, var, lev, metric), {}).items():
+                    x, y = zip(*sorted(points))
+                    ax.plot(x, y, marker="o", ms=3, label=model, **STYLE.get(model, {"lw": 2}))
+                ax.set_xlabel("lead (days)")
+                ax.grid(alpha=0.3)
+            unit = units.get((region, var, lev, "rmse"), "")
+            ax_rmse.set_title(f"{_label(var, lev)}: RMSE [{unit}]", fontsize=10)
+            ax_acc.set_title(f"{_label(var, lev)}: ACC", fontsize=10)
+            if region in ("global", "domain"):
+                _published(ax_rmse, published_for(baselines, resolution, var, lev))
+            ax_rmse.legend(fontsize=7, ncol=2)
+            if ax_acc.lines:
+                ax_acc.legend(fontsize=7)
+        fig.suptitle(f"{region} · {resolution}", fontsize=12)
+        fig.tight_layout()
+        path = out_dir / f"scorecard-{region}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def _headline(fields: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
+    """Surface fields, and each upper-air variable at its headline level (else its first level)."""
+    levels: dict[str, list] = defaultdict(list)
+    for var, lev in fields:
+        levels[var].append(lev)
+    out = []
+    for var, levs in levels.items():
+        want = HEADLINE_LEVELS.get(var)
+        out.append((var, want if want in levs else levs[0]))
+    return out
+
+
+def _published(ax, pub: list[dict[str, Any]]) -> None:
+    """Published RMSEs as markers at their lead days; climatologies ('all' leads) as lines."""
+    by_model: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for b in pub:
+        if b["lead_days"] == "all":
+            ax.axhline(float(b["rmse"]), color="0.6", lw=0.8, ls="-.")
+            ax.annotate(
+                f"{b['benchmark']} {b['model']}", (0, float(b["rmse"])), xycoords=("axes fraction", "data"),
+                fontsize=6, color="0.4", va="bottom",
+            )  # fmt: skip
+        else:
+            by_model[f"{b['benchmark']} {b['model']} ({b.get('eval_period', '')})"].append(
+                (float(b["lead_days"]), float(b["rmse"]))
+            )
+    for label, points in by_model.items():
+        x, y = zip(*sorted(points))
+        ax.plot(x, y, marker="x", ls="none", ms=5, label=label)
+
+
+def _coastlines():
+    try:
+        import cartopy.crs as ccrs
+    except ImportError:
+        return None
+    return ccrs
+
+
+def plot_maps(
+    forecast: xr.Dataset,
+    truth: xr.Dataset,
+    out_dir: str | os.PathLike,
+    *,
+    variables: list[str] | None = None,
+    init_index: int = 0,
+    lead_index: int = -1,
+) -> list[Path]:
+    """``map-VARIABLE.png``: forecast, truth at the valid time and their difference, for one init
+    and lead (default: the first init, the last lead); upper-air variables at 500 hPa when present."""
+    plt = _pyplot()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    forecast, truth = normalise(forecast, "forecast"), normalise(truth, "truth")
+    names = variables or [v for v in forecast.data_vars if v in truth.data_vars]
+    ccrs = _coastlines()
+    paths = []
+    for name in names:
+        fc = forecast[name].isel(time=init_index, prediction_timedelta=lead_index)
+        valid = fc["time"].values + fc["prediction_timedelta"].values
+        obs = truth[name].sel(time=valid)
+        level = None
+        if "level" in fc.dims:
+            levels = fc["level"].values
+            level = int(500 if 500 in levels else levels[0])
+            fc, obs = fc.sel(level=level), obs.sel(level=level)
+        obs = obs.sel(latitude=fc["latitude"], longitude=fc["longitude"], method="nearest", tolerance=1e-3)
+        f, o = fc.load().sortby("latitude"), obs.load().sortby("latitude")
+        err = f - o.values
+        lead_h = fc["prediction_timedelta"].values / np.timedelta64(1, "h")
+        title = f"{_label(name, level)}, init {str(fc['time'].values)[:16]}, lead {lead_h:g} h"
+        kw = {"subplot_kw": {"projection": ccrs.PlateCarree(central_longitude=180)}} if ccrs else {}
+        fig, axes = plt.subplots(1, 3, figsize=(15, 3.6), **kw)
+        vmin, vmax = float(min(f.min(), o.min())), float(max(f.max(), o.max()))
+        lim = float(abs(err).max()) or 1.0
+        lon, lat = f["longitude"].values, f["latitude"].values
+        for ax, data, what, opts in (
+            (axes[0], f, "forecast", {"vmin": vmin, "vmax": vmax, "cmap": "viridis"}),
+            (axes[1], o, "truth", {"vmin": vmin, "vmax": vmax, "cmap": "viridis"}),
+            (axes[2], err, "forecast − truth", {"vmin": -lim, "vmax": lim, "cmap": "RdBu_r"}),
+        ):
+            extra = {"transform": ccrs.PlateCarree()} if ccrs else {}
+            mesh = ax.pcolormesh(lon, lat, np.asarray(data), shading="nearest", **opts, **extra)
+            if ccrs:
+                ax.coastlines(lw=0.5)
+            else:
+                ax.set_xlabel("longitude (°E)")
+                ax.set_ylabel("latitude (°N)")
+            ax.set_title(what, fontsize=10)
+            fig.colorbar(mesh, ax=ax, shrink=0.8, label=str(forecast[name].attrs.get("units", "")))
+        fig.suptitle(title, fontsize=11)
+        fig.tight_layout()
+        path = out_dir / f"map-{name}.png"
+        fig.savefig(path, dpi=100)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def plot_all(
+    rows: list[dict[str, Any]],
+    info: dict[str, Any],
+    baselines: list[dict[str, Any]],
+    out_dir: str | os.PathLike,
+) -> list[Path]:
+    """Scorecards, and maps when the forecast and truth stores named in ``info`` can be opened."""
+    paths = plot_scorecard(rows, baselines, info.get("resolution", "?"), out_dir)
+    fc_path, truth_path = info.get("forecast"), info.get("truth")
+    if fc_path and truth_path and all(Path(p).exists() or "://" in p for p in (fc_path, truth_path)):
+        variables = list(dict.fromkeys(r["variable"] for r in rows))
+        fc, truth = xr.open_zarr(fc_path, chunks=None), xr.open_zarr(truth_path, chunks=None)
+        paths += plot_maps(fc, truth, out_dir, variables=variables)
+    else:
+        log.warning("forecast or truth store not found (%s, %s): no maps drawn", fc_path, truth_path)
+    return paths
