@@ -73,6 +73,8 @@ class TokenMixing(nn.Module):
     def _first_operand(self) -> torch.Tensor:
         """``W1``'s row block ``(D_q, N)`` with columns in rank-major token order."""
         w1 = self.w1
+        if len(self._tiles) == 1:  # one rank: the whole weight, as a view (no copy of W1)
+            return w1.reshape(w1.shape[0], -1)
         blocks = [w1[:, t.lat_start : t.lat_stop, t.lon_start : t.lon_stop] for t in self._tiles]
         return torch.cat([b.reshape(w1.shape[0], b.shape[1] * b.shape[2]) for b in blocks], dim=1)
 
