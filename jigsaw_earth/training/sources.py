@@ -113,6 +113,9 @@ class StoreSource:
         return np.stack(out)
 
 
+SMALL_GRID_POINTS = 128 * 256  # tile-chunked stores pay off from about this size (measured)
+
+
 def _warn_over_read(source: StoreSource, grid: TileGrid, mesh: DomainMesh) -> None:
     """Warn (rank 0) when the store's chunks make this rank read much more than its tile."""
     if mesh.rank != 0 or grid.n_tiles == 1:
@@ -120,7 +123,9 @@ def _warn_over_read(source: StoreSource, grid: TileGrid, mesh: DomainMesh) -> No
     planned = planned_fraction(source.reader, 1)
     share = source.tile.shape[0] * source.tile.shape[1] / (grid.n_lat * grid.n_lon)
     if planned > OVER_READ_WARNING * share:
-        log.warning(
+        # below ~128x256 points zarr's per-chunk cost outweighs the saving (docs/training.md)
+        small = grid.n_lat * grid.n_lon < SMALL_GRID_POINTS
+        (log.info if small else log.warning)(
             "store %s: each rank reads %.2fx its tile (%.3f of every sample; its share is %.3f): the "
             "chunks do not follow the %dx%d tiles. Rewrite it: jigsaw-earth data prepare %s --out DST "
             "--for-mesh %dx%d",
