@@ -78,11 +78,16 @@ def plot_scorecard(
             ax_acc.set_title(f"{_label(var, lev)}: ACC", fontsize=10)
             if region in ("global", "domain"):
                 _published(ax_rmse, published_for(baselines, resolution, var, lev))
-            ax_rmse.legend(fontsize=7, ncol=2)
-            if ax_acc.lines:
-                ax_acc.legend(fontsize=7)
+        # one legend for the figure, below the panels: a legend inside an axis hides its curves
+        legend: dict[str, Any] = {}
+        for ax in axes.flat:
+            for handle, label in zip(*ax.get_legend_handles_labels()):
+                legend.setdefault(label, handle)
+        rows_of_legend = -(-len(legend) // 3)
+        bottom = (0.25 + 0.18 * rows_of_legend) / fig.get_figheight()
+        fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=3, fontsize=8, frameon=False)
         fig.suptitle(f"{region} · {resolution}", fontsize=12)
-        fig.tight_layout()
+        fig.tight_layout(rect=(0, bottom, 1, 1))
         path = out_dir / f"scorecard-{region}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
