@@ -659,7 +659,7 @@ def test_climatology_on_another_grid(
     run_dir = tmp_path / "run"
     cfg = _config_for(tmp_path, store, run_dir, {"data": {"climatology": str(other_grid_climatology)}})
     code, out = _cli(["train", str(cfg)], capsys)
-    fragments = [str(other_grid_climatology), "8 × 16", "16 × 32", "point data.climatology"]
+    fragments = [str(other_grid_climatology), "8x16", "16x32", "data.climatology", "regrid it"]
     _assert_clean_error(code, out, 2, fragments)
     assert not run_dir.exists()  # nothing of the run was written
 

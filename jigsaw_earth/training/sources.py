@@ -17,6 +17,7 @@ import xarray as xr
 
 from ..config.schema import TrainConfig
 from ..data.batch import VariableSpec
+from ..data.climatology import check_same_grid
 from ..data.preflight import default_climatology_path, store_preflight
 from ..data.reader import TileReader
 from ..data.report import OVER_READ_WARNING, planned_fraction
@@ -75,19 +76,8 @@ class StoreSource:
             ds = xr.open_zarr(str(path), chunks=None, consolidated=False)
         lat = np.asarray(ds["latitude"].values)
         lon = np.asarray(ds["longitude"].values)
+        check_same_grid(self.view, lat, lon, f"data.climatology {str(path)!r}")
         order = np.argsort(-lat, kind="stable")
-        store_lon = np.asarray(self.view.lon)
-        if (
-            lat.shape != self.lat.shape
-            or lon.shape != store_lon.shape
-            or not np.allclose(lat[order], self.lat)
-            or not np.allclose(np.sort(lon), store_lon)
-        ):
-            raise ValueError(
-                f"climatology {str(path)!r} is on a {len(lat)} × {len(lon)} latitude × longitude grid, "
-                f"the store {self.view.path!r} on {len(self.lat)} × {len(store_lon)}; point "
-                f"data.climatology at a climatology of the store's grid (or regrid this one)"
-            )
         t = self.tile
         rows = order[t.lat_start : t.lat_stop]
         cols = np.argsort(lon, kind="stable")[t.lon_start : t.lon_stop]
@@ -139,7 +129,8 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
     d = cfg.data
     problems = store_preflight(cfg)
     if problems:
-        raise ValueError(f"the config does not fit store {d.store!r}:\n- " + "\n- ".join(problems))
+        listed = problems[0] if len(problems) == 1 else "\n- " + "\n- ".join(problems)
+        raise ValueError(f"the config does not fit store {d.store!r}: {listed}")
     spec = VariableSpec(tuple(d.upper_air), tuple(d.levels), tuple(d.surface), tuple(d.static))
     view = StoreView.open(d.store)
     grid = TileGrid(*view.grid_shape, mesh.shape.lat, mesh.shape.lon)
