@@ -96,7 +96,7 @@ class PatchEmbed(nn.Module):
         rows = in_ch * self.patch[0] * self.patch[1]
         start, stop = domain.split(embed_dim)
         self.out_sizes = domain.split_sizes(embed_dim)
-        self.weight = sharded_parameter((rows, embed_dim), 1, start, stop)
+        self.weight = _conv_layout(sharded_parameter((rows, embed_dim), 1, start, stop))
         self.bias = sharded_parameter((embed_dim,), 0, start, stop) if bias else None
         self.reset_parameters()
 
@@ -106,8 +106,9 @@ class PatchEmbed(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_field(x, self.domain, self.in_ch, "PatchEmbed")
-        # the (C·p·p, D_q) column block is the conv weight block (D_q, C, p, p), rows in (c, i, j)
-        weight = self.weight.T.reshape(-1, self.in_ch, *self.patch)
+        # the (C·p·p, D_q) column block is the conv weight block (D_q, C, p, p), rows in (c, i, j):
+        # a view, as the parameter is stored in conv layout
+        weight = self.weight.T.view(-1, self.in_ch, *self.patch)
         with comm_site("patch_embed"):
             y = sharded_conv(
                 x, self.domain, self.out_domain, self.windows, self.stride, (1, 1),
@@ -121,6 +122,15 @@ class PatchEmbed(nn.Module):
             f"{self.in_ch} -> {self.embed_dim}, patch={self.patch}, stride={self.stride}, "
             f"padding={self.padding}, tokens=({g.n_lat}, {g.n_lon}), shards {self.out_sizes}"
         )
+
+
+def _conv_layout(weight: nn.Parameter) -> nn.Parameter:
+    """The canonical ``(C·p·p, D_q)`` weight stored as the transpose of a contiguous ``(D_q, C·p·p)``
+    (the conv layout), so forward reads the conv weight as a view and backward's dW lands without
+    a transposing copy. Shape, shard spec and checkpoints stay canonical."""
+    stored = nn.Parameter(torch.empty(weight.shape[::-1], device=weight.device).T)
+    stored._jigsaw_spec = weight._jigsaw_spec  # type: ignore[attr-defined]
+    return stored
 
 
 class PatchRecovery(nn.Module):
