@@ -74,6 +74,27 @@ def _grad_input(dy, x, w, spec: ConvSpec) -> torch.Tensor:
     )[0]
 
 
+def _is_patch(x: torch.Tensor, w: torch.Tensor, spec: ConvSpec) -> bool:
+    """A non-overlapping patch convolution tiling ``x`` exactly (PatchEmbed): stride = kernel."""
+    stride, dilation, transposed = spec
+    kh, kw = w.shape[-2:]
+    exact = x.shape[-2] % kh == 0 and x.shape[-1] % kw == 0
+    return not transposed and tuple(stride) == (kh, kw) and tuple(dilation) == (1, 1) and exact
+
+
+def _add_patch_grad(acc: torch.Tensor | None, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """``acc += dY·W`` for a patch convolution, rows ``(b, i, j)``, columns ``(c, u, v)``: one GEMM
+    accumulating in place, where ``convolution_backward`` would need a temporary 3× ``dX``."""
+    rows, cols = dy.permute(0, 2, 3, 1).reshape(-1, dy.shape[1]), w.reshape(w.shape[0], -1)
+    return rows @ cols if acc is None else acc.addmm_(rows, cols)
+
+
+def _patch_grad_field(acc: torch.Tensor, x: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
+    """The ``(B, C, H, W)`` field of ``_add_patch_grad``'s rows."""
+    (b, c, h, w), (kh, kw) = x.shape, kernel
+    return acc.view(b, h // kh, w // kw, c, kh, kw).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
+
+
 def _grad_weight(dy, x, shape: tuple[int, ...], spec: ConvSpec) -> torch.Tensor:
     stride, dilation, transposed = spec
     dummy = dy.new_empty(1).expand(shape)  # only the weight's shape is read
@@ -113,6 +134,7 @@ class _ConvWeights(torch.autograd.Function):
         need_dx = ctx.needs_input_grad[0]
         op = "conv.weights.backward"
         dys = [d.contiguous() for d in dy.split(list(out_sizes), dim=1)]
+        patch = _is_patch(x, w, spec)
         dx = None
         cur = _message(w, b)
         acc_in = None
@@ -125,7 +147,9 @@ class _ConvWeights(torch.autograd.Function):
                     n = _msg_numel(w, out_sizes[(kw + 1) % P], bias, transposed)
                     w_next = _send_recv(axis, -1, cur, 1, (n,), op=op, tag=_RING)
                 wk, _ = _unmessage(cur, _block_shape(w, out_sizes[kw], transposed), bias)
-                if wk.numel():
+                if wk.numel() and patch:
+                    dx = _add_patch_grad(dx, dys[kw], wk)
+                elif wk.numel():
                     part_dx = _grad_input(dys[kw], x, wk, spec)
                     dx = part_dx if dx is None else dx.add_(part_dx)
             shape = _block_shape(w, out_sizes[kg], transposed)
@@ -141,6 +165,8 @@ class _ConvWeights(torch.autograd.Function):
             if w_next is not None:
                 cur = w_next.wait()[0]
         gw, gb = _unmessage(grad, tuple(w.shape), bias)
+        if patch and dx is not None:
+            dx = _patch_grad_field(dx, x, tuple(w.shape[-2:]))
         if need_dx and dx is None:
             dx = torch.zeros_like(x)
         return _like(dx, x0), _like(gw, w0), _like(gb, b0), None, None, None

@@ -222,17 +222,41 @@ class _ChannelActivations(torch.autograd.Function):
 
 
 # -------------------------------------------------------------- token form, moving activations
+# The token form's ``a`` is either ``M_q × N`` with its columns in rank order, or a weight
+# ``M_q × H × W`` over the token grid with ``tiles[k]`` = rank ``k``'s (lat0, lat1, lon0, lon1):
+# then rank k's columns are read from its tile on the fly, so no rank-ordered copy of the weight
+# lives through the step.
+Tiles = tuple[tuple[int, int, int, int], ...] | None
+
+
+def _cols(a: torch.Tensor, off: Sequence[int], tiles: Tiles, k: int) -> torch.Tensor:
+    """The columns of ``a`` that multiply rank ``k``'s tokens, ``M_q × N_k``."""
+    if tiles is None:
+        return a[:, off[k] : off[k + 1]]
+    i0, i1, j0, j1 = tiles[k]
+    return a[:, i0:i1, j0:j1].reshape(a.shape[0], (i1 - i0) * (j1 - j0))
+
+
+def _set_cols(da: torch.Tensor, off: Sequence[int], tiles: Tiles, k: int, block: torch.Tensor) -> None:
+    """Write rank ``k``'s columns of ``da`` (the inverse of ``_cols``)."""
+    if tiles is None:
+        da[:, off[k] : off[k + 1]] = block
+    else:
+        i0, i1, j0, j1 = tiles[k]
+        da[:, i0:i1, j0:j1] = block.view(da.shape[0], i1 - i0, j1 - j0)
+
+
 class _TokenActivations(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, a, b, axis, counts):  # type: ignore[override]
+    def forward(ctx, x, a, b, axis, counts, tiles):  # type: ignore[override]
         P, q = axis.size, axis.index
         ctx.save_for_backward(x, a, b)
-        ctx.args = (axis, counts)
+        ctx.args = (axis, counts, tiles)
         off = split_offsets(counts)
         op = "matmul.tokens"
         # the ring: post each block's onward transfer before multiplying by it
         nxt = _send_recv(axis, -1, x, 1, (counts[(q + 1) % P], x.shape[1]), op=op, tag=_RING)
-        y = a[:, off[q] : off[q + 1]] @ x
+        y = _cols(a, off, tiles, q) @ x
         if b is not None:
             y = y + b.unsqueeze(-1)
         y = y.to(_acc_dtype(y.dtype))  # accumulate the ring's partial sums in fp32 under autocast
@@ -241,14 +265,14 @@ class _TokenActivations(torch.autograd.Function):
             cur = nxt.wait()[0]
             if s < P - 1:
                 nxt = _send_recv(axis, -1, cur, 1, (counts[(k + 1) % P], x.shape[1]), op=op, tag=_RING)
-            y += a[:, off[k] : off[k + 1]] @ cur
+            y += _cols(a, off, tiles, k) @ cur
         return y
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         x0, a0, b0 = ctx.saved_tensors
         x, a, b, dy = _as(x0.dtype, x0, a0, b0, dy)
-        axis, counts = ctx.args
+        axis, counts, tiles = ctx.args
         P, q = axis.size, axis.index
         off = split_offsets(counts)
         op = "matmul.tokens.backward"
@@ -261,9 +285,9 @@ class _TokenActivations(torch.autograd.Function):
             if s < P - 1:
                 shape = (counts[(kx + 1) % P], x.shape[1])
                 x_next = _send_recv(axis, -1, cur, 1, shape, op=op, tag=_RING)
-            da[:, off[kx] : off[kx + 1]] = dy @ cur.T
+            _set_cols(da, off, tiles, kx, dy @ cur.T)
             if need_dx:
-                part = a[:, off[kg] : off[kg + 1]].T @ dy
+                part = _cols(a, off, tiles, kg).T @ dy
                 if acc_in is not None:
                     part = _add(part, acc_in.wait()[0])
                 if s < P - 1:
@@ -274,24 +298,24 @@ class _TokenActivations(torch.autograd.Function):
             if x_next is not None:
                 cur = x_next.wait()[0]
         db = dy.sum(-1, dtype=_acc_dtype(dy.dtype)) if b is not None else None
-        return _like(dx, x0), _like(da, a0), _like(db, b0), None, None
+        return _like(dx, x0), _like(da, a0), _like(db, b0), None, None, None
 
 
 # ------------------------------------------------------------------ token form, moving weights
 class _TokenWeights(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, a, b, axis, in_counts, out_counts):  # type: ignore[override]
+    def forward(ctx, x, a, b, axis, in_counts, out_counts, tiles):  # type: ignore[override]
         P, q = axis.size, axis.index
         off = split_offsets(in_counts)
         op = "matmul.tokens.weights"
 
         def post(s: int):  # the block of A that multiplies peer q+s's tokens, sent to it
             k_to, k_from = (q + s) % P, (q - s) % P
-            blk = a[:, off[k_to] : off[k_to + 1]]
+            blk = _cols(a, off, tiles, k_to)
             return _send_recv(axis, s, blk, -s, (out_counts[k_from], in_counts[q]), op=op, tag=_RING)
 
         col_blocks: list = [None] * P  # A_k[:, cols_q] for every k: 1/P of A
-        col_blocks[q] = a[:, off[q] : off[q + 1]]
+        col_blocks[q] = _cols(a, off, tiles, q)
         incoming = post(1) if P > 1 else None
         y = col_blocks[q] @ x
         if b is not None:
@@ -308,14 +332,14 @@ class _TokenWeights(torch.autograd.Function):
         for pending in partials:
             y += pending.wait()[0]
         ctx.save_for_backward(x, b, *col_blocks)
-        ctx.args = (axis, in_counts, out_counts, a.shape, a.dtype)
+        ctx.args = (axis, in_counts, out_counts, a.shape, a.dtype, tiles)
         return y
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         x0, b0, *blocks0 = ctx.saved_tensors
         x, b, dy, *col_blocks = _as(x0.dtype, x0, b0, dy, *blocks0)
-        axis, in_counts, out_counts, a_shape, a_dtype = ctx.args
+        axis, in_counts, out_counts, a_shape, a_dtype, tiles = ctx.args
         P, q = axis.size, axis.index
         off = split_offsets(in_counts)
         op = "matmul.tokens.weights.backward"
@@ -328,7 +352,7 @@ class _TokenWeights(torch.autograd.Function):
         incoming = post(1) if P > 1 else None
         dx = (col_blocks[q].T @ dy).to(_acc_dtype(dy.dtype)) if need_dx else None
         da = dy.new_empty(a_shape)
-        da[:, off[q] : off[q + 1]] = dy @ x.T
+        _set_cols(da, off, tiles, q, dy @ x.T)
         returns = []
         for s in range(1, P):
             k_from = (q - s) % P
@@ -342,9 +366,9 @@ class _TokenWeights(torch.autograd.Function):
                 dx += col_blocks[k_from].T @ dyk
         for s, pending in enumerate(returns, start=1):
             k = (q + s) % P
-            da[:, off[k] : off[k + 1]] = pending.wait()[0]
+            _set_cols(da, off, tiles, k, pending.wait()[0])
         db = dy.sum(-1, dtype=_acc_dtype(dy.dtype)) if b is not None else None
-        return _like(dx, x0), da.to(a_dtype), _like(db, b0), None, None, None
+        return _like(dx, x0), da.to(a_dtype), _like(db, b0), None, None, None, None
 
 
 # ------------------------------------------------------------------------------ cost and API
@@ -454,21 +478,26 @@ def matmul_tokens(
     in_counts: Sequence[int],
     out_counts: Sequence[int],
     strategy: Strategy = "auto",
+    tiles: Tiles = None,
 ) -> torch.Tensor:
     """``A·X + b`` contracting the sharded token dimension; ``a`` is this rank's row block.
 
     ``x`` is ``N_q × C`` with ``in_counts[q] = N_q``; ``a`` is ``M_q × sum(in_counts)`` with its
-    columns in rank order; ``b`` is ``M_q``. Returns ``M_q × C``.
+    columns in rank order, or, with ``tiles`` (every rank's ``(lat0, lat1, lon0, lon1)`` token
+    tile), ``M_q × H × W`` over the token grid; ``b`` is ``M_q``. Returns ``M_q × C``.
     """
     _check_strategy(strategy)
     q = axis.index
-    if x.shape[0] != in_counts[q] or tuple(a.shape) != (out_counts[q], sum(in_counts)):
+    n_cols = sum(in_counts) if tiles is None else (a.shape[1] * a.shape[2] if a.dim() == 3 else -1)
+    cols_ok = tiles is None or [(t[1] - t[0]) * (t[3] - t[2]) for t in tiles] == list(in_counts)
+    if x.shape[0] != in_counts[q] or a.shape[0] != out_counts[q] or n_cols != sum(in_counts) or not cols_ok:
         raise ValueError(
             f"matmul_tokens: rank {q} holds x {tuple(x.shape)} and a {tuple(a.shape)}, but "
-            f"in_counts={tuple(in_counts)} and out_counts={tuple(out_counts)}"
+            f"in_counts={tuple(in_counts)}, out_counts={tuple(out_counts)} and tiles={tiles}"
         )
     x, a, b = autocast_operands(x, a, b)
     if axis.size == 1:
+        a = a.reshape(a.shape[0], n_cols)  # one tile, the whole grid: a view
         return torch.addmm(b.unsqueeze(-1), a, x) if b is not None else a @ x
     if strategy == "auto":
         needs = _needs_grad(x)
@@ -478,5 +507,5 @@ def matmul_tokens(
         }
         strategy = choose(costs, _training(x, a, b))  # type: ignore[assignment]
     if strategy == "activations":
-        return _TokenActivations.apply(x, a, b, axis, tuple(in_counts))
-    return _TokenWeights.apply(x, a, b, axis, tuple(in_counts), tuple(out_counts))
+        return _TokenActivations.apply(x, a, b, axis, tuple(in_counts), tiles)
+    return _TokenWeights.apply(x, a, b, axis, tuple(in_counts), tuple(out_counts), tiles)

@@ -14,9 +14,9 @@ Sharding (every rank holds 1/N of each weight, no rank holds a full sample):
 
 Both products are Jigsaw's transposed matmul ``matmul_tokens`` (``A·X`` contracting the sharded
 token dim) with the batch folded into the columns (``X`` is ``tokens × (B·C)``). The first
-``A`` is ``W1``'s row block with its columns put in rank-major token order — sliced from the
-local shard at every rank's tile, no communication; the second ``A`` is ``W2``'s local block
-reshaped to ``(h·w, hidden)``, whose columns are the hidden split, already in rank order.
+``A`` is ``W1``'s local row block ``(D_q, H, W)`` itself: ``matmul_tokens`` reads the columns
+of rank k's tokens from rank k's tile (no rank-ordered copy of ``W1``); the second ``A`` is
+``W2``'s local block reshaped to ``(h·w, hidden)``, whose columns are the hidden split, already in rank order.
 """
 
 from __future__ import annotations
@@ -53,7 +53,8 @@ class TokenMixing(nn.Module):
         self.n_tokens = grid.n_lat * grid.n_lon
         self.hidden_sizes = domain.split_sizes(hidden_tokens)
         self.token_counts = domain.counts()
-        self._tile, self._tiles = tile, domain.grid.tiles()  # forward touches no cached_property
+        self._tile = tile  # forward touches no cached_property
+        self._tiles = tuple((t.lat_start, t.lat_stop, t.lon_start, t.lon_stop) for t in grid.tiles())
         start, stop = domain.split(hidden_tokens)
         self.w1 = sharded_parameter((hidden_tokens, grid.n_lat, grid.n_lon), 0, start, stop)
         self.b1 = sharded_parameter((hidden_tokens,), 0, start, stop)
@@ -70,14 +71,6 @@ class TokenMixing(nn.Module):
         fill_uniform_(self.w2, seed, f"{key}.w2", -b2, b2)
         fill_uniform_(self.b2, seed, f"{key}.b2", -b2, b2)
 
-    def _first_operand(self) -> torch.Tensor:
-        """``W1``'s row block ``(D_q, N)`` with columns in rank-major token order."""
-        w1 = self.w1
-        if len(self._tiles) == 1:  # one rank: the whole weight, as a view (no copy of W1)
-            return w1.reshape(w1.shape[0], -1)
-        blocks = [w1[:, t.lat_start : t.lat_stop, t.lon_start : t.lon_stop] for t in self._tiles]
-        return torch.cat([b.reshape(w1.shape[0], b.shape[1] * b.shape[2]) for b in blocks], dim=1)
-
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         tile = self._tile
         if x.dim() != 4 or tuple(x.shape[1:3]) != tile.shape:
@@ -86,12 +79,13 @@ class TokenMixing(nn.Module):
                 f"of the {self.domain.grid.n_lat}x{self.domain.grid.n_lon} grid, got {tuple(x.shape)}"
             )
         B, h, w, C = x.shape
-        a1, b1 = self._first_operand(), self.b1
         a2, b2 = self.w2.reshape(h * w, self.hidden_tokens), self.b2.reshape(h * w)
         xt = x.permute(1, 2, 0, 3).reshape(h * w, B * C)
         axis = self.domain.axis
         with comm_site("TokenMixing"):  # under autocast, matmul_tokens moves autocast's dtype
-            hid = matmul_tokens(xt, a1, b1, axis, self.token_counts, self.hidden_sizes, self.strategy)
+            hid = matmul_tokens(
+                xt, self.w1, self.b1, axis, self.token_counts, self.hidden_sizes, self.strategy, self._tiles
+            )
             hid = self.act(hid)
             y = matmul_tokens(hid, a2, b2, axis, self.hidden_sizes, self.token_counts, self.strategy)
         return y.reshape(h, w, B, C).permute(2, 0, 1, 3)
