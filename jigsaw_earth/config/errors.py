@@ -107,7 +107,7 @@ def one_line(err: ValidationError, root: type) -> str:
     if kind in ("greater_than", "greater_than_equal", "less_than", "less_than_equal"):
         op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<"}.get(kind, "<=")
         limit = f"{next(iter(ctx.values())):g}"
-        what = "positive" if (op, limit) == (">", 0) else f"{op} {limit}"
+        what = "positive" if (op, limit) == (">", "0") else f"{op} {limit}"
         return f"{key} must be {what}; give a value {op} {limit}"
     if kind == "value_error":
         return f"{key}: {ctx['error']}"
