@@ -206,7 +206,11 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         ["model.name='weathermixr'", "did you mean 'weathermixer'", "'vit', 'unet'"],
     ),
     ("model-name-unknown", {"model": {"name": "graphcast"}}, ["model.name='graphcast'", "choose one of"]),
-    ("model-unet-preset", {"model": {"name": "unet", "preset": "medium"}}, ["model.preset='medium'", "'unet'"]),
+    (
+        "model-unet-preset",
+        {"model": {"name": "unet", "preset": "medium"}},
+        ["model.preset='medium'", "model.name='unet'"],
+    ),
     (
         "model-vit-preset-typo",
         {"model": {"name": "vit", "preset": "smal"}},
@@ -233,7 +237,11 @@ CONFIG_CASES: list[tuple[str, dict[str, Any], list[str]]] = [
         {"model": {"overrides": {"final_norm": "yes"}}},
         ["model.overrides.final_norm='yes'", "true or false"],
     ),
-    ("model-override-nan", {"model": {"overrides": {"dropout": float("nan")}}}, ["overrides.dropout", "finite"]),
+    (
+        "model-override-nan",
+        {"model": {"overrides": {"dropout": float("nan")}}},
+        ["model.overrides.dropout=nan", "finite"],
+    ),
     (
         "model-override-vit",
         {"model": {"name": "vit", "overrides": {"token_hidden": 8}}},

@@ -11,11 +11,11 @@ from typing import Any
 
 import jsonschema
 import pytest
+from jigsaw_earth.models.presets import CONFIGS, PRESETS
 
 from jigsaw_earth.cli import main
 from jigsaw_earth.config import load_config, parse_config
 from jigsaw_earth.config.parse import load_yaml
-from jigsaw_earth.models.presets import CONFIGS, PRESETS
 
 CONFIGS_DIR = Path(__file__).parents[1] / "configs"
 BUNDLED = sorted(CONFIGS_DIR.rglob("*.yaml"))
@@ -98,8 +98,7 @@ def test_schema_and_parser_agree_on_model_sections(
 def test_unquoted_dates_and_yaml_exponents_parse(tmp_path: Path) -> None:
     path = tmp_path / "c.yaml"
     path.write_text(
-        "data: {store: x, train_period: [2020-01-01, 2020-01-31 18:00:00]}\n"
-        "optim: {lr: 3e-4, min_lr: 1E-6}\n"
+        "data: {store: x, train_period: [2020-01-01, 2020-01-31 18:00:00]}\noptim: {lr: 3e-4, min_lr: 1E-6}\n"
     )
     cfg = load_config(path)
     assert cfg.data.train_period == ["2020-01-01", "2020-01-31T18:00:00"]

@@ -87,12 +87,15 @@ def one_line(err: ValidationError, root: type) -> str:
     """The first of ``err``'s errors as ``config KEY=VALUE: what is wrong; the fix``."""
     e = err.errors(include_url=False)[0]
     kind, ctx, value = e["type"], e.get("ctx", {}), e.get("input")
-    path, tp, parent, note = _walk(tuple(e["loc"]), root)
+    loc = tuple(e["loc"])
+    path, tp, parent, note = _walk(loc, root)
     key = f"config {path}={_show(value)}"
+    if loc[-1:] == ("[key]",):  # a mapping's key, not its value
+        key = f"config {_walk(loc[:-2], root)[0]} key {_show(value)}"
     if kind == "extra_forbidden":
-        return f"config: unknown key {path!r}; {nearest(str(e['loc'][-1]), list(_hints(parent)))}"
+        return f"config: unknown key {path!r}; {nearest(str(loc[-1]), list(_hints(parent)))}"
     if kind == "missing":
-        field = getattr(parent, "model_fields", {}).get(e["loc"][-1])
+        field = getattr(parent, "model_fields", {}).get(loc[-1])
         return f"config: missing required key {path!r} ({getattr(field, 'description', '')})"
     if kind in ("literal_error", "union_tag_invalid"):
         if kind == "union_tag_invalid":
@@ -112,7 +115,8 @@ def one_line(err: ValidationError, root: type) -> str:
     if kind == "value_error":
         return f"{key}: {ctx['error']}"
     if kind in ("model_type", "model_attributes_type"):
-        return f"{key}: expected a mapping of {getattr(tp, '__name__', 'section')} fields"
+        fields = f" of {tp.__name__} fields" if isinstance(tp, type) else ""  # not for the model union
+        return f"{key}: expected a mapping{fields}"
     for prefix, expected in _EXPECTED.items():
         if kind.startswith(f"{prefix}_"):
             return f"{key}: expected {expected}"
