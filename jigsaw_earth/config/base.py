@@ -9,11 +9,11 @@ show`` prints and the JSON schema carries as the field's ``description``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Section", "doc"]
+__all__ = ["Section", "bare_type", "doc"]
 
 
 def doc(text: str, default: Any = ..., factory: Any = None, **limits: Any) -> Any:
@@ -21,6 +21,13 @@ def doc(text: str, default: Any = ..., factory: Any = None, **limits: Any) -> An
     if factory is not None:
         return Field(default_factory=factory, description=text, **limits)
     return Field(default, description=text, **limits)
+
+
+def bare_type(tp: Any) -> Any:
+    """``tp`` without its ``Annotated[...]`` wrapping (validators, limits, documentation)."""
+    while get_origin(tp) is Annotated:
+        tp = get_args(tp)[0]
+    return tp
 
 
 class Section(BaseModel):

@@ -16,7 +16,9 @@ import typing_extensions
 from pydantic import BaseModel, ValidationError
 from pydantic.fields import FieldInfo
 
-__all__ = ["nearest", "one_line"]
+from .base import bare_type
+
+__all__ = ["one_line"]
 
 _EXPECTED = {
     "int": "an integer",
@@ -29,7 +31,7 @@ _EXPECTED = {
 }
 
 
-def nearest(key: str, valid: list[str]) -> str:
+def _nearest(key: str, valid: list[str]) -> str:
     """``did you mean 'x'? valid keys: ...`` for an unknown ``key``."""
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     hint = f"did you mean {close[0]!r}? " if close else ""
@@ -64,18 +66,14 @@ def _walk(loc: tuple[Any, ...], root: type) -> tuple[str, Any, Any, str]:
             note = f" for {path}.{tagged[0]}={item!r}"
             tp = tagged[1][item]
             continue
-        while get_origin(tp) is Annotated:
-            tp = get_args(tp)[0]
-        parent = tp
+        tp = parent = bare_type(tp)
         if isinstance(item, int):
             path += f"[{item}]"
             tp = (get_args(tp) or (Any,))[0]
             continue
         path = f"{path}.{item}" if path else str(item)
         tp = _hints(tp).get(item, get_args(tp)[-1] if get_origin(tp) is dict else Any)
-    while get_origin(tp) is Annotated:
-        tp = get_args(tp)[0]
-    return path, tp, parent, note
+    return path, bare_type(tp), parent, note
 
 
 def _show(value: Any) -> str:
@@ -93,7 +91,7 @@ def one_line(err: ValidationError, root: type) -> str:
     if loc[-1:] == ("[key]",):  # a mapping's key, not its value
         key = f"config {_walk(loc[:-2], root)[0]} key {_show(value)}"
     if kind == "extra_forbidden":
-        return f"config: unknown key {path!r}; {nearest(str(loc[-1]), list(_hints(parent)))}"
+        return f"config: unknown key {path!r}; {_nearest(str(loc[-1]), list(_hints(parent)))}"
     if kind == "missing":
         field = getattr(parent, "model_fields", {}).get(loc[-1])
         return f"config: missing required key {path!r} ({getattr(field, 'description', '')})"

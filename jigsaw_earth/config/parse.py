@@ -12,13 +12,15 @@ from __future__ import annotations
 import re
 import types
 import typing
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Any, Literal, Union, get_args, get_origin
 
 import typing_extensions
 import yaml
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined
+
+from .base import bare_type
 
 __all__ = ["UniqueKeyLoader", "apply_overrides", "describe", "load_yaml", "to_dict"]
 
@@ -100,14 +102,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
     return raw
 
 
-def _strip(tp: Any) -> Any:
-    while get_origin(tp) is Annotated:
-        tp = get_args(tp)[0]
-    return tp
-
-
 def _type_name(tp: Any) -> str:
-    tp, args = _strip(tp), get_args(_strip(tp))
+    tp = bare_type(tp)
+    args = get_args(tp)
     if get_origin(tp) is Literal:
         return " | ".join(repr(a) for a in args)
     if get_origin(tp) in (Union, types.UnionType):
@@ -127,7 +124,7 @@ def describe(cls: type[BaseModel], prefix: str = "") -> list[str]:
     hints = typing.get_type_hints(cls, include_extras=True)
     lines = []
     for name, f in cls.model_fields.items():
-        tp = _strip(hints[name])
+        tp = bare_type(hints[name])
         variants = [a for a in get_args(tp) if isinstance(a, type) and issubclass(a, BaseModel)]
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             variants = [tp]
