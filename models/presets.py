@@ -13,7 +13,7 @@ import difflib
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["PRESETS", "UNetConfig", "ViTConfig", "WeatherMixerConfig", "make_config"]
+__all__ = ["CONFIGS", "PRESETS", "UNetConfig", "ViTConfig", "WeatherMixerConfig", "make_config"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,8 @@ class WeatherMixerConfig:
     residual: bool = True
 
 
-_CONFIGS: dict[str, type] = {"vit": ViTConfig, "unet": UNetConfig, "weathermixer": WeatherMixerConfig}
+# the single source of the model section of a training config (jigsaw_earth/config/model_section.py)
+CONFIGS: dict[str, type] = {"vit": ViTConfig, "unet": UNetConfig, "weathermixer": WeatherMixerConfig}
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "vit": {
@@ -127,14 +128,14 @@ def _nearest(name: str, options: list[str]) -> str:
 
 def make_config(model: str, preset: str = "tiny", **overrides: Any) -> Any:
     """The config of ``model`` at ``preset`` with ``overrides`` applied; unknown names are errors."""
-    if model not in _CONFIGS:
-        raise ValueError(f"model {model!r}: use one of {sorted(_CONFIGS)}{_nearest(model, list(_CONFIGS))}")
+    if model not in CONFIGS:
+        raise ValueError(f"model {model!r}: use one of {sorted(CONFIGS)}{_nearest(model, list(CONFIGS))}")
     presets = PRESETS[model]
     if preset not in presets:
         raise ValueError(
             f"preset {preset!r} for {model}: use one of {list(presets)}{_nearest(preset, list(presets))}"
         )
-    cls = _CONFIGS[model]
+    cls = CONFIGS[model]
     fields = [f.name for f in dataclasses.fields(cls)]
     for key in overrides:
         if key not in fields:

@@ -137,8 +137,8 @@ BAD = [
     ({"training": {"precision": "fp16"}}, "choose one of 'fp32', 'bf16'"),
     ({"validation": {"lead_hours": [10]}}, "multiples of data.step_hours=6"),
     ({"validation": {"variables": ["z500"]}}, "'z500' is not a trained channel"),
-    ({"optim": {"lr": "fast"}}, "optim.lr: expected a number, got 'fast'"),
-    ({"checkpoint": {"keep": 0}}, "keep=0 >= 1"),
+    ({"optim": {"lr": "fast"}}, "optim.lr='fast': expected a number"),
+    ({"checkpoint": {"keep": 0}}, "checkpoint.keep=0 must be >= 1"),
 ]
 
 

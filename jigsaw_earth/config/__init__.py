@@ -6,8 +6,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from pydantic import ValidationError
 
-from .parse import apply_overrides, describe, load_yaml, parse, to_dict
+from .errors import one_line
+from .parse import apply_overrides, describe, load_yaml, to_dict
 from .schema import TrainConfig
 
 __all__ = ["TrainConfig", "describe", "load_config", "parse_config", "to_dict"]
@@ -17,8 +19,11 @@ def parse_config(raw: dict[str, Any], overrides: list[str] | None = None) -> Tra
     """Parse a raw mapping (plus ``key.sub=value`` overrides) into a ``TrainConfig``."""
     if not isinstance(raw, dict):
         raise ValueError(f"config: the top level must be a mapping of sections, got {type(raw).__name__}")
-    raw = apply_overrides(dict(raw), list(overrides or []), TrainConfig)
-    return parse(TrainConfig, raw)
+    raw = apply_overrides(dict(raw), list(overrides or []))
+    try:
+        return TrainConfig.model_validate(raw)
+    except ValidationError as err:
+        raise ValueError(one_line(err, TrainConfig)) from None
 
 
 def load_config(

@@ -1,21 +1,22 @@
-"""The training configuration: one YAML file, parsed into these documented dataclasses.
+"""The training configuration: one YAML file, parsed into these documented pydantic sections.
 
+Single-field rules (types, limits such as ``gt=0``, finite numbers, dates) live on the fields and
+are checked on parsing; ``TrainConfig.check`` adds the rules that span fields.
 ``jigsaw-earth config show`` prints every field with its type, default and documentation;
-``jigsaw-earth config validate FILE [--world-size N]`` runs ``TrainConfig.check``.
+``jigsaw-earth config validate FILE [--world-size N]`` parses and checks a file.
 """
-
-# ``doc(...)`` returns ``dataclasses.field(...)`` (with the documentation as metadata).
-# ruff: noqa: RUF009
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Literal
+import datetime
+from typing import Annotated, Literal
 
 import numpy as np
+from pydantic import AfterValidator, BeforeValidator, Field
 
 from ..distributed.mesh import MeshShape
-from .parse import doc
+from .base import Section, doc
+from .model_section import DEFAULT_MODEL, MODEL_SECTIONS, ModelConfig
 
 __all__ = [
     "CheckpointConfig",
@@ -31,33 +32,68 @@ __all__ = [
     "TrainingConfig",
     "ValidationConfig",
     "WandbConfig",
-    "check_model_section",
 ]
 
+_EXAMPLE = "e.g. ['2000-01-01', '2000-12-31T18']"
 
-@dataclass
-class RunConfig:
+
+def _unquoted_date(value: object) -> object:
+    """An unquoted YAML date (``2020-01-01``) reads as a date: keep it as ISO text."""
+    return value.isoformat() if isinstance(value, datetime.date) else value
+
+
+def _a_time(text: str) -> str:
+    try:
+        time = np.datetime64(text, "h")
+    except ValueError:
+        time = np.datetime64("NaT")
+    if np.isnat(time):
+        raise ValueError(f"not a date; write YYYY-MM-DD or YYYY-MM-DDTHH, {_EXAMPLE}")
+    return text
+
+
+def _first_last(period: list[str]) -> list[str]:
+    if len(period) not in (0, 2):
+        raise ValueError(f"give [first, last] times, {_EXAMPLE}")
+    if period and np.datetime64(period[0], "h") > np.datetime64(period[1], "h"):
+        raise ValueError("the first time is after the last; swap them")
+    return period
+
+
+def _two_betas(betas: list[float]) -> list[float]:
+    if len(betas) != 2 or not all(0 <= b < 1 for b in betas):
+        raise ValueError("give two numbers in [0, 1), e.g. [0.9, 0.95]")
+    return betas
+
+
+Time = Annotated[
+    str, BeforeValidator(_unquoted_date), AfterValidator(_a_time), Field(examples=["2020-01-31T18"])
+]
+Period = Annotated[list[Time], AfterValidator(_first_last)]
+Betas = Annotated[list[float], AfterValidator(_two_betas)]
+PositiveInt = Annotated[int, Field(gt=0)]
+
+
+class RunConfig(Section):
     dir: str = doc("run directory: checkpoints, metrics.jsonl, config.yaml, wandb files", "runs/default")
     name: str = doc("run name shown in logs and wandb", "jigsaw-earth")
     seed: int = doc("seed of initialisation, data order and dropout (mesh-invariant)", 0)
 
 
-@dataclass
-class MeshConfig:
-    data: int = doc("data-parallel replicas (the global batch is split over them)", 1)
-    lat: int = doc("latitude tiles per domain group", 1)
-    lon: int = doc("longitude tiles per domain group", 1)
+class MeshConfig(Section):
+    data: int = doc("data-parallel replicas (the global batch is split over them)", 1, gt=0)
+    lat: int = doc("latitude tiles per domain group", 1, gt=0)
+    lon: int = doc("longitude tiles per domain group", 1, gt=0)
 
     @property
     def shape(self) -> MeshShape:
         return MeshShape(self.data, self.lat, self.lon)
 
 
-@dataclass
-class DataConfig:
+class DataConfig(Section):
     store: str = doc("path or URL of the Zarr store (`jigsaw-earth data synth --out PATH` makes one)")
-    train_period: list[str] = doc("[first, last] initialisation time of training samples", factory=list)
-    val_period: list[str] = doc("[first, last] initialisation time of validation samples", factory=list)
+    train_period: Period = doc("[first, last] initialisation time of training samples", factory=list)
+    val_period: Period = doc("[first, last] initialisation time of validation samples", factory=list)
     upper_air: list[str] = doc(
         "upper-air variables (WB2 names)", factory=lambda: ["geopotential", "temperature"]
     )
@@ -67,7 +103,7 @@ class DataConfig:
         "static fields read from the store (geometry channels are always added)",
         factory=lambda: ["land_sea_mask", "geopotential_at_surface"],
     )
-    step_hours: int = doc("model time step in hours (one forecast step)", 6)
+    step_hours: int = doc("model time step in hours (one forecast step)", 6, gt=0)
     allow_gaps: bool = doc(
         "train on a store with missing times: samples whose window crosses a gap are skipped (and "
         "counted in the log); false refuses such a store and lists the first gap",
@@ -78,26 +114,17 @@ class DataConfig:
     )
 
 
-@dataclass
-class ModelConfig:
-    name: str = doc("model architecture: weathermixer, unet or vit", "weathermixer")
-    preset: str = doc("size preset: tiny, small, 1b, 3b", "tiny")
-    overrides: dict[str, Any] = doc("keyword overrides passed to build_model", factory=dict)
-
-
-@dataclass
-class OptimConfig:
-    lr: float = doc("peak learning rate (AdamW)", 1e-3)
-    min_lr: float = doc("learning rate at the end of the cosine decay", 1e-5)
-    warmup_steps: int = doc("linear warmup steps from 0 to lr", 10)
+class OptimConfig(Section):
+    lr: float = doc("peak learning rate (AdamW)", 1e-3, gt=0)
+    min_lr: float = doc("learning rate at the end of the cosine decay (<= lr)", 1e-5, ge=0)
+    warmup_steps: int = doc("linear warmup steps from 0 to lr", 10, ge=0)
     weight_decay: float = doc("AdamW decoupled weight decay (matrices only, not biases/norms)", 0.01)
-    betas: list[float] = doc("AdamW (beta1, beta2)", factory=lambda: [0.9, 0.95])
+    betas: Betas = doc("AdamW (beta1, beta2)", factory=lambda: [0.9, 0.95])
     eps: float = doc("AdamW epsilon", 1e-8)
-    grad_clip: float = doc("clip the global gradient norm (over all shards) to this; 0 = off", 1.0)
+    grad_clip: float = doc("clip the global gradient norm (over all shards) to this; 0 = off", 1.0, ge=0)
 
 
-@dataclass
-class LossConfig:
+class LossConfig(Section):
     variable_weights: dict[str, float] = doc(
         "per-variable weight by WB2 name (or channel name such as geopotential@500); default 1", factory=dict
     )
@@ -109,42 +136,38 @@ class LossConfig:
     )
 
 
-@dataclass
-class TrainingConfig:
-    steps: int = doc("optimizer steps to train", 100)
-    batch_size: int = doc("GLOBAL batch size: split over mesh.data replicas", 4)
-    rollout_steps: int = doc("autoregressive steps per sample in the loss (1 = one-step training)", 1)
+class TrainingConfig(Section):
+    steps: int = doc("optimizer steps to train", 100, gt=0)
+    batch_size: int = doc("GLOBAL batch size: split over mesh.data replicas", 4, gt=0)
+    rollout_steps: int = doc("autoregressive steps per sample in the loss (1 = one-step training)", 1, gt=0)
     precision: Literal["fp32", "bf16"] = doc("bf16 autocast of the forward pass (weights stay fp32)", "fp32")
     activation_checkpointing: bool = doc("recompute each rollout step in backward to save memory", False)
     nan_policy: Literal["stop", "skip"] = doc(
         "on a non-finite loss: stop with an error, or skip the step", "stop"
     )
-    max_skipped_steps: int = doc("with nan_policy=skip: stop after this many skipped steps", 10)
+    max_skipped_steps: int = doc("with nan_policy=skip: stop after this many skipped steps", 10, ge=0)
 
 
-@dataclass
-class ValidationConfig:
-    every: int = doc("validate every N steps (0 = only at the end)", 0)
-    lead_hours: list[int] = doc(
+class ValidationConfig(Section):
+    every: int = doc("validate every N steps (0 = only at the end)", 0, ge=0)
+    lead_hours: list[PositiveInt] = doc(
         "forecast leads to score (multiples of data.step_hours)", factory=lambda: [24]
     )
     variables: list[str] = doc(
         "headline channels to score (variable@level or surface name)",
         factory=lambda: ["geopotential@500", "temperature@850", "2m_temperature"],
     )
-    max_samples: int = doc("initialisation times scored (evenly spaced over val_period); 0 = all", 16)
-    batch_size: int = doc("validation samples per replica and forward", 2)
+    max_samples: int = doc("initialisation times scored (evenly spaced over val_period); 0 = all", 16, ge=0)
+    batch_size: int = doc("validation samples per replica and forward", 2, gt=0)
 
 
-@dataclass
-class CheckpointConfig:
-    every: int = doc("save a sharded checkpoint every N steps (0 = only the final one)", 50)
-    keep: int = doc("periodic checkpoints kept (the newest; older ones are deleted)", 2)
+class CheckpointConfig(Section):
+    every: int = doc("save a sharded checkpoint every N steps (0 = only the final one)", 50, ge=0)
+    keep: int = doc("periodic checkpoints kept (the newest; older ones are deleted)", 2, ge=1)
     resume: str = doc("'auto' resumes from the newest checkpoint in run.dir, 'never', or a path", "auto")
 
 
-@dataclass
-class WandbConfig:
+class WandbConfig(Section):
     mode: Literal["offline", "online", "disabled"] = doc(
         "offline writes to run.dir/wandb and never needs the network; `wandb sync` uploads later",
         "offline",
@@ -153,29 +176,31 @@ class WandbConfig:
     entity: str | None = doc("wandb entity (team or user); null = your default", None)
 
 
-@dataclass
-class LoggingConfig:
-    every: int = doc("log one line per N steps on rank 0 (and to metrics.jsonl)", 1)
+class LoggingConfig(Section):
+    every: int = doc("log one line per N steps on rank 0 (and to metrics.jsonl)", 1, gt=0)
     progress: bool = doc("tqdm progress bar on rank 0 (off automatically when not a terminal)", True)
     wandb: WandbConfig = doc("Weights & Biases logging", factory=WandbConfig)
 
 
-@dataclass
-class DistributedConfig:
+class DistributedConfig(Section):
     backend: Literal["auto", "gloo", "nccl"] = doc(
         "process-group backend; auto = nccl on GPU, else gloo", "auto"
     )
     timeout_s: float = doc(
-        "collective timeout: a peer that never arrives raises after this many seconds", 300.0
+        "collective timeout: a peer that never arrives raises after this many seconds", 300.0, gt=0
     )
 
 
-@dataclass
-class TrainConfig:
+class TrainConfig(Section):
+    """jigsaw-earth training config; every field with its default: jigsaw-earth config show."""
+
     data: DataConfig = doc("where samples come from")
     run: RunConfig = doc("run directory, name and seed", factory=RunConfig)
     mesh: MeshConfig = doc("data × lat × lon process mesh", factory=MeshConfig)
-    model: ModelConfig = doc("architecture", factory=ModelConfig)
+    model: ModelConfig = doc(
+        "architecture: model.name picks the model; preset and overrides are that model's",
+        factory=MODEL_SECTIONS[DEFAULT_MODEL],
+    )
     optim: OptimConfig = doc("optimizer and schedule", factory=OptimConfig)
     loss: LossConfig = doc("latitude-weighted MSE weights", factory=LossConfig)
     training: TrainingConfig = doc("steps, batch, rollout, precision, NaN policy", factory=TrainingConfig)
@@ -186,9 +211,7 @@ class TrainConfig:
 
     def check(self, world_size: int | None = None) -> None:
         """Cross-field checks; ``world_size`` (when known) must equal the mesh's product."""
-        m, t, v, o = self.mesh, self.training, self.validation, self.optim
-        for axis in ("data", "lat", "lon"):
-            _positive(f"mesh.{axis}", getattr(m, axis))
+        m, t, v, o, d = self.mesh, self.training, self.validation, self.optim, self.data
         shape = m.shape
         if world_size is not None and shape.world_size != world_size:
             raise ValueError(
@@ -196,127 +219,36 @@ class TrainConfig:
                 f"but the job has {world_size}; set mesh.* so the product is {world_size} "
                 f"or launch {shape.world_size} processes"
             )
-        _positive("training.steps", t.steps)
-        _positive("training.batch_size", t.batch_size)
-        _positive("training.rollout_steps", t.rollout_steps)
         if t.batch_size % m.data:
             raise ValueError(
                 f"config training.batch_size={t.batch_size} is the global batch and must split evenly over "
                 f"mesh.data={m.data} replicas; use a multiple of {m.data}"
             )
-        _positive("validation.batch_size", v.batch_size)
-        _positive("data.step_hours", self.data.step_hours)
         for lead in v.lead_hours:
-            if lead <= 0 or lead % self.data.step_hours:
+            if lead % d.step_hours:
                 raise ValueError(
                     f"config validation.lead_hours contains {lead}; leads must be positive multiples of "
-                    f"data.step_hours={self.data.step_hours}"
+                    f"data.step_hours={d.step_hours}"
                 )
-        for key, period in (
-            ("data.train_period", self.data.train_period),
-            ("data.val_period", self.data.val_period),
-        ):
-            _check_period(key, period)
-        if o.lr <= 0 or o.min_lr < 0 or o.min_lr > o.lr:
-            raise ValueError(f"config optim: need 0 <= min_lr ({o.min_lr}) <= lr ({o.lr}) and lr > 0")
-        if o.warmup_steps < 0 or (o.warmup_steps >= t.steps and t.steps > 1):
+        if o.min_lr > o.lr:
+            raise ValueError(f"config optim: need min_lr ({o.min_lr}) <= lr ({o.lr}); lower min_lr")
+        if o.warmup_steps >= t.steps and t.steps > 1:
             raise ValueError(
                 f"config optim.warmup_steps={o.warmup_steps} must be in [0, training.steps={t.steps})"
             )
-        if len(o.betas) != 2 or not all(0 <= b < 1 for b in o.betas):
-            raise ValueError(f"config optim.betas={o.betas}: give two numbers in [0, 1), e.g. [0.9, 0.95]")
-        if o.grad_clip < 0:
-            raise ValueError(f"config optim.grad_clip={o.grad_clip} must be >= 0 (0 turns clipping off)")
-        channels = {f"{u}@{lev}" for u in self.data.upper_air for lev in self.data.levels} | set(
-            self.data.surface
-        )
+        channels = {f"{u}@{lev}" for u in d.upper_air for lev in d.levels} | set(d.surface)
         for name in v.variables:
             if name not in channels:
                 raise ValueError(
                     f"config validation.variables: {name!r} is not a trained channel; "
                     f"choose from {sorted(channels)}"
                 )
-        known = channels | set(self.data.upper_air)
+        known = channels | set(d.upper_air)
         for name in self.loss.variable_weights:
             if name not in known:
                 raise ValueError(
                     f"config loss.variable_weights: {name!r} is not a variable; choose from {sorted(known)}"
                 )
         for lev in self.loss.level_weights:
-            if lev not in self.data.levels:
-                raise ValueError(
-                    f"config loss.level_weights: level {lev} is not in data.levels={self.data.levels}"
-                )
-        if self.checkpoint.every < 0 or self.checkpoint.keep < 1:
-            raise ValueError(
-                f"config checkpoint: every={self.checkpoint.every} must be >= 0 "
-                f"and keep={self.checkpoint.keep} >= 1"
-            )
-        _positive("logging.every", self.logging.every)
-        _positive("distributed.timeout_s", self.distributed.timeout_s)
-        check_model_section(self.model)
-
-
-def _check_period(key: str, period: list[str]) -> None:
-    """``[first, last]`` (or empty); both parse as dates and ``first <= last``."""
-    example = "e.g. ['2000-01-01', '2000-12-31T18']"
-    if len(period) not in (0, 2):
-        raise ValueError(f"config {key}={period}: give [first, last] times, {example}")
-    times = []
-    for i, text in enumerate(period):
-        try:
-            times.append(np.datetime64(text, "h"))
-        except ValueError:
-            raise ValueError(
-                f"config {key}[{i}]={text!r} is not a date; write YYYY-MM-DD or YYYY-MM-DDTHH, {example}"
-            ) from None
-    if times and times[0] > times[1]:
-        raise ValueError(f"config {key}={period}: the first time is after the last; swap them")
-
-
-def check_model_section(model: ModelConfig) -> None:
-    """Name, preset and overrides checked against the model's own config dataclass (``models.presets``)."""
-    import dataclasses
-    import typing
-
-    from pydantic import TypeAdapter, ValidationError
-
-    from ..models.presets import _CONFIGS, PRESETS, make_config
-
-    if model.name not in _CONFIGS:
-        raise ValueError(
-            f"config model.name={model.name!r} is not a model{_close(model.name, list(_CONFIGS))}; "
-            f"choose one of {', '.join(_CONFIGS)}"
-        )
-    presets = list(PRESETS[model.name])
-    if model.preset not in presets:
-        raise ValueError(
-            f"config model.preset={model.preset!r} is not a {model.name} preset"
-            f"{_close(model.preset, presets)}; choose one of {', '.join(presets)}"
-        )
-    try:
-        made = make_config(model.name, model.preset, **model.overrides)
-    except (ValueError, TypeError) as err:
-        raise ValueError(f"config model.overrides: {err}") from None
-    hints = typing.get_type_hints(type(made))
-    for key, value in dataclasses.asdict(made).items():
-        try:  # pydantic checks each value against the type in the model's config dataclass
-            TypeAdapter(hints[key]).validate_python(value, strict=True)
-        except ValidationError as err:
-            expected = str(hints[key]).replace("typing.", "").replace("<class '", "").replace("'>", "")
-            raise ValueError(
-                f"config model.overrides.{key}={value!r}: {err.errors()[0]['msg'].lower()}; "
-                f"{type(made).__name__}.{key} is {expected}"
-            ) from None
-
-
-def _close(name: str, options: list[str]) -> str:
-    import difflib
-
-    close = difflib.get_close_matches(name, options, n=1, cutoff=0.5)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
-
-def _positive(key: str, value: float) -> None:
-    if value <= 0:
-        raise ValueError(f"config {key}={value} must be positive; give a value > 0")
+            if lev not in d.levels:
+                raise ValueError(f"config loss.level_weights: level {lev} is not in data.levels={d.levels}")
