@@ -14,6 +14,7 @@ import torch
 from torch import nn
 
 from ..layers.base import Domain
+from ..layers.patch import PatchEmbed, PatchRecovery
 
 __all__ = [
     "N_COORD_CHANNELS",
@@ -173,6 +174,19 @@ class Forecaster(nn.Module):
                 )
         if time.shape[0] != state.shape[0]:
             raise ValueError(f"{name}.forward: time has {time.shape[0]} rows for a batch of {state.shape[0]}")
+
+    def patch_layers(
+        self, embed_dim: int, patch: int, stride: int | None, lat_mode: str
+    ) -> tuple[PatchEmbed, PatchRecovery]:
+        """The inputs' patch embedding and the state's patch recovery (token models): ``stride``
+        None means non-overlapping patches; overlapping ones (stride < patch) average."""
+        grid, stride = self.domain.grid, stride or patch
+        embed = PatchEmbed(self.domain, self.in_channels, embed_dim, patch, stride, lat_mode=lat_mode)
+        overlap = "mean" if stride < patch else "sum"
+        recover = PatchRecovery(
+            embed.out_domain, embed_dim, self.n_state, patch, stride, (grid.n_lat, grid.n_lon), overlap
+        )
+        return embed, recover
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

@@ -19,7 +19,6 @@ from ..layers.base import Domain
 from ..layers.dropout import Dropout
 from ..layers.mlp import MLP
 from ..layers.norm import LayerNorm
-from ..layers.patch import PatchEmbed, PatchRecovery
 from .common import Forecaster, check_position_encoding, position_encoding
 from .presets import ViTConfig
 
@@ -59,10 +58,7 @@ class ViT(Forecaster):
         cfg = cfg or ViTConfig()
         super().__init__(domain, n_state, n_static, n_time, cfg.residual, cfg.coord_channels)
         self.cfg = cfg
-        grid, stride = domain.grid, cfg.stride or cfg.patch
-        self.embed = PatchEmbed(
-            domain, self.in_channels, cfg.embed_dim, cfg.patch, stride, lat_mode=cfg.lat_mode
-        )
+        self.embed, recover = self.patch_layers(cfg.embed_dim, cfg.patch, cfg.stride, cfg.lat_mode)
         self.tokens = self.embed.out_domain
         check_position_encoding(cfg.pos_encoding, cfg.embed_dim)
         every = cfg.local_every
@@ -71,15 +67,7 @@ class ViT(Forecaster):
             for i in range(cfg.depth)
         )
         self.norm = LayerNorm(self.tokens, cfg.embed_dim)
-        self.recover = PatchRecovery(
-            self.tokens,
-            cfg.embed_dim,
-            n_state,
-            cfg.patch,
-            stride,
-            out_grid=(grid.n_lat, grid.n_lon),
-            overlap="mean" if stride < cfg.patch else "sum",
-        )
+        self.recover = recover  # registered last: the parameter order of earlier versions
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         t = self.embed(x)

@@ -17,7 +17,6 @@ from ..layers.base import Domain
 from ..layers.dropout import Dropout
 from ..layers.mlp import MLP
 from ..layers.norm import LayerNorm
-from ..layers.patch import PatchEmbed, PatchRecovery
 from ..layers.token_mixing import TokenMixing
 from .common import Forecaster
 from .presets import WeatherMixerConfig
@@ -56,25 +55,14 @@ class WeatherMixer(Forecaster):
         cfg = cfg or WeatherMixerConfig()
         super().__init__(domain, n_state, n_static, n_time, cfg.residual, cfg.coord_channels)
         self.cfg = cfg
-        grid, stride = domain.grid, cfg.stride or cfg.patch
-        self.embed = PatchEmbed(
-            domain, self.in_channels, cfg.embed_dim, cfg.patch, stride, lat_mode=cfg.lat_mode
-        )
+        self.embed, recover = self.patch_layers(cfg.embed_dim, cfg.patch, cfg.stride, cfg.lat_mode)
         tokens = self.embed.out_domain
         self.blocks = nn.ModuleList(
             MixerBlock(tokens, cfg.embed_dim, cfg.token_hidden, cfg.channel_hidden, cfg)
             for _ in range(cfg.depth)
         )
         self.norm = LayerNorm(tokens, cfg.embed_dim) if cfg.final_norm else None
-        self.recover = PatchRecovery(
-            tokens,
-            cfg.embed_dim,
-            n_state,
-            cfg.patch,
-            stride,
-            out_grid=(grid.n_lat, grid.n_lon),
-            overlap="mean" if stride < cfg.patch else "sum",
-        )
+        self.recover = recover  # registered last: the parameter order of earlier versions
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         t = self.embed(x)
