@@ -108,7 +108,10 @@ class SlurmCluster:
 
     def job(self, job_id: str) -> dict[str, str]:
         """``scontrol show job`` as a dict (JobState, Restarts, ExitCode, ...)."""
-        out = self.run("scontrol", "show", "job", "-o", job_id).stdout
+        try:
+            out = self.run("scontrol", "show", "job", "-o", job_id).stdout
+        except subprocess.TimeoutExpired:  # a busy controller: unknown for now, ask again
+            return {}
         return dict(re.findall(r"(\w+)=(\S*)", out))
 
     def _jobs(self) -> list[str]:

@@ -100,7 +100,8 @@ def _submit(cluster: SlurmCluster, job: Job, config: Path) -> None:
 
 def _train_rows(run_dir: Path) -> list[dict]:
     path = run_dir / "metrics.jsonl"
-    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []  # [:-1]: a line being written
+    rows = [json.loads(x) for x in lines if x.strip()]
     return [r for r in rows if r["kind"] == "train"]
 
 
