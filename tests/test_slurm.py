@@ -116,14 +116,17 @@ def _drive(cluster: SlurmCluster, jobs: dict[str, Job]) -> None:
     pending = dict(SIGNALS)
     deadline = time.monotonic() + JOBS_LIMIT_S
     while True:
-        for name, (_, opts) in list(pending.items()):
-            if _mid_run(jobs[name].run_dir):
-                out = cluster.run("scancel", *opts, jobs[name].id)
-                assert out.returncode == 0, f"scancel {opts} failed: {out.stderr}"
-                log.info("job %s (%s): scancel %s", name, jobs[name].id, " ".join(opts))
-                del pending[name]
         for job in jobs.values():
             job.info = cluster.job(job.id)
+        for name, (_, opts) in list(pending.items()):
+            job = jobs[name]
+            if job.info.get("JobState") in FINAL_STATES:
+                pytest.fail(f"job {name} ended before it was signalled\n{job.tail()}\n{cluster.logs()}")
+            if _mid_run(job.run_dir):
+                out = cluster.run("scancel", *opts, job.id)
+                assert out.returncode == 0, f"scancel {opts} failed: {out.stderr}\n{job.tail()}"
+                log.info("job %s (%s): scancel %s", name, job.id, " ".join(opts))
+                del pending[name]
         if not pending and all(j.info.get("JobState") in FINAL_STATES for j in jobs.values()):
             return
         if time.monotonic() > deadline:
