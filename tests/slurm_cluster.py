@@ -164,6 +164,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 SlurmdParameters=config_overrides
 MpiDefault=none
+MailProg=/bin/true
 JobRequeue=1
 ReturnToService=2
 MinJobAge=3600
