@@ -76,8 +76,8 @@ class SlurmCluster:
         return subprocess.run(cmd, env=env or self.env, capture_output=True, text=True, timeout=timeout)
 
     def _start(self, name: str, *cmd: str) -> None:
-        log = open(self.root / f"{name}.log", "w")  # noqa: SIM115 - the daemon owns it until stop()
-        self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        with open(self.root / f"{name}.log", "w") as log:  # the daemon keeps its own copy
+            self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
 
     def _wait(self, name: str, ready: Callable[[], bool], limit_s: float) -> None:
         deadline = time.monotonic() + limit_s
