@@ -1,0 +1,212 @@
+"""``configs/slurm/train.sbatch`` run for real on a one-node Slurm cluster that the test starts.
+
+Three jobs of a shortened demo (``configs/demo.yaml``'s model, loss and optimiser on a 16 × 32
+synthetic store; 20 steps, a checkpoint every 2) are submitted at once through the unchanged
+template, its ``#SBATCH`` lines overridden on the command line for 4 CPU tasks on one node:
+
+* ``plain`` runs uninterrupted; its losses are the reference.
+* ``term`` gets ``scancel --signal=TERM`` (what preemption and the time limit send to the tasks)
+  once step 3 is logged and a checkpoint exists: every rank saves a checkpoint and exits 75, the
+  script requeues the job, the requeued job resumes from that checkpoint and finishes.
+* ``usr1`` gets ``scancel --batch --signal=USR1`` — what ``#SBATCH --signal=B:USR1@120`` sends
+  before the time limit — to the batch script, whose trap forwards it to the tasks; same outcome.
+
+Both interrupted jobs must end with Restarts=1, every step logged once, no checkpoint lost and
+every loss (the final one included) equal to the uninterrupted job's. Skipped with the reason
+where the cluster cannot start (``tests/slurm_cluster.py``: Slurm/MUNGE not installed, not root).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from .slurm_cluster import FINAL_STATES, ClusterUnavailable, SlurmCluster, start_cluster
+
+log = logging.getLogger(__name__)
+REPO = Path(__file__).resolve().parents[1]
+TEMPLATE = REPO / "configs" / "slurm" / "train.sbatch"
+STEPS = 20
+SIGNAL_AFTER_STEP = 3
+JOBS_LIMIT_S = 900  # all three jobs, requeues included; generous for a loaded 2-core machine
+# how each interrupted job is signalled: scancel options
+SIGNALS = {"term": ("SIGTERM", ["--signal=TERM"]), "usr1": ("SIGUSR1", ["--batch", "--signal=USR1"])}
+
+
+@dataclass
+class Job:
+    name: str
+    dir: Path
+    id: str = ""
+    info: dict[str, str] | None = None
+
+    @property
+    def run_dir(self) -> Path:
+        return self.dir / "run"
+
+    def log(self) -> str:
+        path = self.dir / f"slurm-{self.id}.out"
+        return path.read_text(errors="replace") if path.exists() else f"(no {path})"
+
+    def tail(self, n: int = 60) -> str:
+        lines = [x for x in self.log().splitlines() if "Warning" not in x and "warnings.warn" not in x]
+        return f"--- job {self.name} ({self.id}) {self.info} ---\n" + "\n".join(lines[-n:])
+
+
+def _config(job_dir: Path, store: Path) -> Path:
+    """``configs/demo.yaml`` shortened: the same model, loss and optimiser; a small store, 20 steps."""
+    raw = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
+    raw["run"]["dir"] = str(job_dir / "run")
+    raw["data"].update(store=str(store), train_period=["2020-01-01", "2020-01-15T18"])
+    raw["data"]["val_period"] = ["2020-01-16", "2020-01-20T18"]
+    raw["optim"]["warmup_steps"] = 2
+    raw["training"]["steps"] = STEPS
+    raw["validation"].update(lead_hours=[6], max_samples=4, batch_size=4)
+    raw["checkpoint"].update(every=2, keep=STEPS)  # keep all: the test counts them
+    raw["logging"].update(every=1, progress=False, wandb={"mode": "disabled"})
+    job_dir.mkdir(parents=True)
+    path = job_dir / "config.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+def _job_env(cluster: SlurmCluster) -> dict[str, str]:
+    """The submitting shell: this interpreter's ``python`` first on PATH, no launcher variables."""
+    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in cluster.env.items() if k not in launcher}
+    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
+    return env
+
+
+def _submit(cluster: SlurmCluster, job: Job, config: Path) -> None:
+    opts = ["--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=1", "--gpus-per-node=0"]
+    out = cluster.run(
+        "sbatch", "--parsable", f"--job-name=jigsaw-{job.name}", *opts,
+        f"--output={job.dir}/slurm-%j.out", f"--chdir={job.dir}", str(TEMPLATE), str(config),
+        env=_job_env(cluster),
+    )  # fmt: skip
+    assert out.returncode == 0, f"sbatch failed: {out.stderr}\n{cluster.logs()}"
+    job.id = out.stdout.strip().split(";")[0]
+
+
+def _train_rows(run_dir: Path) -> list[dict]:
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().split("\n")[:-1] if path.exists() else []  # [:-1]: a line being written
+    rows = [json.loads(x) for x in lines if x.strip()]
+    return [r for r in rows if r["kind"] == "train"]
+
+
+def _mid_run(run_dir: Path) -> bool:
+    """Step ``SIGNAL_AFTER_STEP`` logged and a checkpoint past step 0 saved."""
+    steps = [r["step"] for r in _train_rows(run_dir)]
+    return max(steps, default=0) >= SIGNAL_AFTER_STEP and (run_dir / "checkpoints" / "latest").exists()
+
+
+def _drive(cluster: SlurmCluster, jobs: dict[str, Job]) -> None:
+    """Signal the interrupted jobs mid-run, then wait until every job has ended for good."""
+    pending = dict(SIGNALS)
+    deadline = time.monotonic() + JOBS_LIMIT_S
+    while True:
+        for job in jobs.values():
+            job.info = cluster.job(job.id)
+        for name, (_, opts) in list(pending.items()):
+            job = jobs[name]
+            if job.info.get("JobState") in FINAL_STATES:
+                pytest.fail(f"job {name} ended before it was signalled\n{job.tail()}\n{cluster.logs()}")
+            if _mid_run(job.run_dir):
+                out = cluster.run("scancel", *opts, job.id)
+                assert out.returncode == 0, f"scancel {opts} failed: {out.stderr}\n{job.tail()}"
+                log.info("job %s (%s): scancel %s", name, job.id, " ".join(opts))
+                del pending[name]
+        if not pending and all(j.info.get("JobState") in FINAL_STATES for j in jobs.values()):
+            return
+        if time.monotonic() > deadline:
+            tails = "\n".join(j.tail() for j in jobs.values())
+            pytest.fail(f"jobs not done after {JOBS_LIMIT_S} s\n{tails}\n{cluster.logs()}")
+        time.sleep(0.3)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory):
+    try:
+        cluster = start_cluster(tmp_path_factory.mktemp("slurm"))
+    except ClusterUnavailable as err:
+        pytest.skip(f"no one-node Slurm cluster: {err}")
+    yield cluster
+    cluster.stop()
+
+
+@pytest.fixture(scope="module")
+def jobs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Job]:
+    from jigsaw_earth.data.synth import SynthConfig, synth_store
+
+    root = tmp_path_factory.mktemp("jobs")
+    store = root / "data.zarr"
+    synth_store(store, SynthConfig(n_lat=16, n_lon=32, start="2020-01-01T00", end="2020-01-20T18"))
+    jobs = {name: Job(name, root / name) for name in ("plain", *SIGNALS)}
+    t0 = time.monotonic()
+    for job in jobs.values():
+        _submit(cluster, job, _config(job.dir, store))
+    _drive(cluster, jobs)
+    fields = ("JobState", "Restarts", "ExitCode")
+    ends = {j.name: [(j.info or {}).get(k) for k in fields] for j in jobs.values()}
+    log.info("three jobs done in %.0f s: %s", time.monotonic() - t0, ends)
+    return jobs
+
+
+def _history_starts(run_dir: Path) -> list[int]:
+    return [json.loads(x)["start_step"] for x in (run_dir / "history.jsonl").read_text().splitlines()]
+
+
+def _final_loss(run_dir: Path) -> float:
+    return json.loads((run_dir / "summary.json").read_text())["final_loss"]
+
+
+def test_sbatch_runs_the_demo_config(jobs: dict[str, Job]) -> None:
+    job = jobs["plain"]
+    assert job.info and job.info["JobState"] == "COMPLETED", job.tail()
+    assert (job.info["Restarts"], job.info["ExitCode"]) == ("0", "0:0"), job.tail()
+    assert f"trained {STEPS} steps on mesh 1x2x2 ({STEPS} this run" in job.log(), job.tail()
+    assert [r["step"] for r in _train_rows(job.run_dir)] == list(range(1, STEPS + 1))
+    assert _history_starts(job.run_dir) == [0]
+    log.info("uninterrupted final loss %r", _final_loss(job.run_dir))
+
+
+@pytest.mark.parametrize("name", list(SIGNALS))
+def test_signal_checkpoints_requeues_and_matches_uninterrupted(jobs: dict[str, Job], name: str) -> None:
+    job, plain = jobs[name], jobs["plain"]
+    signal_name = SIGNALS[name][0]
+    text = job.log()
+    assert job.info and job.info["JobState"] == "COMPLETED", job.tail()
+    assert (job.info["Restarts"], job.info["ExitCode"]) == ("1", "0:0"), job.tail()  # requeued once
+
+    stop = re.search(rf"stopped on {signal_name} after step (\d+) of {STEPS}; saved ", text)
+    assert stop, job.tail()
+    stopped = int(stop[1])
+    assert 0 < stopped < STEPS, job.tail()
+    ckpt = job.run_dir / "checkpoints" / f"step_{stopped:09d}"
+    assert f"requeueing job {job.id}" in text, job.tail()
+    assert f"resumed from {ckpt} at step {stopped}" in text, job.tail()
+    assert f"trained {STEPS} steps on mesh 1x2x2 ({STEPS - stopped} this run" in text, job.tail()
+    assert _history_starts(job.run_dir) == [0, stopped]
+
+    # nothing lost: every periodic checkpoint, the signal's one, every step logged exactly once
+    saved = {p.name for p in (job.run_dir / "checkpoints").glob("step_*")}
+    assert saved == {f"step_{s:09d}" for s in [*range(2, STEPS + 1, 2), stopped]}
+    assert (job.run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{STEPS:09d}"
+    rows, reference = _train_rows(job.run_dir), _train_rows(plain.run_dir)
+    assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
+
+    # the same numbers as the uninterrupted job, exactly (same mesh, same ops: bitwise)
+    assert [r["loss"] for r in rows] == [r["loss"] for r in reference]
+    assert _final_loss(job.run_dir) == _final_loss(plain.run_dir)
+    log.info("%s: stopped after step %d, requeued, final loss %r", name, stopped, _final_loss(job.run_dir))
