@@ -132,8 +132,12 @@ class Forecaster(nn.Module):
     * ``time``: ``(B, n_time)`` time features;
     * returns ``(B, n_state, h, w)``: ``state + Δ`` when ``residual`` (the default), else ``Δ``.
 
-    Subclasses implement ``predict(x) → Δ`` on the assembled input field ``x``.
+    Subclasses implement ``predict(x) → Δ`` on the assembled input field ``x``, and name the
+    layer that reads it (``input_layer``: no gradient flows into the input, so that layer's
+    backward sends nothing for it).
     """
+
+    input_layer = "embed"
 
     def __init__(
         self,

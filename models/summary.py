@@ -2,12 +2,10 @@
 
 Every domain rank's model is constructed on the ``meta`` device (``meta_construction``): shapes
 and shard specs are real, storage and initialisation are not, so a 3-billion-parameter model on
-a 721 × 1440 grid is described in seconds. Communication is the sum of the layers' exact byte
-formulas (the figures the comm ledger measures): ``channel_bytes`` for every channel matmul,
-``token_bytes`` for token mixing, ``ring_attention_bytes`` for global attention, window/halo
-cells for convolutions, patches and neighbourhood attention, and the all-gather of sharded
-norm affines. Bytes are summed over all ranks of one domain group, for one training step
-(forward + backward) at ``batch`` samples per group, fp32.
+a 721 × 1440 grid is described in seconds. Communication is the sum of the bytes each layer
+declares beside its forward (``cost``, ``layers.cost.model_cost``: the figures the comm ledger
+measures), summed over all ranks of one domain group, for one training step (forward +
+backward) at ``batch`` samples per group, fp32. ``plan`` reads the same declarations.
 """
 
 from __future__ import annotations
@@ -25,8 +23,8 @@ from torch.overrides import TorchFunctionMode
 
 from ..distributed.mesh import DomainMesh, MeshShape
 from ..layers.base import Domain, spec_of
+from ..layers.cost import model_cost
 from . import MODELS, build_model, model_class
-from .comm_model import layer_bytes
 
 __all__ = [
     "CHECKPOINT_STATES",
@@ -50,6 +48,7 @@ def checkpoint_bytes(total_params: int, n_tensors: int = 0, writers: int = 1, el
     ``n_tensors`` parameter tensors, each saved as one block by each of ``writers`` domain ranks.
     """
     return CHECKPOINT_STATES * (total_params * elsize + n_tensors * writers * TENSOR_OVERHEAD)
+
 
 _FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.empty_like}
 
@@ -163,10 +162,8 @@ def summarize(
     per_rank = [sum(p.numel() for p in m.parameters()) for m in models]
     fwd = bwd = 0
     by_layer: dict[str, list[int]] = {}
-    modules = dict(models[0].named_modules())
-    for path, module in modules.items():
-        parent = modules.get(path.rpartition(".")[0]) if path else None
-        for op, (f, b) in layer_bytes(module, parent, batch, elsize).items():
+    for cost in model_cost(models[0], batch, elsize).values():
+        for op, (f, b) in cost.bytes.items():
             fwd, bwd = fwd + f, bwd + b
             acc = by_layer.setdefault(op, [0, 0])
             acc[0], acc[1] = acc[0] + f, acc[1] + b
