@@ -210,7 +210,11 @@ def plan_meshes(
         plan_mesh(name, preset, grid, MeshShape(*m), channels, hw, batch, elsize, **overrides)
         for m in factorisations(world)
     ]
-    return sorted(plans, key=lambda p: (bool(p.error), not p.fits, -p.samples_per_s if p.fits else -p.headroom))
+    return sorted(plans, key=_rank_key)
+
+
+def _rank_key(p: MeshPlan) -> tuple[bool, bool, float]:
+    return bool(p.error), not p.fits, -p.samples_per_s if p.fits else -p.headroom
 
 
 def recommend(plans: list[MeshPlan]) -> tuple[MeshPlan | None, list[str]]:
@@ -230,9 +234,19 @@ def recommend(plans: list[MeshPlan]) -> tuple[MeshPlan | None, list[str]]:
         f"{_gb(sum(best.comm.values()))} GB sent per GPU per step, "
         f"{best.exposed_s * 1e3:.1f} ms of it not hidden behind compute",
     ]
-    if len(fitting) > 1:
-        nxt = fitting[1]
-        why.append(f"{best.samples_per_s / nxt.samples_per_s:.2f}× the throughput of the next, {nxt.mesh}")
+    others = {"the runner-up": fitting[1:2], "pure domain parallelism": [p for p in fitting if p.data == 1]}
+    others["pure data parallelism"] = [p for p in fitting if p.data == p.data * p.lat * p.lon]
+    for label, group in others.items():
+        if group and group[0] is not best:
+            other = group[0]
+            ratio = best.samples_per_s / other.samples_per_s
+            why.append(f"{ratio:.2f}× the throughput of {other.mesh} ({label})")
+    misses = [p for p in plans if not p.error and not p.fits]
+    if misses:
+        worst = min(misses, key=lambda p: p.headroom)
+        why.append(
+            f"{len(misses)} mesh(es) do not fit; {worst.mesh} misses by {_gb(-worst.headroom)} GB per GPU"
+        )
     return best, why
 
 

@@ -8,11 +8,11 @@ the bytes the comm ledger saw all ranks send with ``plan``'s communication (fp32
 from __future__ import annotations
 
 import pytest
+from jigsaw_earth.models.plan import Hardware, factorisations, plan_mesh, plan_meshes, recommend
 
 from jigsaw_earth.bench.train_step import measure_train_step
 from jigsaw_earth.distributed.mesh import MeshShape, parse_mesh
 from jigsaw_earth.distributed.spawn import spawn
-from jigsaw_earth.models.plan import Hardware, factorisations, plan_mesh, plan_meshes, recommend
 
 CHANNELS = (5, 2, 4)
 CASES = {  # mesh: (model, preset, grid, channels, batch)

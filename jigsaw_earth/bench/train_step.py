@@ -47,6 +47,14 @@ def _tiles(domain: Domain, channels: tuple[int, int, int], batch: int, seed: int
     ]
 
 
+def _step(model: torch.nn.Module, opt: torch.optim.Optimizer, mesh: DomainMesh, tiles: list) -> None:
+    state, static, time, target, lat_w, ch_w = tiles
+    opt.zero_grad(set_to_none=True)
+    weighted_sq_error(model(state, static, time), target, lat_w, ch_w).backward()
+    sync_gradients(list(model.parameters()), mesh)
+    opt.step()
+
+
 def measure_train_step(
     mesh: DomainMesh,
     cases: list[tuple[str, str, tuple[int, int], tuple[int, int, int], int]],
@@ -57,24 +65,16 @@ def measure_train_step(
     for name, preset, grid, channels, batch in cases:
         domain = Domain.create(mesh, *grid)
         model = init_model(build_model(name, domain, *channels, preset), 0)
-        params = list(model.parameters())
-        opt = torch.optim.AdamW(params, lr=1e-4, foreach=False)
-        state, static, time, target, lat_w, ch_w = _tiles(domain, tuple(channels), batch, seed=1)
-
-        def step() -> None:
-            opt.zero_grad(set_to_none=True)
-            loss = weighted_sq_error(model(state, static, time), target, lat_w, ch_w)
-            loss.backward()
-            sync_gradients(params, mesh)
-            opt.step()
-
-        step()  # warm-up: AdamW's moments exist from here on
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-4, foreach=False)
+        tiles = _tiles(domain, tuple(channels), batch, seed=1)
+        _step(model, opt, mesh, tiles)  # warm-up: AdamW's moments exist from here on
         opt.zero_grad(set_to_none=True)  # the measured step starts with no gradients
         ledger.reset()
         with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            step()
+            _step(model, opt, mesh, tiles)
         above = max(itertools.accumulate(size for _, size in _allocation_sizes(prof)), default=0)
-        resident = [*params, *(t for s in opt.state.values() for t in s.values()), state, static, time, target]
+        moments = [t for s in opt.state.values() for t in s.values()]
+        resident = [*model.parameters(), *moments, *tiles[:4]]
         static_bytes = sum(t.numel() * t.element_size() for t in resident if t.dim() > 0)
         out.append({"peak_bytes": static_bytes + max(0, above), "bytes_sent": ledger.bytes_sent})
     return out
