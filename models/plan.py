@@ -31,10 +31,11 @@ from ..distributed.mesh import DomainMesh, MeshShape
 from ..layers.base import Domain
 from ..layers.cost import all_reduce_bytes, model_cost
 from . import build_model
-from .summary import TRAIN_STATES, meta_construction
+from .meta import meta_construction
 
-__all__ = ["Hardware", "MeshPlan", "factorisations", "plan_mesh", "plan_meshes", "recommend"]
+__all__ = ["TRAIN_STATES", "Hardware", "MeshPlan", "factorisations", "plan_mesh", "plan_meshes", "recommend"]
 
+TRAIN_STATES = 4  # tensors per parameter while training: parameter, gradient, AdamW exp_avg, exp_avg_sq
 LOSS_FIELDS = 4  # fields of the output's size while the loss runs: target, prediction, error, its square
 
 

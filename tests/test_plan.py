@@ -7,10 +7,13 @@ the bytes the comm ledger saw all ranks send with ``plan``'s communication (fp32
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from jigsaw_earth.models.plan import Hardware, factorisations, plan_mesh, plan_meshes, recommend
 
 from jigsaw_earth.bench.train_step import measure_train_step
+from jigsaw_earth.cli import main
 from jigsaw_earth.distributed.mesh import MeshShape, parse_mesh
 from jigsaw_earth.distributed.spawn import spawn
 
@@ -59,3 +62,31 @@ def test_factorisations_and_recommendation() -> None:
     assert best is None and "GB more per GPU" in why[1]
     bad = plan_mesh("weathermixer", "tiny", (33, 64), MeshShape(1, 16, 1), CHANNELS, Hardware())
     assert bad.error  # 9 token rows cannot go to 16 ranks: the layer's own error
+
+
+def test_plan_command_prints_a_recommendation_and_json(tmp_path, capsys) -> None:
+    out = tmp_path / "plan.json"
+    argv = ["plan", "--model", "weathermixer", "--grid", "33x64", "--world-size", "4", "--channels", "5,2,4"]
+    assert main([*argv, "--gpu-memory", "1GB", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "recommended: " in text and "headroom" in text and "impossible" not in text
+    doc = json.loads(out.read_text())
+    assert doc["recommended"] == text.split("recommended: ")[1].split()[0]
+    assert len(doc["meshes"]) == len(factorisations(4))
+
+
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--preset", "huge"], ["preset 'huge'", "use one of"]),
+        (["--gpu-memory", "lots"], ["--gpu-memory 'lots'", "80GB"]),
+        (["--nodes", "3"], ["--nodes 3", "divisor of --world-size 4"]),
+        (["--grid", "33"], ["--grid '33'", "2 integers"]),
+        (["--efficiency", "2"], ["--efficiency 2.0", "(0, 1]"]),
+    ],
+)
+def test_plan_bad_input_is_one_line(capsys, extra: list[str], words: list[str]) -> None:
+    argv = ["plan", "--model", "weathermixer", "--grid", "33x64", "--world-size", "4", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and all(w in err for w in words), err
