@@ -80,6 +80,7 @@ class MeshPlan:
     samples_per_s: float = 0.0
     domain_link: str = ""
     data_link: str = ""
+    batch: int = 1  # samples per data replica
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -114,7 +115,7 @@ def plan_mesh(
     **overrides: Any,
 ) -> MeshPlan:
     """Memory, communication and step time of rank 0 of ``shape`` (see the module docstring)."""
-    plan = MeshPlan(str(shape), shape.data, shape.lat, shape.lon)
+    plan = MeshPlan(str(shape), shape.data, shape.lat, shape.lon, batch=batch)
     try:
         with meta_construction():
             domain = Domain.create(DomainMesh(MeshShape(1, shape.lat, shape.lon)), *grid)
@@ -203,14 +204,24 @@ def plan_meshes(
     hw: Hardware,
     batch: int = 1,
     elsize: int = 4,
+    global_batch: int | None = None,
     **overrides: Any,
 ) -> list[MeshPlan]:
     """Every factorisation of ``world``: the feasible ones ranked (fitting first, by samples
-    per second; then the rest by how much they miss), the impossible ones last."""
-    plans = [
-        plan_mesh(name, preset, grid, MeshShape(*m), channels, hw, batch, elsize, **overrides)
-        for m in factorisations(world)
-    ]
+    per second; then the rest by how much they miss), the impossible ones last.
+
+    ``batch`` samples per data replica; or ``global_batch`` samples per step split over the
+    replicas (then every mesh does the same work per step and samples per second ranks by step
+    time; a data size that does not divide it is impossible)."""
+    plans = []
+    for d, lat, lon in factorisations(world):
+        shape = MeshShape(d, lat, lon)
+        if global_batch is not None and global_batch % d:
+            plans.append(MeshPlan(str(shape), d, lat, lon, error=f"{d} data replicas do not divide "
+                                  f"the global batch of {global_batch}"))  # fmt: skip
+            continue
+        b = batch if global_batch is None else global_batch // d
+        plans.append(plan_mesh(name, preset, grid, shape, channels, hw, b, elsize, **overrides))
     return sorted(plans, key=_rank_key)
 
 
@@ -230,7 +241,7 @@ def recommend(plans: list[MeshPlan]) -> tuple[MeshPlan | None, list[str]]:
     best = fitting[0]
     why = [
         f"fits with {_gb(best.headroom)} GB headroom ({_gb(best.memory['total'])} GB per GPU)",
-        f"step {best.step_s * 1e3:.1f} ms for {best.data} sample(s) in parallel: "
+        f"step {best.step_s * 1e3:.1f} ms for {best.data * best.batch} sample(s): "
         f"{best.samples_per_s:.2f} samples/s",
         f"{_gb(sum(best.comm.values()))} GB sent per GPU per step, "
         f"{best.exposed_s * 1e3:.1f} ms of it not hidden behind compute",

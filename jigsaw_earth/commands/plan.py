@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--inter-gbps", type=float, default=400.0, help="inter-node Gbit/s per GPU (400)")
     p.add_argument("--nodes", type=int, metavar="K", help="nodes (default: world size / 8, at least 1)")
     p.add_argument("--batch", type=int, default=1, help="samples per data replica per step (default 1)")
+    p.add_argument(
+        "--global-batch", type=int, metavar="G", help="samples per step, all replicas (replaces --batch)"
+    )
     p.add_argument("--channels", default="69,2,4", metavar="STATE,STATIC,TIME", help="input channels")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="activations and messages")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every mesh's figures as JSON")
@@ -63,8 +66,8 @@ def _ints(text: str, sep: str, what: str, n: int, minimum: int) -> tuple[int, ..
 
 
 def _hardware(args: argparse.Namespace) -> Hardware:
-    for name in ("world_size", "batch"):
-        if getattr(args, name) < 1:
+    for name in ("world_size", "batch", "global_batch"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: use a positive integer")
     if args.gpu_tflops is None:
         args.gpu_tflops = 495.0 if args.precision == "fp32" else 989.0
@@ -103,9 +106,12 @@ def _row(rank: str, p: MeshPlan) -> str:
 
 def _print(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan]) -> None:
     nodes = args.world_size // hw.gpus_per_node
+    batch = f"batch {args.batch} per data replica"
+    if args.global_batch is not None:
+        batch = f"global batch {args.global_batch} (split over the data replicas)"
     print(
         f"{args.model} {args.preset} on {args.grid}, {args.world_size} GPUs ({nodes} node(s) of "
-        f"{hw.gpus_per_node}), {_gb(hw.memory)} GB each; batch {args.batch} per data replica, "
+        f"{hw.gpus_per_node}), {_gb(hw.memory)} GB each; {batch}, "
         f"{args.precision} activations and messages, fp32 parameters, gradients and AdamW moments"
     )
     print(
@@ -150,8 +156,9 @@ def run(args: argparse.Namespace) -> int:
     hw = _hardware(args)
     elsize = 4 if args.precision == "fp32" else 2
     plans = plan_meshes(
-        args.model, args.preset, (grid[0], grid[1]), args.world_size, channels, hw, args.batch, elsize
-    )
+        args.model, args.preset, (grid[0], grid[1]), args.world_size, channels, hw, args.batch, elsize,
+        args.global_batch,
+    )  # fmt: skip
     _print(args, hw, plans)
     if args.json:
         best, why = recommend(plans)
@@ -162,6 +169,7 @@ def run(args: argparse.Namespace) -> int:
             "world_size": args.world_size,
             "hardware": hw.__dict__,
             "batch": args.batch,
+            "global_batch": args.global_batch,
             "precision": args.precision,
             "recommended": best.mesh if best else None,
             "reasons": why,
