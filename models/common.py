@@ -139,6 +139,12 @@ class Forecaster(nn.Module):
 
     input_layer = "embed"
 
+    def forward_stage(self, path: str) -> int:
+        """Where the module at ``path`` runs in the forward, for ordering: modules registered in
+        forward order (the default) all share stage 0; a model that registers them otherwise
+        says so (``plan`` frees saved activations in reverse forward order)."""
+        return 0
+
     def __init__(
         self,
         domain: Domain,

@@ -147,8 +147,9 @@ def _backward_peak(model, costs) -> tuple[int, int]:
     reverse, freeing each one's saved activations as its parameters' gradients appear. At the
     optimizer step every gradient is live and no activation."""
     modules = dict(model.named_modules())
-    saved = [c.saved for c in costs.values()]
-    grads = [4 * sum(p.numel() for p in modules[path].parameters(recurse=False)) for path in costs]
+    paths = sorted(costs, key=model.forward_stage)  # stable: registration order within a stage
+    saved = [costs[path].saved for path in paths]
+    grads = [4 * sum(p.numel() for p in modules[path].parameters(recurse=False)) for path in paths]
     best = (sum(grads), 0)
     for i in range(len(saved)):
         g, a = sum(grads[i:]), sum(saved[: i + 1])

@@ -96,6 +96,14 @@ class UNet(Forecaster):
             self.decoder.append(ConvBlock(domains[level], 2 * chans[level], chans[level], cfg))
         self.head = Conv2d(domain, chans[0], n_state, 1)
 
+    def forward_stage(self, path: str) -> int:
+        """``encoder.0, down.0, encoder.1, …, up.0, decoder.0, …, head``: the order ``predict``
+        runs them in (registration keeps each list together)."""
+        top, _, rest = path.partition(".")
+        i, levels = int(rest.partition(".")[0] or 0), len(self.encoder)
+        up = 2 * levels + 2 * i  # after the whole encoder
+        return {"encoder": 2 * i, "down": 2 * i + 1, "up": up, "decoder": up + 1}.get(top, 4 * levels)
+
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         skips = [self.encoder[0](x)]
         for down, block in zip(self.down, self.encoder[1:]):

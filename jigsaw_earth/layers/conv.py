@@ -182,8 +182,11 @@ def conv_cost(
     cost = channel_matmul(chosen, counts, q, rows, out_sizes, bias, elsize, input_grad, f"{name}.matmul")
     lat0, lat1, lon0, lon1 = windows[q]
     window = batch * in_ch * (lat1 - lat0) * (lon1 - lon0) * elsize
-    if chosen == "weights":  # the ring saves the window (channel_matmul counted im2col rows)
+    if chosen == "weights":  # native kernels on the window, not im2col rows (channel_matmul's)
+        out = counts[q] * sum(out_sizes) * elsize
+        ring = 2 * (rows + 1) * max(out_sizes) * elsize if domain.size > 1 else 0
         cost.saved = window
+        cost.peak = max((2 if domain.size > 1 else 1) * out, out + (window if input_grad else 0)) + ring
     else:
         cost.peak += window
     if domain.size > 1:

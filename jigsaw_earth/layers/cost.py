@@ -125,16 +125,26 @@ def channel_matmul(
 ) -> Cost:
     """``matmul_channels`` of this rank's ``counts[index]`` rows: the bytes of the strategy it
     runs, its FLOPs (``dW`` always, ``dX`` when the input needs it), the input rows it saves,
-    and its output (built from ``P`` pieces, then joined: twice the output at the peak)."""
+    and its peak: the output built from ``P`` pieces (twice the output), and in the backward
+    ``dY`` with ``dX``; moving weights adds two weight blocks in flight, moving activations
+    the peers' rows and ``dX`` partial sums in flight (sent and received)."""
     P, n, cout = len(counts), counts[index], sum(out_sizes)
     chosen = channel_strategy(strategy, counts, cin, out_sizes, bias, True, input_grad)
     fwd = 2 * n * cin * cout if chosen == "weights" or P == 1 else 2 * sum(counts) * cin * out_sizes[index]
-    out = n * cout * elsize
+    dx = n * cin if input_grad else 0
+    block = max(out_sizes)
+    if P == 1:
+        peak = max(n * cout, n * cout + dx)
+    elif chosen == "weights":
+        peak = max(2 * n * cout, n * cout + dx) + 2 * (cin + 1) * block
+    else:
+        forward = n * cin + 2 * n * cout + (P - 1) * n * block
+        peak = max(forward, n * cout + (2 * P - 1) * dx + 2 * n * (cin + block))
     return Cost(
         bytes={op: channel_bytes(chosen, counts, cin, out_sizes, bias, elsize, input_grad)} if P > 1 else {},
         flops=(fwd, fwd * (2 if input_grad else 1)),
         saved=n * cin * elsize,
-        peak=out * (2 if P > 1 else 1),
+        peak=peak * elsize,
         overlap={op},
     )
 
@@ -142,6 +152,5 @@ def channel_matmul(
 def step_bytes(module: nn.Module, batch: int, elsize: int = 4, input_grad: bool = True) -> Bytes:
     """(forward, backward) bytes over all ranks of ``module`` and its children, as declared."""
     costs = model_cost(module, batch, elsize, input_grad).values()
-    return sum(f for c in costs for f, _ in c.bytes.values()), sum(
-        b for c in costs for _, b in c.bytes.values()
-    )
+    pairs = [fb for c in costs for fb in c.bytes.values()]
+    return sum(f for f, _ in pairs), sum(b for _, b in pairs)
