@@ -18,6 +18,7 @@ COMMANDS = {
     "data": "jigsaw_earth.commands.data",
     "bench": "jigsaw_earth.commands.bench",
     "model": "jigsaw_earth.commands.model",
+    "plan": "jigsaw_earth.commands.plan",
     "train": "jigsaw_earth.commands.train",
     "config": "jigsaw_earth.commands.config",
     "score": "jigsaw_earth.commands.score",
@@ -32,6 +33,7 @@ SUMMARIES = {
     "data": "synthesise, prepare, inspect ERA5-style Zarr stores; per-rank I/O report",
     "bench": "jigsaw layers and models against plain-PyTorch twins; matmul micro-benchmark",
     "model": "model summary: parameters, per-rank memory and communication without allocating",
+    "plan": "rank the data × lat × lon meshes of a world size: memory, bytes, step time, a pick",
     "train": "train from a YAML config (single process, torchrun or Slurm srun)",
     "config": "validate or show a training config",
     "score": "WeatherBench 2 scorecard of a forecast store",
@@ -84,8 +86,11 @@ def _main(argv: list[str]) -> int:
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
-        print(f"jigsaw-earth {args.command}: interrupted (Ctrl-C); nothing after the last message was kept "
-              "(a training run resumes from its last checkpoint)", file=sys.stderr)
+        print(
+            f"jigsaw-earth {args.command}: interrupted (Ctrl-C); nothing after the last message was kept "
+            "(a training run resumes from its last checkpoint)",
+            file=sys.stderr,
+        )
         return EXIT_INTERRUPTED
     except OSError as err:  # a blocked or read-only directory, a full disk, a missing file
         text = explain(err) if err.errno is not None and err.filename is not None else str(err)

@@ -133,8 +133,18 @@ class Forecaster(nn.Module):
     * ``time``: ``(B, n_time)`` time features;
     * returns ``(B, n_state, h, w)``: ``state + Δ`` when ``residual`` (the default), else ``Δ``.
 
-    Subclasses implement ``predict(x) → Δ`` on the assembled input field ``x``.
+    Subclasses implement ``predict(x) → Δ`` on the assembled input field ``x``, and name the
+    layer that reads it (``input_layer``: no gradient flows into the input, so that layer's
+    backward sends nothing for it).
     """
+
+    input_layer = "embed"
+
+    def forward_stage(self, path: str) -> int:
+        """Where the module at ``path`` runs in the forward, for ordering: modules registered in
+        forward order (the default) all share stage 0; a model that registers them otherwise
+        says so (``plan`` frees saved activations in reverse forward order)."""
+        return 0
 
     def __init__(
         self,

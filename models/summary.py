@@ -2,31 +2,27 @@
 
 Every domain rank's model is constructed on the ``meta`` device (``meta_construction``): shapes
 and shard specs are real, storage and initialisation are not, so a 3-billion-parameter model on
-a 721 × 1440 grid is described in seconds. Communication is the sum of the layers' exact byte
-formulas (the figures the comm ledger measures): ``channel_bytes`` for every channel matmul,
-``token_bytes`` for token mixing, ``ring_attention_bytes`` for global attention, window/halo
-cells for convolutions, patches and neighbourhood attention, and the all-gather of sharded
-norm affines. Bytes are summed over all ranks of one domain group, for one training step
-(forward + backward) at ``batch`` samples per group, fp32.
+a 721 × 1440 grid is described in seconds. Communication is the sum of the bytes each layer
+declares beside its forward (``cost``, ``layers.cost.model_cost``: the figures the comm ledger
+measures), summed over all ranks of one domain group, for one training step (forward +
+backward; the input needs no gradient) at ``batch`` samples per group, fp32. The per-rank
+memory of a training step is ``plan``'s (``plan_mesh``), from the same declarations.
 """
 
 from __future__ import annotations
 
-import contextlib
 import math
-import sys
-from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-import torch
 from torch import nn
-from torch.overrides import TorchFunctionMode
 
 from ..distributed.mesh import DomainMesh, MeshShape
 from ..layers.base import Domain, spec_of
-from . import MODELS, build_model, model_class
-from .comm_model import layer_bytes
+from ..layers.cost import model_cost
+from . import build_model
+from .meta import meta_construction
+from .plan import TRAIN_STATES, Hardware, plan_mesh
 
 __all__ = [
     "CHECKPOINT_STATES",
@@ -39,7 +35,6 @@ __all__ = [
     "summarize",
 ]
 
-TRAIN_STATES = 4  # tensors per parameter while training: parameter, gradient, AdamW exp_avg, exp_avg_sq
 CHECKPOINT_STATES = 3  # tensors per parameter in a checkpoint: parameter, exp_avg, exp_avg_sq
 TENSOR_OVERHEAD = 1600  # bytes of DCP/torch.save framing per saved block (measured: 1575 B)
 
@@ -50,47 +45,6 @@ def checkpoint_bytes(total_params: int, n_tensors: int = 0, writers: int = 1, el
     ``n_tensors`` parameter tensors, each saved as one block by each of ``writers`` domain ranks.
     """
     return CHECKPOINT_STATES * (total_params * elsize + n_tensors * writers * TENSOR_OVERHEAD)
-
-_FACTORIES = {torch.empty, torch.zeros, torch.ones, torch.full, torch.rand, torch.randn, torch.empty_like}
-
-
-class _MetaFactories(TorchFunctionMode):
-    """Tensor factories without an explicit device allocate on ``meta``; ``torch.tensor`` (used
-    for small host-side scalars during initialisation) stays on the CPU."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kwargs = dict(kwargs or {})
-        if func in _FACTORIES and kwargs.get("device") is None:
-            kwargs["device"] = "meta"
-        return func(*args, **kwargs)
-
-
-def _skip_fill(p: torch.Tensor, *args: Any, **kwargs: Any) -> None:
-    """Initialisation of a ``meta`` parameter: nothing to fill."""
-
-
-@contextlib.contextmanager
-def meta_construction() -> Iterator[None]:
-    """Construct modules with every parameter on the ``meta`` device (no storage, no init cost).
-
-    The layers' counter-based fills are skipped while inside (the values of a meta tensor do not
-    exist; computing them on meta would only cost time), and restored on exit.
-    """
-    for name in MODELS:
-        model_class(name)  # import every model's layers before patching them
-    saved = []
-    for mod_name, mod in list(sys.modules.items()):
-        if mod_name.startswith("jigsaw_earth.layers") and mod is not None:
-            for fn in ("fill_uniform_", "fill_normal_"):
-                if hasattr(mod, fn):
-                    saved.append((mod, fn, getattr(mod, fn)))
-                    setattr(mod, fn, _skip_fill)
-    try:
-        with _MetaFactories():
-            yield
-    finally:
-        for mod, fn, orig in saved:
-            setattr(mod, fn, orig)
 
 
 def rank_models(
@@ -131,6 +85,7 @@ class ModelSummary:
     comm_by_layer: dict[str, list[int]] = field(default_factory=dict)
     data_parallel_allreduce_bytes: int = 0
     checkpoint_bytes: int = 0  # model + AdamW state in a checkpoint, fp32 (metadata not counted)
+    step_memory: dict[str, int] = field(default_factory=dict)  # rank 0 in a training step, as plan has it
     seconds: float = 0.0
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -163,10 +118,8 @@ def summarize(
     per_rank = [sum(p.numel() for p in m.parameters()) for m in models]
     fwd = bwd = 0
     by_layer: dict[str, list[int]] = {}
-    modules = dict(models[0].named_modules())
-    for path, module in modules.items():
-        parent = modules.get(path.rpartition(".")[0]) if path else None
-        for op, (f, b) in layer_bytes(module, parent, batch, elsize).items():
+    for cost in model_cost(models[0], batch, elsize, input_grad=False).values():  # no dX of the input
+        for op, (f, b) in cost.bytes.items():
             fwd, bwd = fwd + f, bwd + b
             acc = by_layer.setdefault(op, [0, 0])
             acc[0], acc[1] = acc[0] + f, acc[1] + b
@@ -175,6 +128,8 @@ def summarize(
     d = shape.data
     dp = 2 * (d - 1) * max(per_rank) * elsize // d * shape.domain_size if d > 1 else 0
     cfg = getattr(models[0], "cfg", None)
+    chans = (n_state, n_static, n_time)
+    step = plan_mesh(name, preset, grid, shape, chans, Hardware(), batch, elsize, **overrides)
     return ModelSummary(
         model=name,
         preset=preset,
@@ -193,6 +148,7 @@ def summarize(
         comm_by_layer=by_layer,
         data_parallel_allreduce_bytes=dp,
         checkpoint_bytes=checkpoint_bytes(total, n_tensors, shape.domain_size, elsize),
+        step_memory=step.memory,
         seconds=round(time.perf_counter() - start, 3),
         config=asdict(cfg) if cfg is not None else {},
     )

@@ -22,6 +22,7 @@ from torch import nn
 
 from ..layers.base import Domain
 from ..layers.conv import Conv2d
+from ..layers.cost import Cost
 from ..layers.mlp import get_activation
 from ..layers.norm import GroupNorm
 from ..layers.resample import Downsample, Upsample
@@ -36,12 +37,21 @@ class ConvBlock(nn.Module):
 
     def __init__(self, domain: Domain, in_ch: int, out_ch: int, cfg: UNetConfig):
         super().__init__()
-        self.act = get_activation(cfg.activation)
+        self.act, self.activation = get_activation(cfg.activation), cfg.activation
+        self.domain, self.out_ch = domain, out_ch
         self.convs = nn.ModuleList(
             Conv2d(domain, in_ch if i == 0 else out_ch, out_ch, cfg.kernel, lat_mode=cfg.lat_mode, bias=False)
             for i in range(cfg.convs_per_block)
         )
         self.norms = nn.ModuleList(GroupNorm(domain, cfg.groups, out_ch) for _ in range(cfg.convs_per_block))
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """The activation after each norm saves its input (the layers price themselves)."""
+        if self.activation == "identity":
+            return Cost()
+        return Cost(
+            saved=len(self.convs) * self.domain.counts(batch)[self.domain.index] * self.out_ch * elsize
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         for conv, norm in zip(self.convs, self.norms):
@@ -51,6 +61,8 @@ class ConvBlock(nn.Module):
 
 class UNet(Forecaster):
     """``forward(state (B, n_state, h, w), static (n_static, h, w), time (B, n_time))`` → next state."""
+
+    input_layer = "encoder.0.convs.0"  # the layer that reads the assembled input
 
     def __init__(
         self, domain: Domain, n_state: int, n_static: int, n_time: int, cfg: UNetConfig | None = None
@@ -83,6 +95,14 @@ class UNet(Forecaster):
             )
             self.decoder.append(ConvBlock(domains[level], 2 * chans[level], chans[level], cfg))
         self.head = Conv2d(domain, chans[0], n_state, 1)
+
+    def forward_stage(self, path: str) -> int:
+        """``encoder.0, down.0, encoder.1, …, up.0, decoder.0, …, head``: the order ``predict``
+        runs them in (registration keeps each list together)."""
+        top, _, rest = path.partition(".")
+        i, levels = int(rest.partition(".")[0] or 0), len(self.encoder)
+        up = 2 * levels + 2 * i  # after the whole encoder
+        return {"encoder": 2 * i, "down": 2 * i + 1, "up": up, "decoder": up + 1}.get(top, 4 * levels)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         skips = [self.encoder[0](x)]

@@ -33,7 +33,7 @@ class MixerBlock(nn.Module):
         super().__init__()
         self.dim = dim  # channels the token mixing carries (read by the communication summary)
         self.norm_tokens = LayerNorm(domain, dim)
-        self.token_mixing = TokenMixing(domain, token_hidden, activation=cfg.activation)
+        self.token_mixing = TokenMixing(domain, token_hidden, activation=cfg.activation, channels=dim)
         self.drop = Dropout(domain, cfg.dropout, layout="tokens") if cfg.dropout > 0 else None
         self.norm_channels = LayerNorm(domain, dim)
         self.channel_mixing = MLP(domain, dim, channel_hidden, activation=cfg.activation, dropout=cfg.dropout)

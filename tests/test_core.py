@@ -6,7 +6,12 @@ import pytest
 import torch
 
 from jigsaw_earth.distributed.halo import Halo, pad_reference
-from jigsaw_earth.distributed.matmul import channel_bytes, choose, matmul_channels, token_bytes
+from jigsaw_earth.distributed.matmul import (
+    channel_bytes,
+    channel_strategy,
+    matmul_channels,
+    token_strategy,
+)
 from jigsaw_earth.distributed.mesh import (
     MeshShape,
     _expand_nodelist,
@@ -138,10 +143,10 @@ def test_matmul_cost_model_and_choice() -> None:
     assert (w_fwd, w_bwd) == (3 * 9 * 8 * 4, 2 * 3 * 9 * 8 * 4)
     a_fwd, _ = channel_bytes("activations", counts, cin, outs, bias=True)
     assert a_fwd == (3 * 400 * 8 + 4 * 300 * 2) * 4
-    costs = {s: channel_bytes(s, counts, cin, outs, True) for s in ("weights", "activations")}
-    assert choose(costs, training=True) == "weights"  # many tokens, small weights
-    tok = {s: token_bytes(s, (4, 4), (1, 1), 64) for s in ("weights", "activations")}
-    assert choose(tok, training=False) == "weights"  # few output tokens: moving A is cheaper
+    assert channel_strategy("auto", counts, cin, outs, True) == "weights"  # many tokens, small weights
+    assert channel_strategy("activations", counts, cin, outs, True) == "activations"  # kept as given
+    # few output tokens: moving A is cheaper
+    assert token_strategy("auto", (4, 4), (1, 1), 64, training=False) == "weights"
     with pytest.raises(ValueError, match="strategy 'ring'"):
         matmul_channels(torch.zeros(2, 3), torch.zeros(3, 4), None, init_mesh().domain, (4,), (2,), "ring")  # type: ignore[arg-type]
 

@@ -20,7 +20,14 @@ from pathlib import Path
 import torch
 
 from ..distributed.comm import ledger
-from ..distributed.matmul import channel_bytes, choose, matmul_channels, matmul_tokens, token_bytes
+from ..distributed.matmul import (
+    channel_bytes,
+    channel_strategy,
+    matmul_channels,
+    matmul_tokens,
+    token_bytes,
+    token_strategy,
+)
 from ..distributed.mesh import DomainMesh, parse_mesh
 from ..distributed.spawn import spawn
 from ..layers.base import Domain
@@ -118,10 +125,8 @@ def _bench(mesh: DomainMesh, grid: tuple[int, int], batch: int, cin: int, cout: 
             "bytes_sent_rank": sent,
             "model_bytes_total": sum(token_bytes(strategy, counts, counts, cin)),
         }
-    costs = {s: channel_bytes(s, counts, cin, outs, True) for s in ("weights", "activations")}
-    result["channels"]["auto_choice"] = choose(costs, training=True)
-    costs = {s: token_bytes(s, counts, counts, cin) for s in ("weights", "activations")}
-    result["tokens"]["auto_choice"] = choose(costs, training=True)
+    result["channels"]["auto_choice"] = channel_strategy("auto", counts, cin, outs, True)
+    result["tokens"]["auto_choice"] = token_strategy("auto", counts, counts, cin)
     return result
 
 

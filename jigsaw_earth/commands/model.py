@@ -117,6 +117,13 @@ def _print(s: ModelSummary) -> None:
         f"  per-rank train bytes   {_gib(s.rank_train_bytes_max)}  (param + grad + AdamW 2 states; "
         f"1 rank: {_gib(s.serial_train_bytes).strip()}; ratio {s.train_bytes_ratio:.4f})"
     )
+    m = s.step_memory
+    states, acts = _gib(m["parameters"] + m["optimizer"]).strip(), _gib(m["activations"] + m["transient"])
+    print(
+        f"  per-rank step memory   {_gib(m['total'])}  (rank 0, batch {s.batch}: param + AdamW {states}, "
+        f"grads {_gib(m['gradients']).strip()}, activations {acts.strip()} at the backward's peak; "
+        "as `jigsaw-earth plan`)"
+    )
     print(f"  checkpoint bytes       {_gib(s.checkpoint_bytes)}  (model + AdamW state, fp32, all ranks)")
     print(
         f"  comm per step          {_gib(s.comm_forward_bytes)} forward, "

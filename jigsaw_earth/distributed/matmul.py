@@ -20,12 +20,13 @@ Strategies (no rank ever holds the full weight):
   ring and ``dX`` is accumulated in a ring reduce-scatter.
 
 ``"auto"`` picks the cheaper by the byte counts of ``channel_bytes``/``token_bytes``, which are
-exact: the ledger in ``comm`` measures the same numbers.
+exact: the ledger in ``comm`` measures the same numbers. ``decide`` is that rule, the only one:
+the matmuls, the convolutions, the layers' cost declarations and the validator all call it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Literal
 
 import torch
@@ -38,10 +39,12 @@ __all__ = [
     "Strategy",
     "autocast_operands",
     "channel_bytes",
-    "choose",
+    "channel_strategy",
+    "decide",
     "matmul_channels",
     "matmul_tokens",
     "token_bytes",
+    "token_strategy",
 ]
 
 Strategy = Literal["auto", "weights", "activations"]
@@ -418,9 +421,42 @@ def token_bytes(
     return (a_moved + y_moved) * elsize, (a_moved + y_moved) * elsize
 
 
-def choose(costs: dict[str, tuple[int, int]], training: bool) -> str:
-    """The strategy with the fewest bytes (forward, plus backward when training)."""
+def decide(strategy: str, price: Callable[[str], tuple[int, int]], training: bool) -> str:
+    """The one rule for ``"auto"``: the strategy whose ``price`` (forward, backward bytes) is
+    fewest, counting the backward only when training; any other strategy is kept as given."""
+    if strategy != "auto":
+        return strategy
+    costs = {s: price(s) for s in ("weights", "activations")}
     return min(costs, key=lambda s: costs[s][0] + (costs[s][1] if training else 0))
+
+
+def channel_strategy(
+    strategy: str,
+    counts: Sequence[int],
+    cin: int,
+    out_sizes: Sequence[int],
+    bias: bool,
+    training: bool = True,
+    input_grad: bool = True,
+) -> str:
+    """The strategy ``matmul_channels`` runs (``decide`` on ``channel_bytes``)."""
+    return decide(
+        strategy, lambda s: channel_bytes(s, counts, cin, out_sizes, bias, input_grad=input_grad), training
+    )
+
+
+def token_strategy(
+    strategy: str,
+    in_counts: Sequence[int],
+    out_counts: Sequence[int],
+    channels: int,
+    training: bool = True,
+    input_grad: bool = True,
+) -> str:
+    """The strategy ``matmul_tokens`` runs (``decide`` on ``token_bytes``)."""
+    return decide(
+        strategy, lambda s: token_bytes(s, in_counts, out_counts, channels, input_grad=input_grad), training
+    )
 
 
 def _check_strategy(strategy: str) -> None:
@@ -458,13 +494,10 @@ def matmul_channels(
     x, w, b = autocast_operands(x, w, b)
     if axis.size == 1:
         return torch.addmm(b, x, w) if b is not None else x @ w
-    if strategy == "auto":
-        needs = _needs_grad(x)
-        costs = {
-            s: channel_bytes(s, counts, w.shape[0], out_sizes, b is not None, input_grad=needs)
-            for s in ("weights", "activations")
-        }
-        strategy = choose(costs, _training(x, w, b))  # type: ignore[assignment]
+    training = _training(x, w, b)
+    strategy = channel_strategy(
+        strategy, counts, w.shape[0], out_sizes, b is not None, training, _needs_grad(x)
+    )  # type: ignore[assignment]
     if strategy == "weights":
         return _ChannelWeights.apply(x, w, b, axis, tuple(out_sizes))
     return _ChannelActivations.apply(x, w, b, axis, tuple(out_sizes), tuple(counts))
@@ -499,13 +532,8 @@ def matmul_tokens(
     if axis.size == 1:
         a = a.reshape(a.shape[0], n_cols)  # one tile, the whole grid: a view
         return torch.addmm(b.unsqueeze(-1), a, x) if b is not None else a @ x
-    if strategy == "auto":
-        needs = _needs_grad(x)
-        costs = {
-            s: token_bytes(s, in_counts, out_counts, x.shape[1], input_grad=needs)
-            for s in ("weights", "activations")
-        }
-        strategy = choose(costs, _training(x, a, b))  # type: ignore[assignment]
+    training = _training(x, a, b)
+    strategy = token_strategy(strategy, in_counts, out_counts, x.shape[1], training, _needs_grad(x))  # type: ignore[assignment]
     if strategy == "activations":
         return _TokenActivations.apply(x, a, b, axis, tuple(in_counts), tiles)
     return _TokenWeights.apply(x, a, b, axis, tuple(in_counts), tuple(out_counts), tiles)

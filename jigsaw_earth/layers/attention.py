@@ -27,8 +27,9 @@ from ..distributed.comm import comm_site
 from ..distributed.halo import Halo, halo_exchange
 from ..distributed.matmul import Strategy
 from .base import Domain, fill_normal_, sharded_parameter
+from .cost import Cost, gather_bytes, window_bytes
 from .linear import Linear
-from .ring_attention import ring_attention
+from .ring_attention import ring_attention, ring_attention_bytes
 
 __all__ = ["GlobalAttention", "LocalAttention"]
 
@@ -69,6 +70,13 @@ class _Projections(nn.Module):
         for name in ("q", "k", "v", "proj"):
             getattr(self, name).reset_parameters(seed, f"{key}.{name}")
 
+    def _tokens(self, batch: int) -> int:
+        return self.domain.counts(batch)[self.domain.index]
+
+    def _shared_input(self, batch: int, elsize: int) -> int:
+        """``q``, ``k`` and ``v`` each declare the input they save: one tensor, counted thrice."""
+        return 2 * self._tokens(batch) * self.dim * elsize
+
 
 class GlobalAttention(_Projections):
     """Exact multi-head self-attention over all tokens of the global grid (per sample).
@@ -107,6 +115,25 @@ class GlobalAttention(_Projections):
         with comm_site("global_attention"):
             o = ring_attention(q, k, v, self.domain.axis, self.areas, block=self.block)
         return self.proj(o.transpose(1, 2).reshape(B, h, w, C))
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """Ring attention between the projections (which price themselves): K/V blocks pass
+        round the ring while each block is attended; q, k, v, the output and the fp32
+        log-sum-exp are saved, and two K/V blocks are in hand at once."""
+        n, P, C = self._tokens(batch), self.domain.size, self.dim
+        N = batch * self.domain.grid.n_lat * self.domain.grid.n_lon
+        flops = 4 * n * N * C
+        cost = Cost(
+            flops=(flops, 2 * flops + flops // 2),  # backward: dQ, dK, dV and the recomputed scores
+            saved=4 * n * C * elsize
+            + batch * self.num_heads * (n // batch) * 4
+            - self._shared_input(batch, elsize),
+            peak=4 * n * C * elsize,
+            overlap={"attention.ring"},
+        )
+        if P > 1:
+            cost.bytes["attention.ring"] = ring_attention_bytes(self.areas, batch, C, elsize)
+        return cost
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.num_heads}, block={self.block}"
@@ -194,6 +221,33 @@ class LocalAttention(_Projections):
         p = torch.softmax(scores, dim=2)  # fp32: the weighted sum accumulates in fp32
         out = sum(p[:, :, n : n + 1] * v[..., i : i + h, j : j + w] for n, (i, j) in enumerate(offsets))
         return out.to(v.dtype).reshape(B, C, h, w).permute(0, 2, 3, 1)  # type: ignore[union-attr]
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """The K/V halo (width ``r``) and the relative-bias gather; saved: the padded K/V, q and
+        the fp32 softmax over the ``(2r+1)²`` neighbours; at the peak the score maps twice."""
+        d, r, C = self.domain, self.radius, self.dim
+        n, (h, w) = self._tokens(batch), d.tile.shape
+        K = (2 * r + 1) ** 2
+        probs = batch * self.num_heads * K * h * w * 4
+        cost = Cost(
+            flops=(4 * n * K * C, 8 * n * K * C),
+            saved=batch * 2 * C * (h + 2 * r) * (w + 2 * r) * elsize
+            + n * C * elsize
+            + probs
+            - self._shared_input(batch, elsize),
+            peak=2 * probs + 2 * n * C * 4,
+        )
+        if d.size > 1:
+            g, (lat, lon) = d.grid, (self.halo.lat, self.halo.lon)
+            wins = [
+                (t.lat_start - lat[0], t.lat_stop + lat[1], t.lon_start - lon[0], t.lon_stop + lon[1])
+                for t in g.tiles()
+            ]
+            modes = (self.halo.lat_mode, self.halo.lon_mode)
+            cost.bytes["attention.halo"] = window_bytes(g, wins, *modes, batch * 2 * C, elsize)
+            if self.rel_bias is not None:
+                cost.bytes["attention.rel_bias"] = gather_bytes(self.bias_sizes, self.num_heads, elsize)
+        return cost
 
     def extra_repr(self) -> str:
         return f"dim={self.dim}, heads={self.num_heads}, radius={self.radius}, lat_mode={self.lat_mode!r}"

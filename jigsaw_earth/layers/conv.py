@@ -31,15 +31,17 @@ from torch import nn
 from ..distributed.comm import comm_site
 from ..distributed.conv_ring import conv_ring
 from ..distributed.halo import LatMode, LonMode, Window, gather_windows
-from ..distributed.matmul import Strategy, autocast_operands, channel_bytes, choose, matmul_channels
+from ..distributed.matmul import Strategy, autocast_operands, channel_strategy, matmul_channels
 from ..distributed.matmul import _check_strategy as check_strategy
 from ..distributed.matmul import _training as is_training
 from ..distributed.tiles import TileGrid
 from .base import Domain, fill_fan_in_, sharded_parameter
+from .cost import Cost, channel_matmul, window_bytes
 
 __all__ = [
     "Conv2d",
     "Padding",
+    "conv_cost",
     "conv_out_size",
     "conv_strategy",
     "conv_windows",
@@ -119,8 +121,7 @@ def conv_strategy(
         return strategy
     bias = operands[-1] is not None
     n = counts()  # this rank's output tokens per rank (computed only when choosing)
-    costs = {s: channel_bytes(s, n, rows, out_sizes, bias) for s in ("weights", "activations")}
-    return choose(costs, is_training(*operands))
+    return channel_strategy(strategy, n, rows, out_sizes, bias, is_training(*operands))
 
 
 def sharded_conv(
@@ -156,6 +157,42 @@ def sharded_conv(
     y = matmul_channels(tokens, w, bias, domain.axis, out_sizes, counts(), "activations")
     h, w_ = out_domain.tile.shape
     return y.reshape(x.shape[0], h, w_, -1).permute(0, 3, 1, 2)
+
+
+def conv_cost(
+    name: str,
+    domain: Domain,
+    out_domain: Domain,
+    windows: tuple[Window, ...],
+    modes: tuple[str, str],
+    in_ch: int,
+    rows: int,
+    out_sizes: Sequence[int],
+    bias: bool,
+    strategy: Strategy,
+    batch: int,
+    elsize: int,
+    input_grad: bool,
+) -> Cost:
+    """``sharded_conv``'s step: the receptive-field gather (its backward only when the input
+    needs a gradient), then the weight ring or im2col rows of ``rows = in_ch·kh·kw`` through the
+    activation exchange, chosen as ``conv_strategy`` chooses."""
+    q, counts = domain.index, out_domain.counts(batch)
+    chosen = channel_strategy(strategy, counts, rows, out_sizes, bias) if domain.size > 1 else "weights"
+    cost = channel_matmul(chosen, counts, q, rows, out_sizes, bias, elsize, input_grad, f"{name}.matmul")
+    lat0, lat1, lon0, lon1 = windows[q]
+    window = batch * in_ch * (lat1 - lat0) * (lon1 - lon0) * elsize
+    if chosen == "weights":  # native kernels on the window, not im2col rows (channel_matmul's)
+        out = counts[q] * sum(out_sizes) * elsize
+        ring = 2 * (rows + 1) * max(out_sizes) * elsize if domain.size > 1 else 0
+        cost.saved = window
+        cost.peak = max((2 if domain.size > 1 else 1) * out, out + (window if input_grad else 0)) + ring
+    else:
+        cost.peak += window
+    if domain.size > 1:
+        f, b = window_bytes(domain.grid, windows, *modes, batch * in_ch, elsize)
+        cost.bytes[f"{name}.windows"] = (f, b if input_grad else 0)
+    return cost
 
 
 def check_field(x: torch.Tensor, domain: Domain, channels: int, layer: str) -> None:
@@ -229,6 +266,13 @@ class Conv2d(nn.Module):
                 x, self.domain, self.out_domain, self.windows, self.stride, self.dilation,
                 self.modes, self.weight, self.bias, self.out_sizes, self.strategy,
             )  # fmt: skip
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        rows = self.in_ch * self.kernel[0] * self.kernel[1]
+        return conv_cost(
+            "conv", self.domain, self.out_domain, self.windows, self.modes, self.in_ch, rows,
+            self.out_sizes, self.bias is not None, self.strategy, batch, elsize, input_grad,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return (

@@ -37,10 +37,11 @@ from ..distributed.collectives import all_gather
 from ..distributed.comm import comm_site
 from ..distributed.conv_ring import conv_ring
 from ..distributed.halo import LatMode, LonMode, Window, gather_windows
-from ..distributed.matmul import Strategy, autocast_operands, matmul_channels
+from ..distributed.matmul import Strategy, autocast_operands, channel_strategy, matmul_channels
 from ..distributed.tiles import TileGrid
 from .base import Domain, fill_fan_in_, sharded_parameter
 from .conv import _pair, check_field, conv_strategy
+from .cost import Cost, channel_matmul, gather_bytes, window_bytes
 
 __all__ = ["ConvTranspose2d", "transposed_windows"]
 
@@ -156,6 +157,26 @@ class ConvTranspose2d(nn.Module):
         else:
             y = F.pad(z, (-left, left + w_out - z.shape[-1], -top, top + h - z.shape[-2]))
         return y if one_rank or bias is None else y + bias.view(1, -1, 1, 1)
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """The input window gather, then ``in_ch`` rows against ``out_ch·kh·kw`` columns (the
+        ring of weight blocks or the activation exchange), and the bias all-gather."""
+        d = self.domain
+        kh, kw = self.kernel
+        counts = [batch * (w[1] - w[0]) * (w[3] - w[2]) for w in self.windows]
+        cols = [n * kh * kw for n in self.out_sizes]
+        chosen = channel_strategy(self.strategy, counts, self.in_ch, cols, False) if d.size > 1 else "weights"
+        cost = channel_matmul(
+            chosen, counts, d.index, self.in_ch, cols, False, elsize, input_grad, "conv_transpose.matmul"
+        )
+        h, w = self.out_domain.tile.shape
+        cost.peak += batch * self.out_ch * h * w * elsize
+        if d.size > 1:
+            f, b = window_bytes(d.grid, self.windows, *self.modes, batch * self.in_ch, elsize)
+            cost.bytes["conv_transpose.windows"] = (f, b if input_grad else 0)
+            if self.bias is not None:
+                cost.bytes["conv_transpose.bias"] = gather_bytes(self.out_sizes, 1, elsize)
+        return cost
 
     def extra_repr(self) -> str:
         g = self.out_domain.grid

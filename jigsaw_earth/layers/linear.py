@@ -7,6 +7,7 @@ from torch import nn
 
 from ..distributed.matmul import Strategy, matmul_channels
 from .base import Domain, fill_fan_in_, sharded_parameter
+from .cost import Cost, channel_matmul
 
 __all__ = ["Linear"]
 
@@ -51,6 +52,13 @@ class Linear(nn.Module):
             flat, self.weight, self.bias, self.domain.axis, self.out_sizes, counts, self.strategy
         )
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """One ``matmul_channels`` over ``batch`` samples of every rank's tile."""
+        return channel_matmul(
+            self.strategy, self.domain.counts(batch), self.domain.index, self.in_features,
+            self.out_sizes, self.bias is not None, elsize, input_grad, "linear",
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.out_features}, shards {self.out_sizes}, {self.strategy}"

@@ -10,6 +10,7 @@ from torch import nn
 
 from ..distributed.matmul import Strategy
 from .base import Domain
+from .cost import Cost
 from .dropout import Dropout
 from .linear import Linear
 
@@ -94,6 +95,13 @@ class MLP(nn.Module):
         if self.drop is not None:
             h = self.drop(h)
         return self.fc2(h)
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """The activation's saved input; ``fc1``, ``fc2`` and ``drop`` price themselves."""
+        saved = (
+            0 if self.activation == "identity" else self.domain.counts(batch)[self.domain.index] * self.hidden
+        )
+        return Cost(saved=saved * elsize)
 
     def extra_repr(self) -> str:
         return f"{self.in_features} -> {self.hidden} -> {self.out_features}, {self.activation}"

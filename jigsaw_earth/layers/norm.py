@@ -28,6 +28,7 @@ from ..distributed.collectives import all_gather
 from ..distributed.comm import all_reduce_, comm_site
 from ..distributed.mesh import Axis
 from .base import Domain, sharded_parameter
+from .cost import Cost, all_reduce_bytes, gather_bytes
 
 __all__ = ["GroupNorm", "InstanceNorm", "LayerNorm", "gather_affine"]
 
@@ -65,6 +66,19 @@ class _AffineNorm(nn.Module):
             with torch.no_grad():
                 self.weight.fill_(1.0)
                 self.bias.fill_(0.0)
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """The affine all-gather; the input and the fp32 statistics are saved."""
+        d = self.domain
+        n = d.counts(batch)[d.index] * self.channels
+        stats = batch * d.tile.shape[0] * d.tile.shape[1] if isinstance(self, LayerNorm) else 0
+        gather = gather_bytes(d.split_sizes(self.channels), 2 if self.weight is not None else 0, elsize)
+        return Cost(
+            bytes={"norm.affine": gather} if d.size > 1 else {},
+            flops=(8 * n, 16 * n),
+            saved=n * elsize + 2 * stats * 4,
+            peak=n * elsize,
+        )
 
     def _affine(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         with comm_site(type(self).__name__):
@@ -223,6 +237,16 @@ class GroupNorm(_AffineNorm):
                 x, weight, bias, self.domain.axis, self.num_groups, self.eps, self._counts, self._total
             )
         return y.to(out)
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """``_AffineNorm``'s, plus the statistics' all-reduces: ``(P, B, G, 2)`` fp32 forward,
+        ``(B, G, 2)`` backward."""
+        cost = super().cost(batch, elsize, input_grad)
+        P = self.domain.size
+        if P > 1:
+            stats = batch * self.num_groups * 2 * 4
+            cost.bytes["norm.stats"] = (all_reduce_bytes(P, P * stats), all_reduce_bytes(P, stats))
+        return cost
 
     def _single(self, x: torch.Tensor) -> torch.Tensor:
         return F.group_norm(x, self.num_groups, self.weight, self.bias, self.eps)

@@ -43,7 +43,8 @@ from ..distributed.comm import comm_site
 from ..distributed.halo import LatMode, LonMode, scatter_add_windows
 from ..distributed.matmul import Strategy, autocast_operands, matmul_channels
 from .base import Domain, fill_fan_in_, sharded_parameter
-from .conv import _pair, check_field, conv_windows, sharded_conv
+from .conv import _pair, check_field, conv_cost, conv_windows, sharded_conv
+from .cost import Cost, channel_matmul, window_bytes
 
 __all__ = ["PatchEmbed", "PatchRecovery", "patch_layout"]
 
@@ -115,6 +116,13 @@ class PatchEmbed(nn.Module):
                 self.modes, weight, self.bias, self.out_sizes, self.strategy,
             )  # fmt: skip
         return y.permute(0, 2, 3, 1)
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        return conv_cost(
+            "patch_embed", self.domain, self.out_domain, self.windows, self.modes, self.in_ch,
+            self.weight.shape[0], self.out_sizes, self.bias is not None, self.strategy, batch,
+            elsize, input_grad,
+        )  # fmt: skip
 
     def extra_repr(self) -> str:
         g = self.out_domain.grid
@@ -221,6 +229,24 @@ class PatchRecovery(nn.Module):
         if self.overlap == "mean":
             y = y * self.inv_count.to(y.dtype)
         return y
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """The token matmul to ``out_ch·p·p`` columns, then the fold's windows scattered home."""
+        d = self.domain
+        cost = channel_matmul(
+            self.strategy, d.counts(batch), d.index, self.embed_dim, self.out_sizes,
+            self.bias is not None, elsize, input_grad, "patch_recovery.matmul",
+        )  # fmt: skip
+        h, w = d.tile.shape
+        (ph, pw), (sh, sw) = self.patch, self.stride
+        canvas = batch * self.out_ch * ((h - 1) * sh + ph) * ((w - 1) * sw + pw) * elsize
+        cost.peak += canvas
+        if d.size > 1:
+            win = window_bytes(
+                self.out_domain.grid, self.windows, "zeros", "zeros", batch * self.out_ch, elsize
+            )
+            cost.bytes["patch_recovery.windows"] = win
+        return cost
 
     def extra_repr(self) -> str:
         g = self.out_domain.grid

@@ -38,6 +38,7 @@ from ..distributed.matmul import Strategy
 from .base import Domain
 from .conv import Conv2d, check_field
 from .conv_transpose import ConvTranspose2d
+from .cost import Cost, window_bytes
 
 __all__ = ["Downsample", "Upsample", "bilinear_source", "nearest_source"]
 
@@ -135,6 +136,19 @@ class _Interpolate(nn.Module):
         return y
 
 
+def _window_cost(
+    resampler: _Pool | _Interpolate, modes, elements: int, elsize: int, input_grad: bool
+) -> Cost:
+    """A pooling or interpolation: its window gathered (``elements`` per cell) and saved."""
+    d = resampler.domain
+    lat0, lat1, lon0, lon1 = resampler.windows[d.index]
+    cost = Cost(saved=elements * (lat1 - lat0) * (lon1 - lon0) * elsize)
+    if d.size > 1:
+        f, b = window_bytes(d.grid, resampler.windows, *modes, elements, elsize)
+        cost.bytes["resample.windows"] = (f, b if input_grad else 0)
+    return cost
+
+
 class Downsample(nn.Module):
     """Field tile ``(B, channels, h, w)`` → ``(B, out_channels, h', w')`` on ``ceil(n/factor)``."""
 
@@ -172,6 +186,12 @@ class Downsample(nn.Module):
                 )
         else:
             raise ValueError(f"Downsample mode {mode!r}: use 'conv', 'avgpool' or 'maxpool'")
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """The pooling window gather (``conv``/``proj`` price themselves)."""
+        if self.mode == "conv":
+            return Cost()
+        return _window_cost(self.pool, ("zeros", "zeros"), batch * self.channels, elsize, input_grad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_field(x, self.domain, self.channels, "Downsample")
@@ -232,6 +252,13 @@ class Upsample(nn.Module):
             self.out_domain = self.interp.out_domain
         else:
             raise ValueError(f"Upsample mode {mode!r}: use 'transposed', 'nearest' or 'bilinear'")
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """The interpolation's window gather (``conv``/``proj`` price themselves)."""
+        if self.mode == "transposed":
+            return Cost()
+        modes = self.interp.modes if self.mode == "bilinear" else ("zeros", "zeros")
+        return _window_cost(self.interp, modes, batch * self.out_channels, elsize, input_grad)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         check_field(x, self.domain, self.channels, "Upsample")

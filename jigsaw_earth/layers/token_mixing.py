@@ -27,9 +27,10 @@ import torch
 from torch import nn
 
 from ..distributed.comm import comm_site
-from ..distributed.matmul import Strategy, matmul_tokens
+from ..distributed.matmul import Strategy, matmul_tokens, token_bytes, token_strategy
 from ..distributed.tiles import Tile
 from .base import Domain, ShardSpec, fill_uniform_, sharded_parameter
+from .cost import Cost
 from .mlp import get_activation
 
 __all__ = ["TokenMixing"]
@@ -41,13 +42,19 @@ class TokenMixing(nn.Module):
     jigsaw_layer = True
 
     def __init__(
-        self, domain: Domain, hidden_tokens: int, activation: str = "gelu", strategy: Strategy = "auto"
+        self,
+        domain: Domain,
+        hidden_tokens: int,
+        activation: str = "gelu",
+        strategy: Strategy = "auto",
+        channels: int | None = None,
     ):
         super().__init__()
         if hidden_tokens < 1:
             raise ValueError(f"TokenMixing needs hidden_tokens ≥ 1, got {hidden_tokens}")
         grid, tile = domain.grid, domain.tile
         self.domain, self.hidden_tokens, self.activation = domain, hidden_tokens, activation
+        self.channels = channels  # C of the tiles it mixes: only its cost needs it
         self.strategy: Strategy = strategy
         self.act = get_activation(activation)
         self.n_tokens = grid.n_lat * grid.n_lon
@@ -89,6 +96,31 @@ class TokenMixing(nn.Module):
             hid = self.act(hid)
             y = matmul_tokens(hid, a2, b2, axis, self.hidden_sizes, self.token_counts, self.strategy)
         return y.reshape(h, w, B, C).permute(2, 0, 1, 3)
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """Two ``matmul_tokens`` with the batch folded into ``batch × channels`` columns."""
+        if self.channels is None:
+            raise ValueError("TokenMixing.cost needs the channels it mixes: pass channels= to TokenMixing")
+        P, q, cols = self.domain.size, self.domain.index, batch * self.channels
+        tokens, hidden = self.token_counts, self.hidden_sizes
+        n, N, d, D = tokens[q], self.n_tokens, hidden[q], self.hidden_tokens
+        cost = Cost(overlap={"token_mixing"})
+        # W1's row block: a copy in rank order (or autocast's cast) is saved; one rank under fp32 holds a view
+        cost.saved = (d * N if P > 1 or elsize != 4 else 0) + n * cols + 2 * d * cols
+        cost.saved += n * D if elsize != 4 else 0  # W2's block, cast by autocast
+        if P > 1:
+            first = token_strategy(self.strategy, tokens, hidden, cols, True, input_grad)
+            second = token_strategy(self.strategy, hidden, tokens, cols, True, True)
+            f1 = token_bytes(first, tokens, hidden, cols, elsize, input_grad)
+            f2 = token_bytes(second, hidden, tokens, cols, elsize, True)
+            cost.bytes["token_mixing"] = (f1[0] + f2[0], f1[1] + f2[1])
+            cost.saved += (D - d) * n if first == "weights" else 0  # A's blocks received for our tokens
+            cost.saved += (N - n) * d if second == "weights" else 0
+        flops = 2 * D * n * cols + 2 * d * N * cols if P > 1 else 4 * D * N * cols
+        cost.flops = (flops, 2 * flops)  # dA and dX of each product
+        cost.saved *= elsize
+        cost.peak = 2 * n * cols * elsize
+        return cost
 
     def extra_repr(self) -> str:
         g = self.domain.grid

@@ -2,9 +2,9 @@
 
 References are plain torch on the global token sequence: ``F.scaled_dot_product_attention``
 over the row-major flattened grid, and neighbourhood attention by ``pad_reference`` +
-``F.unfold`` + masked softmax. Expected bytes are closed forms: the ring's
-``(P-1)·|K+V|`` forward and ``(P-1)·(|K+V| + |dK+dV|)`` backward, the Linear projections'
-``channel_bytes``, and the halo volume counted by padding a field of owner ids.
+``F.unfold`` + masked softmax. Expected bytes: the bare ring's closed form
+``(P-1)·|K+V|`` forward and ``(P-1)·(|K+V| + |dK+dV|)`` backward, and for the attention layers
+what the layers declare (``cost``: projections, ring or halo, relative-bias gather).
 """
 
 from __future__ import annotations
@@ -20,11 +20,10 @@ from torch.utils._pytree import tree_leaves
 from torch.utils.checkpoint import checkpoint
 
 from ..distributed.halo import Halo, pad_reference
-from ..distributed.matmul import channel_bytes
 from ..distributed.mesh import DomainMesh
-from ..distributed.tiles import TileGrid
 from ..layers.attention import GlobalAttention, LocalAttention
 from ..layers.base import Domain, init_model, local_domain
+from ..layers.cost import step_bytes
 from ..layers.ring_attention import ring_attention, ring_attention_bytes
 from .layer_harness import check_module
 from .registry import Record, register
@@ -34,18 +33,6 @@ GRIDS = [(8, 12), (7, 10)]  # divisible on small meshes, uneven
 
 def _fits(mesh: DomainMesh, grid: tuple[int, int]) -> bool:
     return grid[0] >= mesh.shape.lat and grid[1] >= mesh.shape.lon
-
-
-def _linear_bytes(domain: Domain, batch: int, cin: int, cout: int, bias: bool) -> tuple[int, int]:
-    """(forward, backward) bytes of ``Linear(strategy='auto')`` in training: the cheaper strategy."""
-    counts, sizes = domain.counts(batch), domain.split_sizes(cout)
-    return min((channel_bytes(s, counts, cin, sizes, bias) for s in ("weights", "activations")), key=sum)
-
-
-def _projection_bytes(domain: Domain, batch: int, dim: int, qkv_bias: bool) -> tuple[int, int]:
-    """The q, k (no bias), v and proj Linear layers of an attention module: (forward, backward)."""
-    parts = [_linear_bytes(domain, batch, dim, dim, b) for b in (qkv_bias, False, qkv_bias, True)]
-    return sum(p[0] for p in parts), sum(p[1] for p in parts)
 
 
 class _Mode(nn.Module):
@@ -163,8 +150,6 @@ def check_global(mesh: DomainMesh) -> Iterator[Record]:
             continue
         x = torch.randn(batch, *grid, dim, generator=torch.Generator().manual_seed(dim))
         domain = Domain.create(mesh, *grid)
-        ring = ring_attention_bytes(domain.counts(1), batch, dim)
-        proj = _projection_bytes(domain, batch, dim, bias)
         yield from _check_modes(
             mesh,
             "global_attention",
@@ -173,7 +158,7 @@ def check_global(mesh: DomainMesh) -> Iterator[Record]:
             x,
             grid,
             _global_ref,
-            (ring[0] + proj[0], ring[1] + proj[1]),
+            step_bytes(GlobalAttention(domain, dim, heads, bias), batch),  # as the layers declare
             modes,
         )
     yield _memory_record(mesh)
@@ -213,19 +198,6 @@ class _LocalCore(nn.Module):
         return self.layer.attend(*x.chunk(3, dim=-1))
 
 
-def _halo_cells(grid: TileGrid, halo: Halo) -> int:
-    """Halo cells that every rank receives from other ranks, summed over ranks."""
-    owners = torch.zeros(grid.n_lat, grid.n_lon)
-    for k, t in enumerate(grid.tiles()):
-        owners[t.slices] = k + 1
-    padded = pad_reference(owners, halo)
-    remote = 0
-    for k, t in enumerate(grid.tiles()):
-        w = padded[..., t.lat_start : t.lat_stop + sum(halo.lat), t.lon_start : t.lon_stop + sum(halo.lon)]
-        remote += int(((w != 0) & (w != k + 1)).sum())
-    return remote
-
-
 @register("local_attention")
 def check_local(mesh: DomainMesh) -> Iterator[Record]:
     for grid, batch, dim, heads, radius, mode, qkv_bias, rel, modes in [
@@ -237,9 +209,7 @@ def check_local(mesh: DomainMesh) -> Iterator[Record]:
             continue
         x = torch.randn(batch, *grid, dim, generator=torch.Generator().manual_seed(radius * 10 + dim))
         domain = Domain.create(mesh, *grid)
-        halo = _halo_cells(domain.grid, Halo.uniform(radius, mode)) * batch * 2 * dim * 4
-        table = (domain.size - 1) * heads * (2 * radius + 1) ** 2 * 4 if rel else 0
-        proj = _projection_bytes(domain, batch, dim, qkv_bias)
+        layer = LocalAttention(domain, dim, heads, radius, mode, qkv_bias, rel)
         yield from _check_modes(
             mesh,
             "local_attention",
@@ -248,7 +218,7 @@ def check_local(mesh: DomainMesh) -> Iterator[Record]:
             x,
             grid,
             _local_ref,
-            (halo + table + proj[0], halo + table + proj[1]),
+            step_bytes(layer, batch),  # as the layers declare
             modes,
         )
     # bf16 autocast on the attention between the projections (halo, masked softmax, bias)

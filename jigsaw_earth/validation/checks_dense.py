@@ -14,9 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ..distributed.matmul import channel_bytes, choose, token_bytes
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, fill_uniform_
+from ..layers.cost import step_bytes
 from ..layers.dropout import Dropout, dropout_mask
 from ..layers.mlp import MLP, get_activation
 from ..layers.norm import GroupNorm, InstanceNorm, LayerNorm
@@ -25,7 +25,6 @@ from .layer_harness import check_module
 from .registry import BF16_TOLERANCE, Record, register
 
 GRIDS = [(8, 12), (7, 10)]  # divisible on small meshes, uneven
-F32 = 4
 
 
 def _fits(mesh: DomainMesh, grid: tuple[int, int]) -> bool:
@@ -34,35 +33,6 @@ def _fits(mesh: DomainMesh, grid: tuple[int, int]) -> bool:
 
 def _x(*shape: int, seed: int, offset: float = 0.0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) + offset
-
-
-def _cost(costs: tuple[int, int]) -> int:
-    return costs[0] + costs[1]
-
-
-def _linear_bytes(domain: Domain, batch: int, cin: int, cout: int, strategy: str) -> int:
-    """One jigsaw Linear, forward + backward (``auto``: the cheaper of the two, training)."""
-    costs = {
-        s: channel_bytes(s, domain.counts(batch), cin, domain.split_sizes(cout), True)
-        for s in ("weights", "activations")
-    }
-    return _cost(costs[choose(costs, True) if strategy == "auto" else strategy])
-
-
-def _token_bytes(domain: Domain, m_in, m_out, channels: int, strategy: str) -> int:
-    costs = {s: token_bytes(s, m_in, m_out, channels) for s in ("weights", "activations")}
-    return _cost(costs[choose(costs, True) if strategy == "auto" else strategy])
-
-
-def affine_bytes(domain: Domain, channels: int, n_vectors: int) -> int:
-    """All-gather of the ``(C,)`` vectors, then its reduce-scatter: each moves (P−1)·C per vector."""
-    return 2 * (domain.size - 1) * n_vectors * channels * F32
-
-
-def all_reduce_bytes(domain: Domain, nbytes: int) -> int:
-    """Ring all-reduce: each of the P ranks sends 2(P−1)/P of the buffer."""
-    P = domain.size
-    return P * (2 * (P - 1) * nbytes // P)
 
 
 def _random_affine(cls):
@@ -90,8 +60,7 @@ def check_mlp(mesh: DomainMesh) -> Iterator[Record]:
         for cin, hid, cout, act, strategy, p in cases:
             out = cin if cout is None else cout
             x = _x(2, *grid, cin, seed=cin)
-            expected = _linear_bytes(domain, 2, cin, hid, strategy)
-            expected += _linear_bytes(domain, 2, hid, out, strategy)
+            expected = sum(step_bytes(MLP(domain, cin, hid, cout, act, p, strategy), 2))
 
             def reference(m, t, act=act, p=p):
                 h = get_activation(act)(t @ m.fc1.weight + m.fc1.bias)
@@ -141,7 +110,7 @@ def check_layer_norm(mesh: DomainMesh) -> Iterator[Record]:
                 grid,
                 layout="field" if first else "tokens",
                 reference=reference,
-                expected_bytes=affine_bytes(domain, channels, 2) if affine else 0,
+                expected_bytes=sum(step_bytes(LayerNorm(domain, channels, elementwise_affine=affine), 2)),
             )
 
 
@@ -176,10 +145,6 @@ def _check_group(mesh: DomainMesh, instance: bool) -> Iterator[Record]:
                     return _random_affine(InstanceNorm)(d, c, affine=a)
                 return _random_affine(GroupNorm)(d, g, c, affine=a)
 
-            # forward: every rank's (mean, M2) per (sample, group), (P, B, G, 2), in one
-            # all-reduce; backward: the (B, G, 2) sums Σ w·dy and Σ w·dy·x̂
-            stats = all_reduce_bytes(domain, domain.size * 2 * 2 * groups * F32)
-            stats += all_reduce_bytes(domain, 2 * 2 * groups * F32)
             yield check_module(
                 mesh,
                 f"{op}.offset" if offset else op,
@@ -189,7 +154,7 @@ def _check_group(mesh: DomainMesh, instance: bool) -> Iterator[Record]:
                 grid,
                 layout="field",
                 reference=reference,
-                expected_bytes=stats + (affine_bytes(domain, channels, 2) if affine else 0),
+                expected_bytes=sum(step_bytes(build(domain), 2)),  # as GroupNorm.cost declares
             )
 
 
@@ -215,8 +180,6 @@ def check_group_norm(mesh: DomainMesh) -> Iterator[Record]:
         if not _fits(mesh, grid):
             continue
         domain = Domain.create(mesh, *grid)
-        stats = all_reduce_bytes(domain, domain.size * 2 * 2 * 4 * F32)
-        stats += all_reduce_bytes(domain, 2 * 2 * 4 * F32)
         yield check_module(
             mesh,
             "group_norm.bf16",
@@ -226,7 +189,7 @@ def check_group_norm(mesh: DomainMesh) -> Iterator[Record]:
             grid,
             reference=lambda m, t: m(t),
             tolerance=BF16_TOLERANCE,
-            expected_bytes=stats + affine_bytes(domain, 8, 2),
+            expected_bytes=sum(step_bytes(GroupNorm(domain, 4, 8), 2)),
         )
 
 
@@ -246,9 +209,7 @@ def check_token_mixing(mesh: DomainMesh) -> Iterator[Record]:
         if not _fits(mesh, grid):
             continue
         domain = Domain.create(mesh, *grid)
-        tokens, hsizes = domain.counts(), domain.split_sizes(hidden)
-        expected = _token_bytes(domain, tokens, hsizes, batch * channels, strategy)
-        expected += _token_bytes(domain, hsizes, tokens, batch * channels, strategy)
+        expected = sum(step_bytes(TokenMixing(domain, hidden, "gelu", strategy, channels), batch))
 
         def reference(m, t):
             h = torch.einsum("dij,bijc->bdc", m.w1, t) + m.b1[None, :, None]

@@ -17,8 +17,8 @@ from torch import nn
 
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain
+from ..layers.cost import step_bytes
 from ..models import MODELS, build_model
-from ..models.comm_model import layer_bytes
 from .layer_harness import check_module
 from .registry import Record, register
 
@@ -42,16 +42,6 @@ class FieldAdapter(nn.Module):
         return self.model(x[:, : self.n_state], x[0, self.n_state :], self.time)
 
 
-def step_bytes(model: nn.Module, batch: int) -> int:
-    """Analytical bytes of one forward + backward over all ranks (``models.comm_model``)."""
-    modules = dict(model.named_modules())
-    total = 0
-    for path, module in modules.items():
-        parent = modules.get(path.rpartition(".")[0]) if path else None
-        total += sum(f + b for f, b in layer_bytes(module, parent, batch).values())
-    return total
-
-
 def _case(mesh: DomainMesh, name: str, preset: str = "tiny", **overrides) -> Record:
     gen = torch.Generator().manual_seed(len(name))
     x = torch.randn(BATCH, N_STATE + N_STATIC, *GRID, generator=gen)
@@ -61,7 +51,7 @@ def _case(mesh: DomainMesh, name: str, preset: str = "tiny", **overrides) -> Rec
         model = build_model(name, domain, N_STATE, N_STATIC, N_TIME, preset, **overrides)
         return FieldAdapter(model, N_STATE, time)
 
-    expected = step_bytes(build(Domain.create(mesh, *GRID)), BATCH)
+    expected = sum(step_bytes(build(Domain.create(mesh, *GRID)), BATCH))  # the layers' declarations
     shape = f"{GRID[0]}x{GRID[1]} b{BATCH} {N_STATE}+{N_STATIC}+{N_TIME}ch {preset}"
     if overrides:
         shape += " " + ",".join(f"{k}={v}" for k, v in overrides.items())

@@ -1,0 +1,267 @@
+"""Which mesh to train on: per-rank memory, communication and a roofline step time of every
+``data × lat × lon`` factorisation of a world size, from the layers' own cost declarations.
+
+For each mesh, rank 0's model is constructed on the ``meta`` device (rank 0 holds the largest
+share of every split: uneven splits give the first ranks the extra row, column, channel or
+hidden unit), and each priced layer's ``cost`` gives its bytes, FLOPs and saved activations:
+
+* memory = parameters + AdamW's two moments (fp32) + what the backward holds at its highest
+  point: the saved activations of the layers it has not reached yet, the gradients of those it
+  has passed, the inputs and the loss's fields, plus the largest transient peak of any layer;
+* communication per step = the layers' bytes (forward + backward, per rank: the domain group's
+  total / its size) by op, plus the data-axis all-reduce of the gradients (a ring, fp32);
+* step time, per layer: ``max(compute, overlapped comm) + exposed comm``, where the weight
+  ring, the token-form matmul and ring attention overlap their messages with compute and
+  halos, window gathers and affine gathers do not; the gradient all-reduce runs after the
+  backward (``training.optim.sync_gradients``), so it is exposed.
+
+Meshes are ranked by samples per second (``data × batch`` samples per step) among those that
+fit; a mesh that the grid or the model's token layout cannot be split into is reported with
+the layer's own error.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..distributed.mesh import DomainMesh, MeshShape
+from ..layers.base import Domain
+from ..layers.cost import all_reduce_bytes, model_cost
+from . import build_model
+from .meta import meta_construction
+
+__all__ = ["TRAIN_STATES", "Hardware", "MeshPlan", "factorisations", "plan_mesh", "plan_meshes", "recommend"]
+
+TRAIN_STATES = 4  # tensors per parameter while training: parameter, gradient, AdamW exp_avg, exp_avg_sq
+LOSS_FIELDS = 4  # fields of the output's size while the loss runs: target, prediction, error, its square
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU and its links. ``memory`` bytes; ``tflops`` peak dense TFLOP/s at the training
+    precision; ``efficiency`` the fraction of it that matmuls reach; link bandwidths in Gbit/s
+    per GPU and direction, ``link_efficiency`` the fraction of it that messages reach."""
+
+    memory: int = 80 * 10**9
+    tflops: float = 989.0
+    efficiency: float = 0.5
+    intra_gbps: float = 3600.0  # NVLink 4: 450 GB/s
+    inter_gbps: float = 400.0  # one 400 Gbit/s NIC per GPU
+    gpus_per_node: int = 8
+    link_efficiency: float = 0.8
+
+    def seconds(self, flops: float) -> float:
+        return flops / (self.tflops * 1e12 * self.efficiency)
+
+    def transfer(self, nbytes: float, inter: bool) -> float:
+        gbps = self.inter_gbps if inter else self.intra_gbps
+        return nbytes * 8 / (gbps * 1e9 * self.link_efficiency)
+
+
+@dataclass
+class MeshPlan:
+    mesh: str
+    data: int
+    lat: int
+    lon: int
+    error: str = ""  # why this mesh is impossible (the layer's message); empty when it is
+    memory: dict[str, int] = field(default_factory=dict)  # bytes of rank 0
+    fits: bool = False
+    headroom: int = 0  # bytes left on the GPU (negative: by how much it does not fit)
+    comm: dict[str, int] = field(default_factory=dict)  # bytes per rank per step, by op
+    kinds: dict[str, dict[str, float]] = field(default_factory=dict)  # seconds by layer kind
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    exposed_s: float = 0.0  # communication not hidden behind compute
+    step_s: float = 0.0
+    samples_per_s: float = 0.0
+    domain_link: str = ""
+    data_link: str = ""
+    batch: int = 1  # samples per data replica
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def factorisations(world: int) -> list[tuple[int, int, int]]:
+    """Every ``(data, lat, lon)`` with ``data·lat·lon = world``, data-major."""
+    out = []
+    for d in range(1, world + 1):
+        if world % d:
+            continue
+        rest = world // d
+        out += [(d, a, rest // a) for a in range(1, rest + 1) if rest % a == 0]
+    return out
+
+
+def _links(shape: MeshShape, hw: Hardware) -> tuple[bool, bool]:
+    """Whether the domain group and the data axis cross nodes (ranks are data-major, so a
+    domain group is consecutive ranks)."""
+    return shape.domain_size > hw.gpus_per_node, shape.world_size > hw.gpus_per_node
+
+
+def plan_mesh(
+    name: str,
+    preset: str,
+    grid: tuple[int, int],
+    shape: MeshShape,
+    channels: tuple[int, int, int],
+    hw: Hardware,
+    batch: int = 1,
+    elsize: int = 4,
+    **overrides: Any,
+) -> MeshPlan:
+    """Memory, communication and step time of rank 0 of ``shape`` (see the module docstring)."""
+    plan = MeshPlan(str(shape), shape.data, shape.lat, shape.lon, batch=batch)
+    try:
+        with meta_construction():
+            domain = Domain.create(DomainMesh(MeshShape(1, shape.lat, shape.lon)), *grid)
+            model = build_model(name, domain, *channels, preset, **overrides)
+    except ValueError as e:
+        plan.error = str(e)
+        return plan
+    costs = model_cost(model, batch, elsize, input_grad=False)
+    params = sum(p.numel() for p in model.parameters()) * 4
+    h, w = domain.tile.shape
+    io = batch * h * w * (channels[0] * LOSS_FIELDS * 4 + sum(channels[:2]) * elsize)
+    grads, acts = _backward_peak(model, costs)
+    plan.memory = {
+        "parameters": params,
+        "optimizer": (TRAIN_STATES - 2) * params,
+        "gradients": grads,
+        "activations": acts + io,
+        "transient": max((c.peak for c in costs.values()), default=0),
+    }
+    plan.memory["total"] = sum(plan.memory.values())
+    plan.headroom = hw.memory - plan.memory["total"]
+    plan.fits = plan.headroom >= 0
+    _time(plan, model, costs, shape, hw, params, batch)
+    return plan
+
+
+def _backward_peak(model, costs) -> tuple[int, int]:
+    """(gradients, activations) live when the backward holds the most: it runs the layers in
+    reverse, freeing each one's saved activations as its parameters' gradients appear. At the
+    optimizer step every gradient is live and no activation."""
+    modules = dict(model.named_modules())
+    paths = sorted(costs, key=model.forward_stage)  # stable: registration order within a stage
+    saved = [costs[path].saved for path in paths]
+    grads = [4 * sum(p.numel() for p in modules[path].parameters(recurse=False)) for path in paths]
+    best = (sum(grads), 0)
+    for i in range(len(saved)):
+        g, a = sum(grads[i:]), sum(saved[: i + 1])
+        if g + a > sum(best):
+            best = (g, a)
+    return best
+
+
+def _time(plan: MeshPlan, model, costs, shape: MeshShape, hw: Hardware, params: int, batch: int) -> None:
+    P = shape.domain_size
+    inter_domain, inter_data = _links(shape, hw)
+    plan.domain_link = "inter-node" if inter_domain else "intra-node"
+    plan.data_link = "inter-node" if inter_data else "intra-node"
+    comm: dict[str, int] = defaultdict(int)
+    kinds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    modules = dict(model.named_modules())
+    for path, c in costs.items():
+        compute = hw.seconds(sum(c.flops))
+        hidden = exposed = 0.0
+        for op, (f, b) in c.bytes.items():
+            per_rank = (f + b) / P
+            comm[op] += round(per_rank)
+            t = hw.transfer(per_rank, inter_domain)
+            hidden, exposed = (hidden + t, exposed) if op in c.overlap else (hidden, exposed + t)
+        step = max(compute, hidden) + exposed
+        k = kinds[type(modules[path]).__name__]
+        k["compute_s"] += compute
+        k["comm_s"] += hidden + exposed
+        k["step_s"] += step
+        plan.compute_s += compute
+        plan.comm_s += hidden + exposed
+        plan.step_s += step
+    if shape.data > 1:  # the gradients' ring all-reduce over the data axis, after the backward
+        sent = all_reduce_bytes(shape.data, params) // shape.data
+        comm["data.grad_allreduce"] = sent
+        t = hw.transfer(sent, inter_data)
+        kinds["data parallel"]["comm_s"] += t
+        kinds["data parallel"]["step_s"] += t
+        plan.comm_s += t
+        plan.step_s += t
+    plan.exposed_s = plan.step_s - plan.compute_s
+    plan.comm = dict(comm)
+    plan.kinds = {k: dict(v) for k, v in kinds.items()}
+    plan.samples_per_s = shape.data * batch / plan.step_s if plan.step_s > 0 else math.inf
+
+
+def plan_meshes(
+    name: str,
+    preset: str,
+    grid: tuple[int, int],
+    world: int,
+    channels: tuple[int, int, int],
+    hw: Hardware,
+    batch: int = 1,
+    elsize: int = 4,
+    global_batch: int | None = None,
+    **overrides: Any,
+) -> list[MeshPlan]:
+    """Every factorisation of ``world``: the feasible ones ranked (fitting first, by samples
+    per second; then the rest by how much they miss), the impossible ones last.
+
+    ``batch`` samples per data replica; or ``global_batch`` samples per step split over the
+    replicas (then every mesh does the same work per step and samples per second ranks by step
+    time; a data size that does not divide it is impossible)."""
+    plans = []
+    for d, lat, lon in factorisations(world):
+        shape = MeshShape(d, lat, lon)
+        if global_batch is not None and global_batch % d:
+            plans.append(MeshPlan(str(shape), d, lat, lon, error=f"{d} data replicas do not divide "
+                                  f"the global batch of {global_batch}"))  # fmt: skip
+            continue
+        b = batch if global_batch is None else global_batch // d
+        plans.append(plan_mesh(name, preset, grid, shape, channels, hw, b, elsize, **overrides))
+    return sorted(plans, key=_rank_key)
+
+
+def _rank_key(p: MeshPlan) -> tuple[bool, bool, float]:
+    return bool(p.error), not p.fits, -p.samples_per_s if p.fits else -p.headroom
+
+
+def recommend(plans: list[MeshPlan]) -> tuple[MeshPlan | None, list[str]]:
+    """The best mesh and the reasons, in sentences; ``None`` when no mesh fits."""
+    fitting = [p for p in plans if p.fits]
+    if not fitting:
+        near = min((p for p in plans if not p.error), key=lambda p: -p.headroom, default=None)
+        why = ["no mesh fits"]
+        if near is not None:
+            why.append(f"the closest, {near.mesh}, needs {_gb(-near.headroom)} GB more per GPU")
+        return None, why
+    best = fitting[0]
+    why = [
+        f"fits with {_gb(best.headroom)} GB headroom ({_gb(best.memory['total'])} GB per GPU)",
+        f"step {best.step_s * 1e3:.1f} ms for {best.data * best.batch} sample(s): "
+        f"{best.samples_per_s:.2f} samples/s",
+        f"{_gb(sum(best.comm.values()))} GB sent per GPU per step, "
+        f"{best.exposed_s * 1e3:.1f} ms of it not hidden behind compute",
+    ]
+    others = {"the runner-up": fitting[1:2], "pure domain parallelism": [p for p in fitting if p.data == 1]}
+    others["pure data parallelism"] = [p for p in fitting if p.data == p.data * p.lat * p.lon]
+    for label, group in others.items():
+        if group and group[0] is not best:
+            other = group[0]
+            ratio = best.samples_per_s / other.samples_per_s
+            why.append(f"{ratio:.2f}× the throughput of {other.mesh} ({label})")
+    misses = [p for p in plans if not p.error and not p.fits]
+    if misses:
+        worst = min(misses, key=lambda p: p.headroom)
+        why.append(
+            f"{len(misses)} mesh(es) do not fit; {worst.mesh} misses by {_gb(-worst.headroom)} GB per GPU"
+        )
+    return best, why
+
+
+def _gb(nbytes: float) -> str:
+    return f"{nbytes / 1e9:.1f}"
