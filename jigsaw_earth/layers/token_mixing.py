@@ -105,8 +105,8 @@ class TokenMixing(nn.Module):
         tokens, hidden = self.token_counts, self.hidden_sizes
         n, N, d, D = tokens[q], self.n_tokens, hidden[q], self.hidden_tokens
         cost = Cost(overlap={"token_mixing"})
-        # W1's row block: a copy in rank order (or autocast's cast) is saved; one rank under fp32 holds a view
-        cost.saved = (d * N if P > 1 or elsize != 4 else 0) + n * cols + 2 * d * cols
+        # W1 itself is saved (its rank blocks are read from the tiles); autocast saves its cast
+        cost.saved = (d * N if elsize != 4 else 0) + n * cols + 2 * d * cols
         cost.saved += n * D if elsize != 4 else 0  # W2's block, cast by autocast
         if P > 1:
             first = token_strategy(self.strategy, tokens, hidden, cols, True, input_grad)
@@ -114,7 +114,7 @@ class TokenMixing(nn.Module):
             f1 = token_bytes(first, tokens, hidden, cols, elsize, input_grad)
             f2 = token_bytes(second, hidden, tokens, cols, elsize, True)
             cost.bytes["token_mixing"] = (f1[0] + f2[0], f1[1] + f2[1])
-            cost.saved += (D - d) * n if first == "weights" else 0  # A's blocks received for our tokens
+            cost.saved += D * n if first == "weights" else 0  # our tokens' A blocks: own copied + received
             cost.saved += (N - n) * d if second == "weights" else 0
         flops = 2 * D * n * cols + 2 * d * N * cols if P > 1 else 4 * D * N * cols
         cost.flops = (flops, 2 * flops)  # dA and dX of each product
