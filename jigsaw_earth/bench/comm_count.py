@@ -79,7 +79,11 @@ class CountFunctional(TorchDispatchMode):
         self.count = count
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[override]
-        kind = _FUNCTIONAL.get(func._schema.name.split("::")[-1]) if func.namespace == "_c10d_functional" else None
+        kind = (
+            _FUNCTIONAL.get(func._schema.name.split("::")[-1])
+            if func.namespace == "_c10d_functional"
+            else None
+        )
         if kind is not None:
             group = dist.distributed_c10d._resolve_process_group(args[-1])
             ranks = dist.get_world_size(group)

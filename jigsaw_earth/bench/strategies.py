@@ -22,7 +22,6 @@ produce the same gradient.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -65,16 +64,18 @@ class Problem:
     n_state: int
     n_static: int
     seed: int = 0
-    lr: float = 1e-3
-    extra: dict = field(default_factory=dict)
 
     def jigsaw(self, domain: Domain) -> nn.Module:
-        net = build_model(self.model, domain, self.n_state, self.n_static, N_TIME, self.preset, **self.overrides)
+        net = build_model(
+            self.model, domain, self.n_state, self.n_static, N_TIME, self.preset, **self.overrides
+        )
         return init_model(net, self.seed)
 
     def twin(self) -> nn.Module:
         """The plain twin holding the same weights as the jigsaw model (seeded, mesh-invariant)."""
-        net = build_twin(self.model, self.grid, self.n_state, self.n_static, N_TIME, self.preset, **self.overrides)
+        net = build_twin(
+            self.model, self.grid, self.n_state, self.n_static, N_TIME, self.preset, **self.overrides
+        )
         return load_jigsaw(net, self.jigsaw(local_domain(*self.grid)))
 
     def sample(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -98,7 +99,7 @@ class Problem:
 
 def domain_shape(world: int) -> tuple[int, int]:
     """The most square ``lat × lon`` factorisation of ``world`` with ``lat <= lon`` (4 → 2 × 2)."""
-    lat = max(d for d in range(1, int(math.isqrt(world)) + 1) if world % d == 0)
+    lat = max(d for d in range(1, math.isqrt(world) + 1) if world % d == 0)
     return lat, world // lat
 
 
@@ -184,9 +185,7 @@ class Runner:
                 sharded += g.to_local().double().square().sum()
             else:
                 whole += _local(g).double().square().sum()
-        if self.name == "fsdp2":
-            dist.all_reduce(sharded)
-        elif self.name == "tp":
+        if self.name == "fsdp2" or self.name == "tp":
             dist.all_reduce(sharded)
         return float((sharded + whole).sqrt())
 
@@ -310,4 +309,3 @@ def tp_bytes(problem: Problem, batch: int, world: int) -> int:
     for h in hooks:
         h.remove()
     return sum(ring_bytes("all_reduce", n, world) for n in sizes)
-
