@@ -171,7 +171,7 @@ def _peaks(problem: Problem, world: int, jobs: list[tuple[str, tuple[int, int]]]
 def largest_grids(problem: Problem, world: int, names: list[str], budget: int, unit: int) -> dict[str, dict]:
     """Per strategy: the largest grid (``q·unit × aspect``) whose per-rank peak of one sample is
     within ``budget`` bytes: measured at two small grids, extended linearly, confirmed by a run."""
-    q1, q2 = 2, 3
+    q1, q2 = 4, 8
     small = [(n, _grid(problem, q, unit)) for n in names for q in (q1, q2)]
     peaks = _peaks(problem, world, small)
     found: dict[str, dict] = {}
