@@ -76,7 +76,7 @@ def _budget(b: dict) -> list[str]:
         f"Measured at two small grids, extended linearly in grid points, confirmed by a run at the "
         f"grid found (rows in steps of {b['unit_rows']}, the data grid's aspect).",
         "",
-        "| strategy | measured peaks (grid: MiB) | KiB per grid point | largest grid | confirmed MiB | fits |",
+        "| strategy | measured peaks (grid: MiB) | KiB per point | largest grid | confirmed MiB | fits |",
         "|---|---|---|---|---|---|",
     ]
     for name, f in b["strategies"].items():
