@@ -89,6 +89,23 @@ def _budget(b: dict) -> list[str]:
     return out
 
 
+def _verdict(rows: list[dict]) -> list[str]:
+    """Issue 10's criteria, read off the table (only where jigsaw, DDP, FSDP2 and TP all ran)."""
+    by = {r["strategy"]: r for r in rows}
+    if not all(k in by for k in ("jigsaw", "ddp", "fsdp2", "tp")):
+        return []
+    j, peak = by["jigsaw"], {k: by[k]["memory"]["peak"] for k in by}
+    comm = [r["comm_ratio"] for r in rows if r.get("comm_ratio")]
+    read = max(j["bytes_read"] / by[k]["bytes_read"] for k in ("ddp", "tp"))
+    return [
+        "",
+        f"jigsaw's peak per rank is {peak['jigsaw'] / peak['ddp']:.3f}× DDP's, "
+        f"{peak['jigsaw'] / peak['fsdp2']:.2f}× FSDP2's and {peak['jigsaw'] / peak['tp']:.2f}× TP's; "
+        f"it reads {read:.3f}× the bytes per sample of DDP and TP; every strategy's measured bytes "
+        f"per step are {min(comm):.3f}–{max(comm):.3f}× its analytic figure.",
+    ]
+
+
 def strategies_markdown(path: str, data: dict) -> list[str]:
     """Lines of one ``bench strategies`` JSON file's section."""
     meta = data["meta"]
@@ -119,6 +136,7 @@ def strategies_markdown(path: str, data: dict) -> list[str]:
             "| " + " | ".join(HEADER) + " |",
             "|" + "---|" * len(HEADER),
             *(_row(r, run["world_size"]) for r in run["rows"]),
+            *_verdict(run["rows"]),
         ]
         if "budget" in run:
             out += _budget(run["budget"])
