@@ -184,22 +184,44 @@ def largest_grids(problem: Problem, world: int, names: list[str], budget: int, u
             q += 1
         measured = [[list(_grid(problem, q1, unit)), p1], [list(_grid(problem, q2, unit)), p2]]
         found[name] = {"measured": measured, "bytes_per_point": slope, "q": q}
-    pending = list(names)
-    for _ in range(3):  # confirm; step down where the run exceeds the budget
+    tried: dict[str, dict[int, int]] = {n: {} for n in names}
+    for _ in range(CONFIRM_ROUNDS):  # run at q; step up while it fits, down while it does not
+        pending = [n for n in names if _next_q(tried[n], found[n]["q"], budget) is not None]
         if not pending:
             break
-        jobs = [(n, _grid(problem, found[n]["q"], unit)) for n in pending]
+        jobs = [(n, _grid(problem, _next_q(tried[n], found[n]["q"], budget), unit)) for n in pending]
         log.info("bench strategies: confirming %s", ", ".join(f"{n} at {g[0]}x{g[1]}" for n, g in jobs))
-        confirmed = _peaks(problem, world, jobs)
-        still = []
-        for (name, grid), peak in zip(jobs, confirmed):
-            f = found[name]
-            f.update(grid=list(grid), confirmed_peak=peak, fits=peak <= budget)
-            if peak > budget and f["q"] > 1:
-                f["q"] -= 1
-                still.append(name)
-        pending = still
+        for (name, grid), peak in zip(jobs, _peaks(problem, world, jobs)):
+            tried[name][grid[0] // unit] = peak
+            found[name]["q"] = grid[0] // unit
+    for name in names:
+        fits = [q for q, p in tried[name].items() if p <= budget]
+        best = max(fits) if fits else min(tried[name])
+        found[name].update(
+            q=best,
+            grid=list(_grid(problem, best, unit)),
+            confirmed_peak=tried[name][best],
+            fits=bool(fits),
+            tried={
+                f"{_grid(problem, q, unit)[0]}x{_grid(problem, q, unit)[1]}": p
+                for q, p in tried[name].items()
+            },
+        )
     return found
+
+
+CONFIRM_ROUNDS = 4
+
+
+def _next_q(tried: dict[int, int], q: int, budget: int) -> int | None:
+    """The next size to run, or None once ``q`` fits and ``q + 1`` does not (or q = 1 does not)."""
+    if q not in tried:
+        return q
+    if tried[q] <= budget:
+        return None if q + 1 in tried else q + 1
+    if q - 1 in tried or q == 1:
+        return None
+    return q - 1
 
 
 def default_unit(problem: Problem, world: int) -> int:
