@@ -76,7 +76,7 @@ def _budget(b: dict) -> list[str]:
         f"Measured at two small grids, extended linearly in grid points, confirmed by a run at the "
         f"grid found (rows in steps of {b['unit_rows']}, the data grid's aspect).",
         "",
-        "| strategy | measured peaks (grid: MiB) | KiB per point | largest grid | confirmed MiB | fits |",
+        "| strategy | measured (grid: MiB) | KiB per point | largest grid | confirmed MiB | next size up |",
         "|---|---|---|---|---|---|",
     ]
     for name, f in b["strategies"].items():
@@ -84,7 +84,7 @@ def _budget(b: dict) -> list[str]:
         grid = f"{f['grid'][0]}x{f['grid'][1]}"
         out.append(
             f"| `{name}` | {measured} | {f['bytes_per_point'] / 2**10:.2f} | **{grid}** "
-            f"| {f['confirmed_peak'] / 2**20:.2f} | {'yes' if f['fits'] else 'no'} |"
+            f"| {f['confirmed_peak'] / 2**20:.2f}{'' if f['fits'] else ' (over)'} | {_next_up(f)} |"
         )
     return out
 
@@ -104,6 +104,15 @@ def _verdict(rows: list[dict]) -> list[str]:
         f"it reads {read:.3f}× the bytes per sample of DDP and TP; every strategy's measured bytes "
         f"per step are {min(comm):.3f}–{max(comm):.3f}× its analytic figure.",
     ]
+
+
+def _next_up(f: dict) -> str:
+    """The smallest grid run above the largest that fits, with its peak (it exceeded the budget)."""
+    rows = int(f["grid"][0])
+    above = sorted(
+        (int(g.split("x")[0]), g, p) for g, p in f.get("tried", {}).items() if int(g.split("x")[0]) > rows
+    )
+    return f"{above[0][1]}: {above[0][2] / 2**20:.2f} MiB" if above else "-"
 
 
 def strategies_markdown(path: str, data: dict) -> list[str]:

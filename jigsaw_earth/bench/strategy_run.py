@@ -29,6 +29,8 @@ from .strategies import Problem, Runner, analytic_bytes, build_runner
 
 __all__ = ["memory_worker", "strategies_worker"]
 
+WARMUP_STEPS = 2
+
 
 def _problem(d: dict) -> Problem:
     return Problem(**{**d, "grid": tuple(d["grid"])})
@@ -86,14 +88,16 @@ def strategies_worker(
 
 def memory_worker(mesh: DomainMesh, jobs: list[tuple[str, dict]]) -> list[dict[str, int]]:
     """On every rank: the split peak of one training step on one sample per replica, per job
-    ``(strategy, problem)`` (after a warm-up step that creates the optimizer state)."""
+    ``(strategy, problem)``: the third step, as in ``strategies_worker`` (the first creates the
+    optimizer state, DDP rebuilds its buckets in the second)."""
     rank, world = dist.get_rank(), dist.get_world_size()
     found = []
     for name, problem in jobs:
         prob = _problem(problem)
         runner = build_runner(name, prob, rank, world)
         one = runner.inputs(prob, runner.my_samples(runner.replicas))
-        runner.step(one, prob.count(runner.replicas))
+        for _ in range(WARMUP_STEPS):
+            runner.step(one, prob.count(runner.replicas))
         found.append(measure_peak(runner, one, prob.count(runner.replicas)))
         del runner, one
         gc.collect()
