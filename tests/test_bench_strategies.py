@@ -5,6 +5,7 @@ into parts that sum to it. One spawned process group (world size 4) serves the w
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 from jigsaw_earth.data.batch import VariableSpec
@@ -104,3 +105,15 @@ def test_bad_input_is_one_line_and_exit_2(argv, words, capsys):
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and "\n" not in err
+
+
+def test_budget_search_steps_and_report(tmp_path):
+    from jigsaw_earth.bench.report import load_results, markdown
+    from jigsaw_earth.bench.strategy_bench import _next_q
+
+    assert _next_q({}, 5, 10) == 5 and _next_q({5: 9}, 5, 10) == 6 and _next_q({5: 9, 6: 11}, 6, 10) is None
+    assert _next_q({5: 11}, 5, 10) == 4 and _next_q({5: 11, 4: 9}, 4, 10) is None
+    data = load_results(Path(__file__).parents[1] / "docs" / "bench" / "strategies-cpu.json")
+    text = markdown([("strategies-cpu.json", data)], "jigsaw-earth bench report")
+    assert "### demo" in text and "Largest grid trained within" in text
+    assert "jigsaw's peak per rank is" in text
