@@ -6,6 +6,8 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from .strategy_report import strategies_markdown
+
 __all__ = ["format_table", "load_results", "markdown"]
 
 HEADER = ("case", "jigsaw ms", "twin ms", "ratio median [min-max]", "CPU ratio", "memory ratio")
@@ -98,8 +100,14 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
         "Reproduce: `jigsaw-earth bench all --json run.json` (`--device cuda`, `--dtype bf16` on a GPU;",
         "`bench layers` / `bench models --only NAME`, `--quick`, `--meshes 2x2,1x4|none`, `--repeats N`),",
         "then `jigsaw-earth bench report run.json ... --out docs/benchmarks.md`.",
+        "The strategies section (jigsaw against DDP, FSDP2 and tensor parallelism) comes from",
+        "`jigsaw-earth bench strategies CONFIG --world-size 4 --json strategies.json` (its command is",
+        "given with it).",
     ]
     for path, data in runs:
+        if data.get("kind") == "strategies":
+            out += strategies_markdown(path, data)
+            continue
         meta = data["meta"]
         load = _load(meta.get("load_average", []))
         out += [

@@ -5,6 +5,8 @@
   prints a table and writes JSON (``--json``).
 * ``bench report JSON... --out docs/benchmarks.md``: the markdown tables from those JSON files.
 * ``bench matmul``: time and bytes of each distributed-matmul strategy on a mesh.
+* ``bench strategies CONFIG --world-size N``: jigsaw against DDP, FSDP2 and tensor parallelism
+  (``commands/bench_strategies.py``).
 """
 
 from __future__ import annotations
@@ -41,8 +43,18 @@ def _names(values: list[str] | None) -> list[str]:
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="jigsaw vs plain-PyTorch twins; distributed-matmul micro-benchmark")
-    p.add_argument("what", choices=["layers", "models", "all", "report", "matmul"], help="what to benchmark")
-    p.add_argument("inputs", nargs="*", type=Path, metavar="JSON", help="report: the bench JSON files")
+    p.add_argument(
+        "what",
+        choices=["layers", "models", "all", "report", "matmul", "strategies"],
+        help="what to benchmark",
+    )
+    p.add_argument(
+        "inputs",
+        nargs="*",
+        type=Path,
+        metavar="JSON",
+        help="report: the bench JSON files; strategies: CONFIG",
+    )
     p.add_argument(
         "--only", action="append", metavar="NAME[,NAME]", help="layers/models: cases (or prefixes)"
     )
@@ -64,7 +76,18 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest fp32 twin error accepted")
     p.add_argument("--out", type=Path, help="report: markdown file to write")
     p.add_argument("--mesh", default="2x2", metavar="LATxLON", help="matmul: the mesh")
-    p.add_argument("--grid", default="64x128", metavar="NLATxNLON", help="global token grid")
+    p.add_argument(
+        "--grid", metavar="NLATxNLON", help="matmul: global token grid (64x128); strategies: the data grid"
+    )
+    p.add_argument("--world-size", type=int, default=4, help="strategies: ranks (default 4)")
+    p.add_argument(
+        "--strategies", default="jigsaw,ddp,fsdp2,tp,jigsaw_ddp", help="strategies: which to run (comma list)"
+    )
+    p.add_argument(
+        "--variant", action="append", metavar="NAME:KEY=VALUE,...", help="strategies: also this model variant"
+    )
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategies: config override")
+    p.add_argument("--memory-budget", metavar="SIZE", help="strategies: largest grid within SIZE per rank")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--cin", type=int, default=256)
     p.add_argument("--cout", type=int, default=256)
@@ -135,11 +158,15 @@ def run(args: argparse.Namespace) -> int:
         return _run_cases(args)
     if args.what == "report":
         return _run_report(args)
+    if args.what == "strategies":
+        from .bench_strategies import run_strategies
+
+        return run_strategies(args)
     if args.inputs:
         raise ValueError(f"bench {args.what} takes no positional files, got {[str(p) for p in args.inputs]}")
     args.repeats = args.repeats or 5
     shape = parse_mesh(args.mesh)
-    grid = tuple(int(v) for v in args.grid.lower().split("x"))
+    grid = tuple(int(v) for v in (args.grid or "64x128").lower().split("x"))
     if len(grid) != 2:
         raise ValueError(f"--grid {args.grid!r}: write NLATxNLON, e.g. 64x128")
     out = spawn(shape, _bench, grid, args.batch, args.cin, args.cout, args.repeats)[0]
