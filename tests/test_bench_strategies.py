@@ -117,3 +117,17 @@ def test_budget_search_steps_and_report(tmp_path):
     text = markdown([("strategies-cpu.json", data)], "jigsaw-earth bench report")
     assert "### demo" in text and "Largest grid trained within" in text
     assert "jigsaw's peak per rank is" in text
+
+
+def test_plan_predicts_the_measured_jigsaw_rows(ranks):
+    """`jigsaw-earth plan` (declared layer costs, nothing run) within 10 % of what the jigsaw
+    strategies measured: rank peak of one sample and bytes sent per step."""
+    from jigsaw_earth.bench.strategy_bench import JIGSAW_SHAPES, plan_figures
+
+    for name, shape in JIGSAW_SHAPES.items():
+        per = [r[name] for r in ranks]
+        plan = plan_figures(PROBLEM, shape(WORLD), per[0]["samples_per_rank"])
+        peak = max(f["memory"]["peak"] for f in per)
+        sent = sum(f["bytes_sent"] for f in per) / len(per)
+        assert 0.9 <= plan["peak"] / peak <= 1.1, (name, plan["peak"], peak)
+        assert 0.9 <= plan["bytes_sent"] / sent <= 1.1, (name, plan["bytes_sent"], sent)

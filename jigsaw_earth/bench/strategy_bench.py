@@ -125,6 +125,9 @@ def run_problem(problem: Problem, spec: VariableSpec, world: int, names: list[st
             "samples_per_s": global_batch / step_s,
             "samples_per_rank": per[0]["samples_per_rank"],
         })  # fmt: skip
+    for r in rows:
+        if r["strategy"] in JIGSAW_SHAPES:
+            r["plan"] = plan_figures(problem, JIGSAW_SHAPES[r["strategy"]](world), r["samples_per_rank"])
     base = {r["strategy"]: r for r in rows}.get("ddp")
     for r in rows:
         r["comm_ratio"] = (
@@ -146,6 +149,23 @@ def run_problem(problem: Problem, spec: VariableSpec, world: int, names: list[st
         "repeats": repeats,
         "rows": rows,
     }
+
+
+JIGSAW_SHAPES = {  # the mesh each jigsaw strategy runs on (strategies.build_runner)
+    "jigsaw": lambda world: MeshShape(1, *domain_shape(world)),
+    "jigsaw_ddp": lambda world: MeshShape(2, 1, world // 2),
+}
+
+
+def plan_figures(problem: Problem, shape: MeshShape, samples: int) -> dict[str, int]:
+    """``jigsaw-earth plan``'s prediction for a measured row: rank 0's peak for one sample per
+    replica (the memory the row measures) and its bytes sent per step at the row's batch."""
+    from ..models.plan import Hardware, plan_mesh
+
+    args = (problem.model, problem.preset, problem.grid, shape, (problem.n_state, problem.n_static, N_TIME))
+    one = plan_mesh(*args, Hardware(), batch=1, **problem.overrides)
+    step = plan_mesh(*args, Hardware(), batch=samples, **problem.overrides)
+    return {"peak": one.memory["total"], "bytes_sent": sum(step.comm.values())}
 
 
 def _parameters(problem: Problem) -> int:

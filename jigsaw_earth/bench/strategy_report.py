@@ -37,6 +37,8 @@ METHOD = [
     "gradient all-reduce). *Step s*: median of interleaved steps at the global batch (= world",
     "size: DDP/FSDP2 1 sample per rank, TP and jigsaw 4 per group, jigsaw × DDP 2 per group);",
     "on the shared 2-core CPU these measure waiting as much as work (4 processes on 2 cores).",
+    "*Plan/measured*: `jigsaw-earth plan`'s figures for the same mesh, model and batch (computed",
+    "from the layers' declared costs, nothing run) over the measured peak and bytes sent.",
 ]
 
 
@@ -54,6 +56,7 @@ def _row(r: dict, world: int) -> str:
         f"{r['bytes_sent_mean'] / kib:,.0f}",
         f"{r['analytic_bytes_mean'] / kib:,.0f}",
         ratio,
+        *_plan_cells(r),
         f"{r['step_s']:.3f}",
         f"{r['samples_per_s']:.1f}",
         f"{r['loss']:.6f}",
@@ -64,8 +67,16 @@ def _row(r: dict, world: int) -> str:
 HEADER = (
     "strategy", "each rank holds", "peak/rank MiB", "params", "grads", "optimizer", "activations",
     "peak vs DDP", "read/sample KiB", "read vs DDP", "sent/rank/step KiB", "analytic KiB",
-    "measured/analytic", "step s", "samples/s", "loss",
+    "measured/analytic", "plan/measured peak", "plan/measured sent", "step s", "samples/s", "loss",
 )  # fmt: skip
+
+
+def _plan_cells(r: dict) -> list[str]:
+    """`jigsaw-earth plan`'s prediction over the measurement (jigsaw rows; '-' elsewhere)."""
+    plan = r.get("plan")
+    if not plan:
+        return ["-", "-"]
+    return [f"{plan['peak'] / r['memory']['peak']:.3f}", f"{plan['bytes_sent'] / r['bytes_sent_mean']:.3f}"]
 
 
 def _budget(b: dict) -> list[str]:
