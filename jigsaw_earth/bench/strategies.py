@@ -129,6 +129,12 @@ class Runner:
     def __post_init__(self) -> None:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=1e-3, foreach=False)
 
+    @property
+    def keeps_grads(self) -> bool:
+        """DDP's gradients are views of its buckets, which live across steps; every other
+        strategy frees them between steps, as the trainer does (``zero_grad(set_to_none=True)``)."""
+        return self.name == "ddp"
+
     def my_samples(self, global_batch: int) -> list[int]:
         per = global_batch // self.replicas
         return list(range(self.replica * per, (self.replica + 1) * per))
@@ -145,7 +151,7 @@ class Runner:
     def step(self, batch: tuple[torch.Tensor, ...], count: int) -> torch.Tensor:
         """Forward, backward, gradient sync and AdamW step; the local loss (detached)."""
         state, static, time, target, lat_w = batch
-        self.optimizer.zero_grad(set_to_none=False)
+        self.optimizer.zero_grad(set_to_none=not self.keeps_grads)
         ctx = CountFunctional(self.count) if self.name == "tp" else _null()
         with ctx:
             out = self.model(state, static, time)
