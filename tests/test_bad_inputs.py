@@ -22,34 +22,8 @@ import yaml
 
 from jigsaw_earth.cli import main
 
-BASE: dict[str, Any] = {
-    "run": {"dir": "RUN", "seed": 1, "name": "bad-inputs"},
-    "mesh": {"data": 1, "lat": 1, "lon": 1},
-    "data": {
-        "store": "STORE",
-        "train_period": ["2020-01-01", "2020-01-31T18"],
-        "val_period": ["2020-02-01", "2020-02-10"],
-        "upper_air": ["geopotential", "temperature"],
-        "levels": [500, 850],
-        "surface": ["2m_temperature"],
-    },
-    "model": {"name": "weathermixer", "preset": "tiny"},
-    "optim": {"lr": 2.0e-3, "warmup_steps": 1},
-    "training": {"steps": 4, "batch_size": 2},
-    "validation": {"lead_hours": [6], "max_samples": 2, "batch_size": 2},
-    "checkpoint": {"every": 2, "keep": 2, "resume": "auto"},
-    "logging": {"every": 1, "progress": False, "wandb": {"mode": "disabled"}},
-}
-
-
-def _merge(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
-    out = json.loads(json.dumps(base))
-    for section, values in change.items():
-        if isinstance(values, dict) and isinstance(out.get(section), dict):
-            out[section].update(values)
-        else:
-            out[section] = values
-    return out
+from .train_helpers import TINY_YAML as BASE
+from .train_helpers import merge_sections
 
 
 def _snapshot(root: Path) -> dict[str, str]:
@@ -310,7 +284,7 @@ def test_bad_config(
     case: str, change: dict, fragments: list[str], config_paths: tuple[Path, Path], capsys: Any
 ) -> None:
     cfg, run_dir = config_paths
-    _write(cfg, yaml.safe_dump(_merge(BASE, change)), run_dir)
+    _write(cfg, yaml.safe_dump(merge_sections(BASE, change)), run_dir)
     before = _snapshot(cfg)
     code, text = _cli(["config", "validate", "--quiet", str(cfg)], capsys)
     _assert_clean_error(code, text, 2, fragments)
@@ -380,7 +354,7 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config_for(directory: Path, store: Path, run_dir: Path, change: dict | None = None) -> Path:
-    raw = _merge(BASE, change or {})
+    raw = merge_sections(BASE, change or {})
     raw["run"]["dir"], raw["data"]["store"] = str(run_dir), str(store)
     path = directory / f"config-{run_dir.name}.yaml"
     path.write_text(yaml.safe_dump(raw))

@@ -22,6 +22,8 @@ import yaml
 
 from jigsaw_earth.distributed.spawn import free_port
 
+from .train_helpers import TINY_YAML, merge_sections
+
 STEPS = 10
 
 
@@ -35,25 +37,17 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _config(tmp_path: Path, store: Path, lon: int) -> Path:
-    raw = {
-        "run": {"dir": str(tmp_path / "run"), "seed": 1, "name": "signals"},
-        "mesh": {"data": 1, "lat": 1, "lon": lon},
-        "data": {
-            "store": str(store),
-            "train_period": ["2020-01-01", "2020-01-31T18"],
-            "val_period": ["2020-02-01", "2020-02-10"],
-            "upper_air": ["geopotential", "temperature"],
-            "levels": [500, 850],
-            "surface": ["2m_temperature"],
+    raw = merge_sections(
+        TINY_YAML,
+        {
+            "run": {"dir": str(tmp_path / "run"), "name": "signals"},
+            "mesh": {"lon": lon},
+            "data": {"store": str(store)},
+            "training": {"steps": STEPS},
+            "checkpoint": {"every": 100},
+            "distributed": {"timeout_s": 120},
         },
-        "model": {"name": "weathermixer", "preset": "tiny"},
-        "optim": {"lr": 2.0e-3, "warmup_steps": 1},
-        "training": {"steps": STEPS, "batch_size": 2},
-        "validation": {"lead_hours": [6], "max_samples": 2, "batch_size": 2},
-        "checkpoint": {"every": 100, "keep": 2, "resume": "auto"},
-        "logging": {"every": 1, "progress": False, "wandb": {"mode": "disabled"}},
-        "distributed": {"timeout_s": 120},
-    }
+    )
     path = tmp_path / "config.yaml"
     path.write_text(yaml.safe_dump(raw))
     return path

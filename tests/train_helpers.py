@@ -7,6 +7,7 @@ distributed matmul exactly as in the real models.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 import numpy as np
@@ -115,3 +116,35 @@ def tiny_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
 def tiny_model(data: TrainData, mesh: DomainMesh) -> PixelMLP:
     domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
     return PixelMLP(domain, len(data.channels), data.n_static, 4)
+
+
+# A tiny config as YAML would hold it ("RUN" and "STORE" are for the caller to fill).
+TINY_YAML: dict[str, Any] = {
+    "run": {"dir": "RUN", "seed": 1, "name": "bad-inputs"},
+    "mesh": {"data": 1, "lat": 1, "lon": 1},
+    "data": {
+        "store": "STORE",
+        "train_period": ["2020-01-01", "2020-01-31T18"],
+        "val_period": ["2020-02-01", "2020-02-10"],
+        "upper_air": ["geopotential", "temperature"],
+        "levels": [500, 850],
+        "surface": ["2m_temperature"],
+    },
+    "model": {"name": "weathermixer", "preset": "tiny"},
+    "optim": {"lr": 2.0e-3, "warmup_steps": 1},
+    "training": {"steps": 4, "batch_size": 2},
+    "validation": {"lead_hours": [6], "max_samples": 2, "batch_size": 2},
+    "checkpoint": {"every": 2, "keep": 2, "resume": "auto"},
+    "logging": {"every": 1, "progress": False, "wandb": {"mode": "disabled"}},
+}
+
+
+def merge_sections(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
+    """A copy of ``base`` with each section of ``change`` merged into it (a non-mapping replaces)."""
+    out = copy.deepcopy(base)
+    for section, values in change.items():
+        if isinstance(values, dict) and isinstance(out.get(section), dict):
+            out[section].update(values)
+        else:
+            out[section] = values
+    return out
