@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from ..models import MODELS, make_config
+from ..models import make_config, model_entry
 from ..models.plan import Hardware, MeshPlan, plan_meshes, recommend
 
 __all__ = ["add_parser", "parse_bytes", "run"]
@@ -25,8 +25,8 @@ _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="rank the data × lat × lon meshes of a world size for a model")
-    p.add_argument("--model", required=True, choices=MODELS, help="model name")
-    p.add_argument("--preset", default="tiny", help="preset (tiny, small, 1b, 3b; default tiny)")
+    p.add_argument("--model", required=True, help="a registered model or package.module:Class")
+    p.add_argument("--preset", help="preset (tiny, small, 1b, 3b; default: the model's first, or tiny)")
     p.add_argument("--grid", default="721x1440", metavar="NLATxNLON", help="global grid (default 721x1440)")
     p.add_argument("--world-size", type=int, required=True, metavar="N", help="number of GPUs")
     p.add_argument("--gpu-memory", default="80GB", metavar="SIZE", help="memory per GPU (default 80GB)")
@@ -152,6 +152,7 @@ def run(args: argparse.Namespace) -> int:
     channels = _ints(args.channels, ",", "channels", 3, 0)
     if channels[0] < 1:
         raise ValueError(f"--channels {args.channels!r}: the state needs at least 1 channel")
+    args.preset = args.preset or model_entry(args.model).default_preset
     make_config(args.model, args.preset)  # an unknown preset is one error, not one per mesh
     hw = _hardware(args)
     elsize = 4 if args.precision == "fp32" else 2

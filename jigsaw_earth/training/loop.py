@@ -36,13 +36,14 @@ from torch.utils.checkpoint import checkpoint as recompute
 
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from ..config.schema import TrainConfig
+from ..distributed.grads import replication
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, init_model
 from .data import TrainData
 from .evaluate import format_table, validate
 from .loss import channel_weights, global_value, weighted_sq_error
 from .monitor import Monitor, memory_mb
-from .optim import build_optimizer, clip_grad_norm, lr_at, replication_weights, sync_gradients
+from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
 from .rundir import claim_run_dir, config_hash, record_start
 from .signals import Preempted, StopSignals
@@ -80,20 +81,13 @@ class Trainer:
         self.data = data
         domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
         if model is None:
-            from ..models import build_model
+            from ..models import model_from_config
 
-            model = build_model(
-                cfg.model.name,
-                domain,
-                len(data.channels),
-                data.n_static,
-                4,
-                cfg.model.preset,
-                **cfg.model.overrides,
-            )
+            model = model_from_config(cfg.model, domain, len(data.channels), data.n_static, 4)
         self.model = init_model(model.to(mesh.device), cfg.run.seed)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.rep_weights = replication_weights(self.params, mesh)
+        self.holders = replication(self.model, mesh)  # domain ranks holding each parameter's block
+        self.rep_weights = [1.0 / n for n in self.holders]
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.ch_weights = channel_weights(data.channels, cfg.loss.variable_weights, cfg.loss.level_weights)
         self.tendency = data.tendency_std.to(mesh.device) if cfg.loss.tendency_scaling else None
@@ -189,7 +183,7 @@ class Trainer:
         local = self._loss_local(step)
         local.backward()
         loss = float(global_value(local, self.mesh))
-        sync_gradients(self.params, self.mesh)
+        sync_gradients(self.params, self.mesh, self.holders)
         norm = clip_grad_norm(self.params, self.rep_weights, self.cfg.optim.grad_clip, self.mesh)
         lr = lr_at(step - 1, self.cfg.optim, self.cfg.training.steps)
         finite = math.isfinite(loss) and math.isfinite(norm)
