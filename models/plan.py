@@ -131,10 +131,11 @@ def plan_mesh(
     unpriced = unpriced_layers(model)
     if unpriced:
         path, module = unpriced[0]
+        names = [f"{path}.{n}" if path else n for n, _ in module.named_parameters(recurse=False)]
         plan.error = (
-            f"module {path or '(the model)'!r} ({type(module).__name__}) holds parameters but declares no "
-            "cost(batch, elsize, input_grad); plan cannot price it: build it from jigsaw layers or give it a "
-            "cost method (docs/plan.md)"
+            f"parameter {', '.join(names)} belongs to {type(module).__name__}, which declares no "
+            "cost(batch, elsize, input_grad); plan cannot price it: build it from jigsaw layers or give "
+            f"{type(module).__name__} a cost method (docs/models.md)"
         )
         return plan
     costs = model_cost(model, batch, elsize, input_grad=False)

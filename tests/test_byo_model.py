@@ -151,3 +151,19 @@ def test_validate_passes_the_examples_on_the_default_meshes(
     model: str, examples_on_path: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
     assert main(["validate", "--model", model]) == 0, capsys.readouterr().out
+
+
+def test_plan_refuses_a_layer_without_a_cost_by_name(capsys: pytest.CaptureFixture[str]) -> None:
+    main(
+        [
+            "plan",
+            "--model",
+            "tests.test_replicated_params:ReplicatedNet",
+            "--world-size",
+            "2",
+            "--grid",
+            "16x32",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert "impossible: parameter bias belongs to ReplicatedNet, which declares no cost(" in out, out

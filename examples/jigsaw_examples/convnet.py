@@ -16,6 +16,7 @@ from torch import nn
 
 from jigsaw_earth.layers import Conv2d, Domain, GroupNorm
 from jigsaw_earth.layers.base import fill_uniform_, sharded_parameter
+from jigsaw_earth.layers.cost import Cost
 
 __all__ = ["ChannelGain", "ConvNet", "ConvNetConfig"]
 
@@ -36,8 +37,9 @@ class ChannelGain(nn.Module):
 
     jigsaw_layer = True  # init_model calls reset_parameters(seed=..., key=module path)
 
-    def __init__(self, channels: int):
+    def __init__(self, domain: Domain, channels: int):
         super().__init__()
+        self.domain = domain
         self.weight = sharded_parameter((channels,), None)  # too small to split: replicated
 
     def reset_parameters(self, seed: int, key: str) -> None:
@@ -45,6 +47,12 @@ class ChannelGain(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x * self.weight.view(1, -1, 1, 1)
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
+        """What ``plan`` prices: no messages; one multiply per point (two more backward); keeps ``x``."""
+        h, w = self.domain.tile.shape
+        n = batch * self.weight.numel() * h * w
+        return Cost(flops=(n, 2 * n if input_grad else n), saved=n * elsize, peak=n * elsize)
 
 
 class ConvNet(Forecaster):
@@ -66,7 +74,7 @@ class ConvNet(Forecaster):
         )
         self.norms = nn.ModuleList(GroupNorm(domain, cfg.groups, c) for _ in range(cfg.depth))
         self.out = Conv2d(domain, c, n_state, 1)
-        self.gain = ChannelGain(n_state)
+        self.gain = ChannelGain(domain, n_state)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         for conv, norm in zip(self.convs, self.norms, strict=True):
