@@ -167,3 +167,21 @@ def test_plan_refuses_a_layer_without_a_cost_by_name(capsys: pytest.CaptureFixtu
     )
     out = capsys.readouterr().out
     assert "impossible: parameter bias belongs to ReplicatedNet, which declares no cost(" in out, out
+
+
+def test_an_entry_point_registers_a_model(monkeypatch: pytest.MonkeyPatch, examples_on_path: None) -> None:
+    from importlib.metadata import EntryPoint
+
+    from jigsaw_earth.models import registry
+
+    ep = EntryPoint("example-convnet", CONVNET, registry.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(
+        registry, "entry_points", lambda group: [ep] if group == registry.ENTRY_POINT_GROUP else []
+    )
+    monkeypatch.setattr(registry, "_ENTRY_POINTS_LOADED", False)
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    assert registry.model_names()[-1] == "example-convnet"
+    entry = registry.model_entry("example-convnet")
+    assert entry.cls().__name__ == "ConvNet" and list(entry.presets) == ["tiny", "small"]
+    assert entry.config("small", depth=3).channels == 64
+    assert registry.model_entry(CONVNET) is entry  # the path finds the registered name's entry
