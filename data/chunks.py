@@ -260,12 +260,23 @@ class ChunkSource:
             raw = None if got is None else got.to_bytes()
             if raw is not None:
                 self._count(len(raw))
-        if raw is not None and len(raw) < size:
-            raise ValueError(f"shard {key!r} holds {len(raw)} bytes, less than its {size}-byte index: "
-                             f"the file is truncated")
-        index = None if raw is None else np.frombuffer(raw[: 16 * n], "<u8").reshape(*fmt.grid, 2)
+        index = None if raw is None else self._check_index(fmt, key, raw, size)
         self._indexes.put(key, index)
         return index
+
+    @staticmethod
+    def _check_index(fmt: ChunkFormat, key: str, raw: bytes, size: int) -> np.ndarray:
+        """The decoded shard index, after its checksum (a truncated or damaged shard: a clear error)."""
+        n = 16 * int(np.prod(fmt.grid))
+        bad = len(raw) < size
+        if not bad and fmt.index_crc:
+            import google_crc32c
+
+            bad = google_crc32c.value(raw[:n]) != int.from_bytes(raw[n : n + 4], "little")
+        if bad:
+            raise ValueError(f"the index of shard {key!r} is damaged (checksum or size wrong): the file is "
+                             f"truncated or overwritten")
+        return np.frombuffer(raw[:n], "<u8").reshape(*fmt.grid, 2)
 
     def _buffer(self, n_bytes: int) -> np.ndarray:
         """A per-thread scratch buffer of at least ``n_bytes`` (reused: no page faults per read)."""
