@@ -25,7 +25,7 @@ import difflib
 import importlib
 import logging
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -81,7 +81,6 @@ class ModelEntry:
     config_cls: type | None
     presets: Mapping[str, Mapping[str, Any]]
     twin: type[nn.Module] | str | None = None
-    _resolved: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def cls(self) -> type[nn.Module]:
         """The model class (imported on first use: each model pulls in its own layers)."""
