@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from jigsaw_earth.cli import main
+from jigsaw_earth.config import parse_config
 from jigsaw_earth.distributed.spawn import free_port
 
 from .train_helpers import TINY_YAML, merge_sections
@@ -113,6 +114,17 @@ def _train_resume_predict(tmp_path: Path, store: Path, model: str) -> None:
     args = ["predict", str(mesh), "mesh.lat=1", "mesh.lon=1", "--out", str(forecast), "--steps", "2"]
     assert main([*args, "--max-inits", "2"]) == 0
     assert main(["score", str(forecast), "--truth", str(store)]) == 0
+
+    # export: the canonical full tensors, loadable into the model built on one rank
+    from jigsaw_earth.models import model_from_config
+
+    from jigsaw_earth.checkpoint.export import load_full_tensors
+    from jigsaw_earth.layers import local_domain
+
+    cfg = parse_config(yaml.safe_load((run_dir / "config.yaml").read_text()))
+    tensors = load_full_tensors(run_dir / "checkpoints" / "step_000000006")
+    one_rank = model_from_config(cfg.model, local_domain(16, 32), 5, 6)
+    assert one_rank.load_state_dict(tensors, strict=True) is not None
 
 
 def test_convnet_trains_resumes_predicts_and_scores_from_the_cli(
