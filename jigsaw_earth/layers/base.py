@@ -112,7 +112,9 @@ def sharded_parameter(
 ) -> nn.Parameter:
     """An uninitialised parameter holding ``[start, stop)`` of ``global_shape`` along ``dim``.
 
-    ``dim=None`` keeps the whole tensor (use only for what cannot be split, and say why).
+    ``dim=None`` keeps the whole tensor on every domain rank (use only for what cannot be split, and
+    say why): a replicated parameter, whose gradient the trainer sums over the domain ranks each
+    step (``distributed/grads.py``), so every copy stays the same.
     """
     shape, offsets = list(global_shape), [0] * len(global_shape)
     if dim is not None:
