@@ -209,7 +209,8 @@ def bench_io(path: str, spec: VariableSpec, mesh: tuple[int, int], *, ranks: str
         for m in ms.values():
             m["x_raw"] = m["ms"] / ms["raw"]["ms"] if "raw" in ms else None
             m["x_tensorstore"] = m["ms"] / ms["tensorstore"]["ms"] if "tensorstore" in ms else None
-    return {"store": path, "mesh": f"{mesh[0]}x{mesh[1]}", "ranks": ranks, "cache": "cold" if cold else "warm",
+    return {"store": path, "mesh": f"{mesh[0]}x{mesh[1]}", "ranks": ranks,
+            "cache": "cold" if cold else "warm",
             "halo": [list(halo.lat), list(halo.lon), halo.lat_mode], "lead_steps": lead_steps,
             "read_threads": threads, "repeats": repeats, "channels": spec.n_channels, "results": results}
 
@@ -218,7 +219,8 @@ def format_io(r: dict[str, Any]) -> str:
     """The table of one ``bench_io`` result."""
     lines = [f"bench io {r['store']}: mesh {r['mesh']}, ranks {r['ranks']} "
              f"({'all reading at once' if r['ranks'] == 'all' else 'each alone'}), {r['cache']} cache, "
-             f"{r['channels']} channels, halo {r['halo'][0]}x{r['halo'][1]}, {r['lead_steps']} target step(s), "
+             f"{r['channels']} channels, halo {r['halo'][0]}x{r['halo'][1]}, "
+             f"{r['lead_steps']} target step(s), "
              f"reader threads {r['read_threads']}, median of {r['repeats']}",
              f"  {'rank':>4} {'method':<12} {'MB':>8} {'ms':>9} {'cpu ms':>9} {'GB/s':>7} {'x raw':>7} "
              f"{'x tensorstore':>13}"]
