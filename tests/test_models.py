@@ -82,33 +82,6 @@ def test_paper_arrangement_sharded_equal_serial_on_six_ranks(records_for, mesh: 
     assert_records_pass(records)
 
 
-def test_paper_presets_match_the_papers_logs() -> None:
-    """The paper's 1.1 B model at 720 × 1440 with its 72 input channels (69 + 3 masks): 1101.5 M
-    parameters and 15.96 TFLOP forward per sample in its log (cases/C2/roofline_mixedp/6_16tflop);
-    C1 is 1.06 B. Ours differ by patch recovery's per-pixel bias (69 · 60 against the paper's 69)."""
-    s = summarize("weathermixer", MeshShape(), (720, 1440), 69, 3, 0, preset="paper-1.1b")
-    assert s.total_params == pytest.approx(1101.5e6, rel=0.005)
-    assert s.total_params == 1_101_500_346 - 69 + 69 * 60
-    assert s.forward_flops == pytest.approx(15.96e12, rel=0.05)
-    c1 = summarize("weathermixer", MeshShape(), (720, 1440), 69, 3, 0, preset="paper-c1")
-    assert c1.total_params == pytest.approx(1.062e9, rel=0.005)
-    sharded = summarize("weathermixer", MeshShape(1, 2, 2), (720, 1440), 69, 3, 0, preset="paper-1.1b")
-    assert sharded.total_params == s.total_params
-    assert sharded.forward_flops == pytest.approx(s.forward_flops, rel=1e-3)  # no work repeated
-    assert max(sharded.rank_params) <= 0.26 * s.total_params
-
-
-@pytest.mark.parametrize("name", MODELS)
-def test_per_rank_training_bytes_at_four_ranks(name: str) -> None:
-    """Parameters + AdamW states per rank at 2x2 ≤ 0.27 of one rank (tiny and 1b presets)."""
-    for preset, grid in (("tiny", (33, 64)), ("1b", (721, 1440))):
-        s = summarize(name, MeshShape(1, 2, 2), grid, 69, 2, 4, preset=preset)
-        serial = summarize(name, MeshShape(), grid, 69, 2, 4, preset=preset)
-        assert serial.total_params == s.total_params == serial.rank_params[0]
-        assert max(s.rank_params) <= 0.27 * serial.rank_params[0], (name, preset, s.rank_params)
-        assert serial.comm_forward_bytes == 0 and s.comm_forward_bytes > 0
-
-
 def test_summary_paper_scale_is_fast() -> None:
     s = summarize("weathermixer", MeshShape(1, 2, 2), (721, 1440), 69, 2, 4, preset="3b")
     assert 2.5e9 < s.total_params < 3.5e9
