@@ -102,10 +102,11 @@ def hidden_sizes(cfg: WeatherMixerConfig, n_tokens: int) -> tuple[int, int]:
         token = int(cfg.token_hidden_fraction * n_tokens)
     if cfg.channel_hidden_fraction is not None:
         channel = int(cfg.channel_hidden_fraction * cfg.embed_dim)
-    for name, value in (("token", token), ("channel", channel)):
+    for name, value, of in (("token", token, f"{n_tokens} tokens"), ("channel", channel, f"{cfg.embed_dim}")):
         if value < 1:
+            fraction = getattr(cfg, f"{name}_hidden_fraction")
             raise ValueError(
-                f"WeatherMixer: {name}_hidden_fraction gives a hidden size of {value} for {n_tokens} tokens "
-                f"and embed_dim {cfg.embed_dim}; use a larger fraction"
+                f"WeatherMixer: {name}_hidden_fraction {fraction} gives a hidden size of {value} of {of}; "
+                "use a larger fraction"
             )
     return token, channel

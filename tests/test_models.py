@@ -112,3 +112,9 @@ def test_config_errors_name_the_fix() -> None:
     state, static, time = _inputs()
     with pytest.raises(ValueError, match="static must be"):
         model(state, static[:1], time)
+    with pytest.raises(ValueError, match=r"token_hidden_fraction 0\.01 gives a hidden size of 0 of 40"):
+        build_model(
+            "weathermixer", local_domain(*GRID), N_STATE, N_STATIC, N_TIME, token_hidden_fraction=0.01
+        )
+    with pytest.raises(ValueError, match=r"patch must be a positive int or a \(lat, lon\) pair"):
+        build_model("weathermixer", local_domain(*GRID), N_STATE, N_STATIC, N_TIME, patch=(1, 2, 3))

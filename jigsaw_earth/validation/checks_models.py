@@ -50,7 +50,9 @@ PAPER_TINY = dict(
 )  # fmt: skip
 
 
-def _case(mesh: DomainMesh, name: str, preset: str = "tiny", op: str | None = None, **overrides) -> Record:
+def _case(
+    mesh: DomainMesh, name: str, preset: str = "tiny", op: str | None = None, label: str = "", **overrides
+) -> Record:
     gen = torch.Generator().manual_seed(len(name))
     x = torch.randn(BATCH, N_STATE + N_STATIC, *GRID, generator=gen)
     time = torch.randn(BATCH, N_TIME, generator=gen)
@@ -61,8 +63,8 @@ def _case(mesh: DomainMesh, name: str, preset: str = "tiny", op: str | None = No
 
     expected = sum(step_bytes(build(Domain.create(mesh, *GRID)), BATCH))  # the layers' declarations
     shape = f"{GRID[0]}x{GRID[1]} b{BATCH} {N_STATE}+{N_STATIC}+{N_TIME}ch {preset}"
-    if overrides:
-        shape += " " + ",".join(f"{k}={v}" for k, v in overrides.items())
+    if label or overrides:
+        shape += " " + (label or ",".join(f"{k}={v}" for k, v in overrides.items()))
     return check_module(
         mesh,
         op or name,
@@ -90,4 +92,4 @@ for _name in MODELS:
 
 @register("weathermixer_paper")
 def check_weathermixer_paper(mesh: DomainMesh) -> Iterator[Record]:
-    yield _case(mesh, "weathermixer", op="weathermixer_paper", **PAPER_TINY)
+    yield _case(mesh, "weathermixer", op="weathermixer_paper", label="paper 1x8 concat linres", **PAPER_TINY)
