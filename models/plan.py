@@ -10,7 +10,9 @@ hidden unit), and each priced layer's ``cost`` gives its bytes, FLOPs and saved 
   has passed, the inputs and the loss's fields, plus the largest transient peak of any layer;
 * communication per step = the layers' bytes (forward + backward, per rank: the domain group's
   total / its size) by op, plus the data-axis all-reduce of the gradients (a ring, fp32);
-* step time, per layer: ``max(compute, overlapped comm) + exposed comm``, where the weight
+* step time, per layer: ``max(compute, overlapped comm) + exposed comm`` (compute at
+  ``tflops × efficiency``, or at the rate a measured ``rate_curve`` gives for the rank's forward
+  work per sample: smaller matmuls run slower), where the weight
   ring, the token-form matmul and ring attention overlap their messages with compute and
   halos, window gathers and affine gathers do not; the gradient all-reduce runs after the
   backward (``training.optim.sync_gradients``), so it is exposed.
@@ -22,9 +24,10 @@ the layer's own error.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..distributed.mesh import DomainMesh, MeshShape
@@ -52,9 +55,27 @@ class Hardware:
     inter_gbps: float = 400.0  # one 400 Gbit/s NIC per GPU
     gpus_per_node: int = 8
     link_efficiency: float = 0.8
+    # measured matmul rates by work: ((forward TFLOP per GPU per sample, achieved TFLOP/s), ...);
+    # when given, the rate at a mesh's work per GPU replaces tflops × efficiency (rate_at)
+    rate_curve: tuple[tuple[float, float], ...] = ()
 
     def seconds(self, flops: float) -> float:
         return flops / (self.tflops * 1e12 * self.efficiency)
+
+    def rate_at(self, work_tflop: float) -> float:
+        """Achieved TFLOP/s at ``work_tflop`` forward TFLOP per GPU per sample: ``rate_curve``
+        interpolated linearly in log(work) between its points, held at its ends; without a
+        curve, tflops × efficiency."""
+        if not self.rate_curve:
+            return self.tflops * self.efficiency
+        pts = sorted(self.rate_curve)
+        if work_tflop <= pts[0][0]:
+            return pts[0][1]
+        for (w0, r0), (w1, r1) in itertools.pairwise(pts):
+            if work_tflop <= w1:
+                f = math.log(work_tflop / w0) / math.log(w1 / w0)
+                return r0 + f * (r1 - r0)
+        return pts[-1][1]
 
     def transfer(self, nbytes: float, inter: bool) -> float:
         gbps = self.inter_gbps if inter else self.intra_gbps
@@ -81,6 +102,7 @@ class MeshPlan:
     domain_link: str = ""
     data_link: str = ""
     batch: int = 1  # samples per data replica
+    rate_tflops: float = 0.0  # the matmul rate taken from Hardware.rate_curve (0: tflops × efficiency)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,6 +160,10 @@ def plan_mesh(
     plan.memory["total"] = sum(plan.memory.values())
     plan.headroom = hw.memory - plan.memory["total"]
     plan.fits = plan.headroom >= 0
+    if hw.rate_curve:  # the measured rate at this rank's forward work per sample
+        work = sum(c.flops[0] for c in costs.values()) / batch / 1e12
+        plan.rate_tflops = hw.rate_at(work)
+        hw = replace(hw, tflops=plan.rate_tflops, efficiency=1.0)
     _time(plan, model, costs, shape, hw, params, batch)
     return plan
 
