@@ -36,7 +36,8 @@ from ..layers.cost import all_reduce_bytes, model_cost
 from . import build_model
 from .meta import meta_construction
 
-__all__ = ["TRAIN_STATES", "Hardware", "MeshPlan", "factorisations", "plan_mesh", "plan_meshes", "recommend"]
+__all__ = ["TRAIN_STATES", "Hardware", "MeshPlan", "factorisations", "plan_mesh", "plan_meshes", "recommend",
+           "sample_read_bytes"]
 
 TRAIN_STATES = 4  # tensors per parameter while training: parameter, gradient, AdamW exp_avg, exp_avg_sq
 LOSS_FIELDS = 4  # fields of the output's size while the loss runs: target, prediction, error, its square
@@ -58,6 +59,8 @@ class Hardware:
     # measured matmul rates by work: ((forward TFLOP per GPU per sample, achieved TFLOP/s), ...);
     # when given, the rate at a mesh's work per GPU replaces tflops × efficiency (rate_at)
     rate_curve: tuple[tuple[float, float], ...] = ()
+    # GB/s that one rank's tile reader delivers (``jigsaw-earth bench io``); 0: reading not priced
+    read_gbps: float = 0.0
 
     def seconds(self, flops: float) -> float:
         return flops / (self.tflops * 1e12 * self.efficiency)
@@ -103,6 +106,9 @@ class MeshPlan:
     data_link: str = ""
     batch: int = 1  # samples per data replica
     rate_tflops: float = 0.0  # the matmul rate taken from Hardware.rate_curve (0: tflops × efficiency)
+    read_bytes: int = 0  # bytes rank 0 reads per step (its tile of inputs and one target per sample)
+    io_s: float = 0.0  # seconds to read them at Hardware.read_gbps (0: not priced)
+    io_bound: bool = False  # reading takes longer than the step: prefetch cannot hide it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -165,7 +171,27 @@ def plan_mesh(
         plan.rate_tflops = hw.rate_at(work)
         hw = replace(hw, tflops=plan.rate_tflops, efficiency=1.0)
     _time(plan, model, costs, shape, hw, params, batch)
+    _price_reads(plan, hw, h * w * channels[0], batch)
     return plan
+
+
+def sample_read_bytes(tile_cells: int, channels: int, lead_steps: int = 1) -> int:
+    """Bytes one rank reads for one training sample: its tile of the inputs and of ``lead_steps``
+    targets, float32 (the layers exchange halos, so the reader reads none)."""
+    return 4 * tile_cells * channels * (1 + lead_steps)
+
+
+def _price_reads(plan: MeshPlan, hw: Hardware, tile_values: int, batch: int) -> None:
+    """Reading the next batch overlaps the step (prefetch), so the step takes the longer of the
+    two; a mesh whose reading is longer is I/O-bound (adding ranks shrinks each one's tile)."""
+    plan.read_bytes = batch * sample_read_bytes(tile_values, 1)
+    if hw.read_gbps <= 0:
+        return
+    plan.io_s = plan.read_bytes / (hw.read_gbps * 1e9)
+    plan.io_bound = plan.io_s > plan.step_s
+    if plan.io_bound:
+        plan.step_s = plan.io_s
+        plan.samples_per_s = plan.data * batch / plan.step_s
 
 
 def _backward_peak(model, costs) -> tuple[int, int]:
@@ -266,12 +292,16 @@ def recommend(plans: list[MeshPlan]) -> tuple[MeshPlan | None, list[str]]:
             why.append(f"the closest, {near.mesh}, needs {_gb(-near.headroom)} GB more per GPU")
         return None, why
     best = fitting[0]
+    io = [f"reading a batch takes {best.io_s * 1e3:.1f} ms: I/O-bound, the step waits for data"
+          if best.io_bound else f"reading a batch ({best.io_s * 1e3:.1f} ms) hides behind the step"] \
+        if best.io_s else []
     why = [
         f"fits with {_gb(best.headroom)} GB headroom ({_gb(best.memory['total'])} GB per GPU)",
         f"step {best.step_s * 1e3:.1f} ms for {best.data * best.batch} sample(s): "
         f"{best.samples_per_s:.2f} samples/s",
         f"{_gb(sum(best.comm.values()))} GB sent per GPU per step, "
         f"{best.exposed_s * 1e3:.1f} ms of it not hidden behind compute",
+        *io,
     ]
     others = {"the runner-up": fitting[1:2], "pure domain parallelism": [p for p in fitting if p.data == 1]}
     others["pure data parallelism"] = [p for p in fitting if p.data == p.data * p.lat * p.lon]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from pathlib import Path
 
 from ..models import MODELS, make_config
@@ -54,6 +55,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--channels", default="69,2,4", metavar="STATE,STATIC,TIME", help="input channels")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="activations and messages")
+    p.add_argument("--read-gbps", type=float, metavar="X",
+                   help="float32 GB/s one rank's tile reader delivers: prices reading each batch (prefetched "
+                        "beside the step) and flags I/O-bound meshes")
+    p.add_argument("--io-json", type=Path, metavar="PATH",
+                   help="take --read-gbps from a `jigsaw-earth bench io --json` file (the reader's median "
+                        "float32 GB/s delivered over ranks, warm cache, all ranks at once where measured)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every mesh's figures as JSON")
     p.set_defaults(run=run)
 
@@ -105,7 +112,29 @@ def _hardware(args: argparse.Namespace) -> Hardware:
         inter_gbps=args.inter_gbps,
         gpus_per_node=args.world_size // nodes,
         rate_curve=_rate_curve(args.rate_curve),
+        read_gbps=_read_gbps(args),
     )
+
+
+def _read_gbps(args: argparse.Namespace) -> float:
+    """--read-gbps, or the reader's rate in a ``bench io --json`` file (0: reading not priced)."""
+    if args.read_gbps is not None and args.io_json is not None:
+        raise ValueError("--read-gbps and --io-json both give the read rate: pass one of them")
+    if args.read_gbps is not None:
+        if args.read_gbps <= 0:
+            raise ValueError(f"--read-gbps {args.read_gbps}: use a positive number of GB/s")
+        return args.read_gbps
+    if args.io_json is None:
+        return 0.0
+    try:
+        runs = json.loads(args.io_json.read_text())
+        warm = [r for r in runs if r["cache"] == "warm"] or runs
+        pick = next((r for r in warm if r["ranks"] == "all"), warm[0])
+        return statistics.median(res["methods"]["reader"]["delivered_gbps"] for res in pick["results"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
+        raise ValueError(f"--io-json {str(args.io_json)!r}: not a `jigsaw-earth bench io --json` file "
+                         f"({type(err).__name__}: {err}); write one with jigsaw-earth bench io STORE "
+                         f"--mesh LATxLON --json PATH") from None
 
 
 def _rate_curve(text: str | None) -> tuple[tuple[float, float], ...]:
@@ -136,6 +165,7 @@ def _row(rank: str, p: MeshPlan) -> str:
         f"{_gb(m['gradients']):>6} {_gb(m['activations'] + m['transient']):>6} {fit:>12} "
         f"{_gb(sum(p.comm.values())):>8} {p.compute_s * 1e3:>8.1f} {p.exposed_s * 1e3:>8.1f} "
         f"{p.step_s * 1e3:>8.1f} {p.samples_per_s:>9.2f}"
+        + (f" {p.io_s * 1e3:>7.1f}{' I/O-bound' if p.io_bound else ''}" if p.io_s else "")
     )
 
 
@@ -157,10 +187,12 @@ def _print(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan]) -> Non
         f"{hw.link_efficiency:.0%} of {hw.intra_gbps:g} Gbit/s within a node and {hw.inter_gbps:g} "
         "Gbit/s between nodes; elementwise work not timed; per-layer time max(compute, ring "
         "comm) + halo/gather comm; gradient all-reduce after the backward; rank 0 (the largest share)"
+        + (f"; reading at {hw.read_gbps:g} GB/s per rank, prefetched beside the step" if hw.read_gbps else "")
     )
     print(
         f"{'rank':>4} {'mesh':<9} {'GB/GPU':>7} {'par+opt':>8} {'grads':>6} {'acts':>6} {'fit GB':>12} "
         f"{'comm GB':>8} {'comp ms':>8} {'expo ms':>8} {'step ms':>8} {'samples/s':>9}"
+        + (f" {'read ms':>7}" if hw.read_gbps else "")
     )
     ranked = [p for p in plans if not p.error]
     for i, p in enumerate(ranked, start=1):
