@@ -119,9 +119,8 @@ class ModelEntry:
         if self.config_cls is None:
             return None
         values = {**self.presets[preset], **overrides}
-        hints = {f.name: f.type for f in dataclasses.fields(self.config_cls)}
-        for key, value in values.items():  # YAML has lists, the dataclasses tuples
-            if isinstance(value, list) and "tuple" in str(hints.get(key, "")):
+        for key, value in values.items():
+            if isinstance(value, list):  # YAML lists: tuples in the (frozen, hashable) config
                 values[key] = tuple(value)
         return self.config_cls(**values)
 
