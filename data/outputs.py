@@ -22,7 +22,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MARKER", "check_output", "read_marker", "unfinished_reason", "unique_tmp"]
+__all__ = ["MARKER", "check_output", "kind_of", "read_marker", "unfinished_reason", "unique_tmp"]
 
 MARKER = "jigsaw_earth"
 _TMP = ".tmp-"
@@ -43,6 +43,19 @@ def read_marker(path: str | Path) -> dict[str, Any] | None:
         marker = attrs.get(MARKER) if isinstance(attrs, dict) else None
         return marker if isinstance(marker, dict) else None
     return None
+
+
+def kind_of(path: str | Path) -> str | None:
+    """The kind of jigsaw-earth store at ``path`` (``None``: not one). Stores written before the
+    ``kind`` attribute existed are recognised by their other attributes."""
+    marker = read_marker(path)
+    if marker is None:
+        return None
+    if "kind" in marker:
+        return str(marker["kind"])
+    if "source" not in marker:
+        return "forecast"
+    return "climatology" if marker["source"] == "synth-climatology" else "store"
 
 
 def unfinished_reason(path: str | Path) -> str | None:
@@ -92,7 +105,7 @@ def check_output(
         raise ValueError(f"{option} {text!r} must be a local path (written atomically by rename); write "
                          f"locally and copy it afterwards")
     out = Path(dst).expanduser().resolve()
-    for allow_inside, pairs in ((False, protected), (True, may_hold_outputs)):
+    for allow_inside, pairs in ((True, may_hold_outputs), (False, protected)):
         for label, other in pairs:
             if other is None or "://" in str(other):
                 continue
@@ -115,11 +128,10 @@ def check_output(
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return
-    marker = read_marker(out)
-    found = None if marker is None else marker.get("kind")
+    found = kind_of(out)
     if found == kind:
         return
-    what = (f"a jigsaw-earth {found} store" if found else
+    what = (f"a jigsaw-earth store of another kind ({found!r}, not {kind!r})" if found else
             f"not a jigsaw-earth {kind} store (no {MARKER}.kind={kind!r} attribute; it holds "
             f"{len(entries)} entries, e.g. {', '.join(entries[:3])})")
     raise ValueError(f"{option} {text} is {what}; --overwrite replaces only an empty directory or a {kind} "

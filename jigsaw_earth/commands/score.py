@@ -6,12 +6,14 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
-from ..metrics.evaluate import evaluate, normalise
+from ..data.outputs import unfinished_reason
+from ..metrics.evaluate import check_times, evaluate, normalise
 from ..metrics.regions import REGIONS
 from ..metrics.scorecard import format_scorecard, grid_resolution, read_baselines, write_scores
 
@@ -47,13 +49,37 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _open(path: Path, what: str) -> xr.Dataset:
-    if not path.exists() and "://" not in str(path):
-        raise FileNotFoundError(f"{what} store {path} not found")
-    return xr.open_zarr(str(path), chunks=None)
+    if "://" not in str(path):
+        if not path.exists():
+            raise FileNotFoundError(f"{what} store {path} not found")
+        why = unfinished_reason(path)
+        if why is not None:
+            raise ValueError(f"{what} store: {why}; score a finished store (run the command that writes it "
+                             f"again, then delete {path})")
+    with warnings.catch_warnings():  # a store without consolidated metadata is read all the same
+        warnings.filterwarnings("ignore", message="Failed to open Zarr store with consolidated")
+        return xr.open_zarr(str(path), chunks=None)
+
+
+def _distinct(args: argparse.Namespace) -> None:
+    """The forecast, truth and climatology must be three different stores."""
+    given = [("FORECAST", args.forecast), ("--truth", args.truth), ("--climatology", args.climatology)]
+    seen: dict[str, str] = {}
+    for option, path in given:
+        if path is None:
+            continue
+        key = str(path) if "://" in str(path) else str(Path(path).resolve())
+        if key in seen:
+            raise ValueError(f"{option} {path} is the same store as {seen[key]}; pass the verifying analysis "
+                             f"(e.g. the ERA5 store) as --truth and its climatology as --climatology")
+        seen[key] = option
 
 
 def run(args: argparse.Namespace) -> int:
+    _distinct(args)
     forecast = normalise(_open(args.forecast, "forecast"), "forecast")
+    if "time" in forecast.dims:
+        check_times(forecast["time"].values, f"forecast {args.forecast}: init times")
     if args.start or args.end:
         forecast = forecast.sel(time=slice(args.start, args.end))
         if forecast.sizes["time"] == 0:
