@@ -61,6 +61,10 @@ def _open(path: Path, what: str) -> xr.Dataset:
         return xr.open_zarr(str(path), chunks=None)
 
 
+def _absolute(path: Path) -> str:
+    return str(path) if "://" in str(path) else str(path.resolve())
+
+
 def _distinct(args: argparse.Namespace) -> None:
     """The forecast, truth and climatology must be three different stores."""
     given = [("FORECAST", args.forecast), ("--truth", args.truth), ("--climatology", args.climatology)]
@@ -96,10 +100,10 @@ def run(args: argparse.Namespace) -> int:
     period = f"{first} … {last}, {times.size} inits"
     print(format_scorecard(rows, baselines, resolution, period))
     prefix = args.out or args.forecast.with_name(args.forecast.name.removesuffix(".zarr") + "-scores")
-    info = {
-        "forecast": str(args.forecast),
-        "truth": str(args.truth),
-        "climatology": None if clim is None else str(args.climatology),
+    info = {  # absolute, so `plot` finds the stores from any directory
+        "forecast": _absolute(args.forecast),
+        "truth": _absolute(args.truth),
+        "climatology": None if clim is None else _absolute(args.climatology),
         "baselines": None if args.baselines is None else str(args.baselines),
         "resolution": resolution,
         "inits": [first, last, int(times.size)],
