@@ -687,3 +687,201 @@ def test_checkpoint_size_estimate_matches_a_real_checkpoint(
     estimate = _checkpoint_estimate(load_config(cfg))
     saved = sum(f.stat().st_size for f in (run_dir / "checkpoints" / "step_000000004").glob("*.distcp"))
     assert estimate is not None and abs(estimate - saved) < 0.1 * saved, (estimate, saved)
+
+
+# ---------------------------------------------------------------- predict, score, plot, plan, data (issue 19)
+# Each case: (id, argv builder taking the world ``w``, fragments of the one error line). The world
+# (store, climatology, finished run, a forecast store, a user folder) is hashed before and after:
+# a refused command changes nothing on disk. Everything runs in process (``cli.main``).
+@pytest.fixture(scope="module")
+def world(finished_run: tuple[Path, Path], store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    run_dir, cfg = finished_run
+    root = tmp_path_factory.mktemp("world")
+    fc = root / "fc.zarr"
+    argv = ["predict", str(cfg), "--out", str(fc), "--start", "2020-02-01", "--end", "2020-02-03"]
+    assert main([*argv, "--steps", "2", "--max-inits", "3"]) == 0
+    mine = root / "my-folder"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    (mine / "sub" / "a.png").write_bytes(b"\x89PNG")
+    scores = root / "scores"
+    assert main(["score", str(fc), "--truth", str(store), "--out", str(scores)]) == 0
+    clim = store.with_name("data-climatology.zarr")
+    ckpt = run_dir / "checkpoints" / "step_000000004"
+    return {"run": run_dir, "cfg": cfg, "store": store, "clim": clim, "fc": fc, "mine": mine, "root": root,
+            "ckpt": ckpt, "scores": root / "scores.json"}  # fmt: skip
+
+
+def _world_snapshot(w: dict) -> dict[str, dict[str, str]]:
+    return {k: _snapshot(w[k]) for k in ("run", "store", "clim", "fc", "mine", "scores")}
+
+
+def _predict(w: dict, *extra: str, out: str | None = None) -> list[str]:
+    target = str(w["root"] / "new-fc.zarr") if out is None else out
+    return ["predict", str(w["cfg"]), "--out", target, "--start", "2020-02-01", "--end", "2020-02-02",
+            "--steps", "1", *extra]  # fmt: skip
+
+
+P = _predict
+PREDICT_CASES: list[tuple[str, Any, list[str]]] = [
+    ("batch-size-zero", lambda w: P(w, "--batch-size", "0"), ["--batch-size 0", "at least 1"]),
+    ("batch-size-negative", lambda w: P(w, "--batch-size", "-3"), ["--batch-size -3", "at least 1"]),
+    ("max-inits-negative", lambda w: P(w, "--max-inits", "-1"), ["--max-inits -1", "0 (all) or more"]),
+    ("max-inits-very-negative", lambda w: P(w, "--max-inits", "-99"), ["--max-inits -99", "0 (all)"]),
+    ("every-hours-zero", lambda w: P(w, "--every-hours", "0"), ["--every-hours 0", "at least 1"]),
+    ("every-hours-negative", lambda w: P(w, "--every-hours", "-6"), ["--every-hours -6", "at least 1"]),
+    ("steps-zero", lambda w: P(w, "--steps", "0"), ["--steps 0", "at least 1"]),
+    ("steps-negative", lambda w: P(w, "--steps", "-2"), ["--steps -2", "at least 1"]),
+    ("out-empty", lambda w: P(w, out=""), ["--out '' is empty", "--out fc.zarr"]),
+    ("out-blank", lambda w: P(w, out="  "), ["--out", "empty"]),
+    ("out-url", lambda w: P(w, out="memory://fc.zarr"), ["--out 'memory://fc.zarr'", "local path"]),
+    ("out-s3", lambda w: P(w, out="s3://bucket/fc.zarr"), ["s3://bucket/fc.zarr", "copy it afterwards"]),
+    ("out-truth", lambda w: P(w, "--overwrite", out=str(w["store"])), ["is the truth/training store"]),
+    ("out-truth-no-overwrite", lambda w: P(w, out=str(w["store"])), ["is the truth/training store"]),
+    (
+        "out-inside-truth",
+        lambda w: P(w, "--overwrite", out=str(w["store"] / "temperature")),
+        ["lies inside the truth/training store"],
+    ),
+    (
+        "out-new-inside-truth",
+        lambda w: P(w, out=str(w["store"] / "fc.zarr")),
+        ["lies inside the truth/training store", "Choose an --out outside it"],
+    ),
+    (
+        "out-contains-truth",
+        lambda w: P(w, "--overwrite", out=str(w["store"].parent)),
+        ["contains the truth/training store"],
+    ),
+    ("out-climatology", lambda w: P(w, "--overwrite", out=str(w["clim"])), ["is the climatology"]),
+    ("out-run-dir", lambda w: P(w, "--overwrite", out=str(w["run"])), ["is the run directory run.dir"]),
+    ("out-run-dir-plain", lambda w: P(w, out=str(w["run"])), ["is the run directory"]),
+    (
+        "out-contains-run",
+        lambda w: P(w, "--overwrite", out=str(w["run"].parent)),
+        ["contains the run directory"],
+    ),
+    (
+        "out-checkpoints",
+        lambda w: P(w, "--overwrite", out=str(w["run"] / "checkpoints")),
+        ["is the checkpoint folder"],
+    ),
+    (
+        "out-checkpoint",
+        lambda w: P(w, "--overwrite", out=str(w["ckpt"])),
+        ["lies inside the checkpoint folder"],
+    ),
+    (
+        "out-inside-checkpoint",
+        lambda w: P(w, out=str(w["ckpt"] / "fc.zarr")),
+        ["lies inside the checkpoint folder"],
+    ),
+    ("out-user-folder", lambda w: P(w, "--overwrite", out=str(w["mine"])), ["not a jigsaw-earth forecast"]),
+    (
+        "out-user-subfolder",
+        lambda w: P(w, "--overwrite", out=str(w["mine"] / "sub")),
+        ["not a jigsaw-earth forecast store", "a.png"],
+    ),
+    (
+        "out-user-file",
+        lambda w: P(w, "--overwrite", out=str(w["mine"] / "notes.txt")),
+        ["is a file or link", "remove it yourself"],
+    ),
+    ("out-exists", lambda w: P(w, out=str(w["fc"])), ["already exists", "--overwrite"]),
+    ("out-user-no-overwrite", lambda w: P(w, out=str(w["mine"])), ["already exists", "--overwrite"]),
+    ("checkpoint-missing", lambda w: P(w, "--checkpoint", "/nonexistent/step_1"), ["meta.json not found"]),
+    (
+        "checkpoint-tmp",
+        lambda w: P(w, "--checkpoint", str(w["run"] / "checkpoints" / "step_000000006.tmp")),
+        ["not a complete jigsaw-earth checkpoint", "did not finish"],
+    ),
+    (
+        "checkpoint-is-run",
+        lambda w: P(w, "--checkpoint", str(w["run"])),
+        ["not a complete jigsaw-earth checkpoint", "step_N folder"],
+    ),
+    (
+        "checkpoint-is-file",
+        lambda w: P(w, "--checkpoint", str(w["run"] / "config.yaml")),
+        ["not a complete jigsaw-earth checkpoint"],
+    ),
+    (
+        "override-embed-dim",
+        lambda w: P(w, "model.overrides.embed_dim=8"),
+        ["model.overrides.embed_dim=8 differs", "drop the override of model.overrides.embed_dim"],
+    ),
+    (
+        "override-depth",
+        lambda w: P(w, "model.overrides.depth=1"),
+        ["model.overrides.depth=1 differs", "config.yaml"],
+    ),
+    ("override-model-name", lambda w: P(w, "model.name=vit"), ["model.name='vit' differs from"]),
+    ("override-preset", lambda w: P(w, "model.preset=small"), ["model.preset='small' differs"]),
+    (
+        "override-levels",
+        lambda w: P(w, "data.levels=[500]", "validation.variables=[geopotential@500]"),
+        ["data.levels=[500] differs from [500, 850]"],
+    ),
+    (
+        "override-surface",
+        lambda w: P(w, "data.surface=[]", "validation.variables=[temperature@850]"),
+        ["data.surface=[] differs from ['2m_temperature']"],
+    ),
+    (
+        "override-upper-air",
+        lambda w: P(w, "data.upper_air=[geopotential]", "validation.variables=[geopotential@500]"),
+        ["data.upper_air=['geopotential'] differs"],
+    ),
+    (
+        "override-step-hours",
+        lambda w: P(w, "data.step_hours=12", "validation.lead_hours=[12]"),
+        ["data.step_hours=12 differs from 6"],
+    ),
+    (
+        "override-tendency",
+        lambda w: P(w, "loss.tendency_scaling=false"),
+        ["loss.tendency_scaling=False differs from True"],
+    ),
+    ("override-unknown", lambda w: P(w, "optim.lrr=1"), ["'optim.lrr'", "did you mean 'lr'"]),
+    (
+        "start-words",
+        lambda w: [*P(w)[:4], "--start", "yesterday", *P(w)[6:]],
+        ["--start 'yesterday'", "not a date"],
+    ),
+    (
+        "end-typo",
+        lambda w: [*P(w)[:6], "--end", "2020-0l-02", *P(w)[8:]],
+        ["--end '2020-0l-02'", "YYYY-MM-DD"],
+    ),
+    (
+        "start-after-end",
+        lambda w: [*P(w)[:4], "--start", "2020-02-05", *P(w)[6:]],
+        ["--start 2020-02-05 is after --end 2020-02-02", "swap"],
+    ),
+    (
+        "no-inits-in-range",
+        lambda w: [*P(w)[:4], "--start", "2021-01-01", "--end", "2021-01-02", *P(w)[8:]],
+        ["no initialisation time in [2021-01-01, 2021-01-02]", "widen --start/--end"],
+    ),
+    (
+        "steps-beyond-store",
+        lambda w: P(w, "--steps", "9999"),
+        ["9999 forecast steps inside the store", "lower --steps"],
+    ),
+    ("config-missing", lambda w: ["predict", "/nonexistent.yaml", "--out", "x.zarr"], ["not found"]),
+    (
+        "no-checkpoint",
+        lambda w: P(w, f"run.dir={w['root'] / 'empty-run'}"),
+        ["no checkpoint in run directory", "train first", "--checkpoint"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "argv", "fragments"), PREDICT_CASES, ids=[c[0] for c in PREDICT_CASES])
+def test_bad_predict(case: str, argv: Any, fragments: list[str], world: dict, capsys: Any) -> None:
+    before = _world_snapshot(world)
+    listing = sorted(p.name for p in world["root"].iterdir())
+    code, out = _cli(argv(world), capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert _world_snapshot(world) == before, "a refused predict changed the disk"
+    assert sorted(p.name for p in world["root"].iterdir()) == listing, "a refused predict left files behind"
