@@ -885,3 +885,202 @@ def test_bad_predict(case: str, argv: Any, fragments: list[str], world: dict, ca
     _assert_clean_error(code, out, 2, fragments)
     assert _world_snapshot(world) == before, "a refused predict changed the disk"
     assert sorted(p.name for p in world["root"].iterdir()) == listing, "a refused predict left files behind"
+
+
+def _copy_store(src: Path, dst: Path, change: Any = None) -> Path:
+    """A copy of a store, optionally changed (``change(ds) -> ds``) and re-written without encodings."""
+    import xarray as xr
+
+    if change is None:
+        shutil.copytree(src, dst)
+        return dst
+    ds = change(xr.open_zarr(src).load())
+    for v in ds.variables.values():
+        v.encoding = {}
+    ds.to_zarr(dst, zarr_format=3, consolidated=False)
+    return dst
+
+
+def _unfinished(w: dict, t: Path) -> Path:
+    import zarr
+
+    path = _copy_store(w["fc"], t / "fc.zarr")
+    zarr.open_group(path, mode="r+").attrs["jigsaw_earth"] = {"kind": "forecast", "complete": False}
+    return path
+
+
+def _text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _score_json(w: dict, t: Path, change: Any) -> Path:
+    data = json.loads(w["scores"].read_text())
+    return _text(t / "s.json", json.dumps(change(data)))
+
+
+def S(w: dict, fc: Any, *extra: str) -> list[str]:
+    return ["score", str(fc), "--truth", str(w["store"]), "--out", str(w["root"] / "refused"), *extra]
+
+
+def _isel(**sel: Any) -> Any:
+    return lambda ds: ds.isel(**sel)
+
+
+# (id, argv(world, tmp), fragments): score, plot
+SCORE_CASES: list[tuple[str, Any, list[str]]] = [
+    ("forecast-missing", lambda w, t: S(w, t / "none.zarr"), ["forecast store", "none.zarr not found"]),
+    (
+        "truth-missing",
+        lambda w, t: ["score", str(w["fc"]), "--truth", str(t / "era5.zarr")],
+        ["truth store", "era5.zarr not found"],
+    ),
+    (
+        "climatology-missing",
+        lambda w, t: S(w, w["fc"], "--climatology", str(t / "clim.zarr")),
+        ["climatology store", "not found"],
+    ),
+    (
+        "truth-is-forecast",
+        lambda w, t: ["score", str(w["fc"]), "--truth", str(w["fc"])],
+        ["--truth", "same store as FORECAST", "ERA5"],
+    ),
+    (
+        "climatology-is-truth",
+        lambda w, t: S(w, w["fc"], "--climatology", str(w["store"])),
+        ["--climatology", "same store as --truth"],
+    ),
+    (
+        "climatology-is-forecast",
+        lambda w, t: S(w, w["fc"], "--climatology", str(w["fc"])),
+        ["same store as FORECAST"],
+    ),
+    (
+        "forecast-temp-name",
+        lambda w, t: S(w, _copy_store(w["fc"], t / "fc.zarr.tmp-4f2a")),
+        ["did not finish", "'.tmp-'", "score a finished store"],
+    ),
+    ("forecast-unfinished", lambda w, t: S(w, _unfinished(w, t)), ["marked unfinished", "score a finished"]),
+    (
+        "forecast-duplicated-init",
+        lambda w, t: S(w, _copy_store(w["fc"], t / "d.zarr", _isel(time=[0, 1, 1, 2]))),
+        ["init times repeat ['2020-02-02T00']", "counted twice", "drop_duplicates"],
+    ),
+    (
+        "forecast-unsorted",
+        lambda w, t: S(w, _copy_store(w["fc"], t / "u.zarr", _isel(time=[2, 0, 1]))),
+        ["not sorted: 2020-02-03T00 comes before 2020-02-01T00", "sortby"],
+    ),
+    (
+        "forecast-no-inits",
+        lambda w, t: S(w, _copy_store(w["fc"], t / "e.zarr", _isel(time=slice(0, 0)))),
+        ["init times: none", "at least one init time"],
+    ),
+    (
+        "truth-lacks-variable",
+        lambda w, t: S(w, w["fc"])[:3] + [str(_copy_store(w["store"], t / "tr.zarr",
+                                                           lambda d: d.drop_vars("temperature")))],
+        ["forecast variable 'temperature' cannot be scored", "--variables without it"],
+    ),
+    (
+        "truth-lacks-level",
+        lambda w, t: S(w, w["fc"])[:3] + [str(_copy_store(w["store"], t / "tr.zarr",
+                                                           lambda d: d.sel(level=[500])))],
+        ["'geopotential' cannot be scored", "without levels [850]"],
+    ),
+    (
+        "climatology-lacks-variable",
+        lambda w, t: S(w, w["fc"], "--climatology",
+                       str(_copy_store(w["clim"], t / "c.zarr", lambda d: d.drop_vars("geopotential")))),
+        ["'geopotential' cannot be scored", "the climatology has no 'geopotential'"],
+    ),
+    (
+        "variables-unknown",
+        lambda w, t: S(w, w["fc"], "--variables", "humidity"),
+        ["--variables ['humidity'] not in the forecast", "it has"],
+    ),
+    (
+        "variables-none-scorable",
+        lambda w, t: S(w, w["fc"], "--variables", "temperature")[:3]
+        + [str(_copy_store(w["store"], t / "tr.zarr", lambda d: d.drop_vars("temperature")))]
+        + S(w, w["fc"], "--variables", "temperature")[4:],
+        ["none of --variables ['temperature'] can be scored"],
+    ),
+    ("region-unknown", lambda w, t: S(w, w["fc"], "--regions", "mars"), ["'mars'"]),
+    (
+        "period-without-inits",
+        lambda w, t: S(w, w["fc"], "--start", "2021-01-01", "--end", "2021-02-01"),
+        ["no init times between 2021-01-01 and 2021-02-01"],
+    ),
+    (
+        "baselines-missing",
+        lambda w, t: S(w, w["fc"], "--baselines", str(t / "b.csv")),
+        ["baselines file", "not found", "leave --baselines out"],
+    ),
+    (
+        "baselines-columns",
+        lambda w, t: S(w, w["fc"], "--baselines", str(_text(t / "b.csv", "a,b\n1,2\n"))),
+        ["b.csv lacks columns", "rmse"],
+    ),
+    (
+        "forecast-is-a-training-store",
+        lambda w, t: S(w, _copy_store(w["store"], t / "x.zarr")),
+        ["forecast has no 'prediction_timedelta' dimension", "forecast store"],
+    ),
+]
+
+PLOT_CASES: list[tuple[str, Any, list[str]]] = [
+    ("json-missing", lambda w, t: ["plot", str(t / "s.json"), "--out", str(t / "p")], ["s.json not found"]),
+    (
+        "json-corrupt",
+        lambda w, t: ["plot", str(_text(t / "s.json", '{"scores": [')), "--out", str(t / "p")],
+        ["s.json is not valid JSON", "write it again"],
+    ),
+    (
+        "json-binary",
+        lambda w, t: ["plot", str(_binary(t / "s.json")), "--out", str(t / "p")],
+        ["s.json is not valid JSON"],
+    ),
+    (
+        "json-list",
+        lambda w, t: ["plot", str(_text(t / "s.json", "[1, 2]")), "--out", str(t / "p")],
+        ["has no 'scores' list"],
+    ),
+    (
+        "json-no-scores",
+        lambda w, t: ["plot", str(_text(t / "s.json", '{"rows": []}')), "--out", str(t / "p")],
+        ["has no 'scores' list", "jigsaw-earth score"],
+    ),
+    (
+        "row-without-metric",
+        lambda w, t: ["plot", str(_score_json(w, t, lambda d: {**d, "scores": [
+            {k: v for k, v in r.items() if k != "metric"} for r in d["scores"]]})), "--out", str(t / "p")],
+        ["row 0 lacks ['metric']", "write it again"],
+    ),
+    (
+        "row-not-mapping",
+        lambda w, t: ["plot", str(_score_json(w, t, lambda d: {**d, "scores": [3]})), "--out", str(t / "p")],
+        ["row 0 lacks", "'model'"],
+    ),
+    (
+        "plot-baselines-missing",
+        lambda w, t: ["plot", str(w["scores"]), "--out", str(t / "p"), "--baselines", str(t / "b.csv")],
+        ["baselines file", "not found"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "argv", "fragments"), SCORE_CASES + PLOT_CASES, ids=[c[0] for c in SCORE_CASES + PLOT_CASES]
+)
+def test_bad_score_or_plot(
+    case: str, argv: Any, fragments: list[str], world: dict, tmp_path: Path, capsys: Any
+) -> None:
+    before = _world_snapshot(world)
+    listing = sorted(p.name for p in world["root"].iterdir())
+    args = argv(world, tmp_path)
+    made = _snapshot(tmp_path)
+    code, out = _cli(args, capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert _world_snapshot(world) == before and _snapshot(tmp_path) == made, "a refused command wrote"
+    assert sorted(p.name for p in world["root"].iterdir()) == listing
