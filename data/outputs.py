@@ -17,6 +17,7 @@ Temporary names are unique per invocation (``unique_tmp``), so two writers never
 from __future__ import annotations
 
 import json
+import re
 import uuid
 from collections.abc import Iterable
 from pathlib import Path
@@ -101,8 +102,8 @@ def check_output(
     text = str(dst)
     if not text.strip():
         raise ValueError(f"{option} is empty; give the path of the {kind} store to write")
-    if "://" in text:
-        raise ValueError(f"{option} {text!r} must be a local path (written atomically by rename); write "
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", text):  # a URL (pathlib turns '://' into ':/')
+        raise ValueError(f"{option} {text!r} must be local: a path, written atomically by rename; write "
                          f"locally and copy it afterwards")
     out = Path(dst).expanduser().resolve()
     for allow_inside, pairs in ((True, may_hold_outputs), (False, protected)):

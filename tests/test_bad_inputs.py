@@ -734,7 +734,7 @@ PREDICT_CASES: list[tuple[str, Any, list[str]]] = [
     ("steps-negative", lambda w: P(w, "--steps", "-2"), ["--steps -2", "at least 1"]),
     ("out-empty", lambda w: P(w, out=""), ["--out '' is empty", "--out fc.zarr"]),
     ("out-blank", lambda w: P(w, out="  "), ["--out", "empty"]),
-    ("out-url", lambda w: P(w, out="memory://fc.zarr"), ["--out 'memory://fc.zarr'", "local path"]),
+    ("out-url", lambda w: P(w, out="memory://fc.zarr"), ["--out 'memory://fc.zarr'", "must be local"]),
     ("out-s3", lambda w: P(w, out="s3://bucket/fc.zarr"), ["s3://bucket/fc.zarr", "copy it afterwards"]),
     ("out-truth", lambda w: P(w, "--overwrite", out=str(w["store"])), ["is the truth/training store"]),
     ("out-truth-no-overwrite", lambda w: P(w, out=str(w["store"])), ["is the truth/training store"]),
@@ -919,8 +919,13 @@ def _score_json(w: dict, t: Path, change: Any) -> Path:
     return _text(t / "s.json", json.dumps(change(data)))
 
 
-def S(w: dict, fc: Any, *extra: str) -> list[str]:
-    return ["score", str(fc), "--truth", str(w["store"]), "--out", str(w["root"] / "refused"), *extra]
+def S(w: dict, fc: Any, *extra: str, truth: Any = None) -> list[str]:
+    truth = w["store"] if truth is None else truth
+    return ["score", str(fc), "--truth", str(truth), "--out", str(w["root"] / "refused"), *extra]
+
+
+def _truth(w: dict, t: Path, change: Any) -> Path:
+    return _copy_store(w["store"], t / "tr.zarr", change)
 
 
 def _isel(**sel: Any) -> Any:
@@ -978,20 +983,22 @@ SCORE_CASES: list[tuple[str, Any, list[str]]] = [
     ),
     (
         "truth-lacks-variable",
-        lambda w, t: S(w, w["fc"])[:3] + [str(_copy_store(w["store"], t / "tr.zarr",
-                                                           lambda d: d.drop_vars("temperature")))],
+        lambda w, t: S(w, w["fc"], truth=_truth(w, t, lambda d: d.drop_vars("temperature"))),
         ["forecast variable 'temperature' cannot be scored", "--variables without it"],
     ),
     (
         "truth-lacks-level",
-        lambda w, t: S(w, w["fc"])[:3] + [str(_copy_store(w["store"], t / "tr.zarr",
-                                                           lambda d: d.sel(level=[500])))],
+        lambda w, t: S(w, w["fc"], truth=_truth(w, t, lambda d: d.sel(level=[500]))),
         ["'geopotential' cannot be scored", "without levels [850]"],
     ),
     (
         "climatology-lacks-variable",
-        lambda w, t: S(w, w["fc"], "--climatology",
-                       str(_copy_store(w["clim"], t / "c.zarr", lambda d: d.drop_vars("geopotential")))),
+        lambda w, t: S(
+            w,
+            w["fc"],
+            "--climatology",
+            str(_copy_store(w["clim"], t / "c.zarr", lambda d: d.drop_vars("geopotential"))),
+        ),
         ["'geopotential' cannot be scored", "the climatology has no 'geopotential'"],
     ),
     (
@@ -1001,9 +1008,9 @@ SCORE_CASES: list[tuple[str, Any, list[str]]] = [
     ),
     (
         "variables-none-scorable",
-        lambda w, t: S(w, w["fc"], "--variables", "temperature")[:3]
-        + [str(_copy_store(w["store"], t / "tr.zarr", lambda d: d.drop_vars("temperature")))]
-        + S(w, w["fc"], "--variables", "temperature")[4:],
+        lambda w, t: S(
+            w, w["fc"], "--variables", "temperature", truth=_truth(w, t, lambda d: d.drop_vars("temperature"))
+        ),
         ["none of --variables ['temperature'] can be scored"],
     ),
     ("region-unknown", lambda w, t: S(w, w["fc"], "--regions", "mars"), ["'mars'"]),
@@ -1053,8 +1060,21 @@ PLOT_CASES: list[tuple[str, Any, list[str]]] = [
     ),
     (
         "row-without-metric",
-        lambda w, t: ["plot", str(_score_json(w, t, lambda d: {**d, "scores": [
-            {k: v for k, v in r.items() if k != "metric"} for r in d["scores"]]})), "--out", str(t / "p")],
+        lambda w, t: [
+            "plot",
+            str(
+                _score_json(
+                    w,
+                    t,
+                    lambda d: {
+                        **d,
+                        "scores": [{k: v for k, v in r.items() if k != "metric"} for r in d["scores"]],
+                    },
+                )
+            ),
+            "--out",
+            str(t / "p"),
+        ],
         ["row 0 lacks ['metric']", "write it again"],
     ),
     (
@@ -1074,6 +1094,169 @@ PLOT_CASES: list[tuple[str, Any, list[str]]] = [
     ("case", "argv", "fragments"), SCORE_CASES + PLOT_CASES, ids=[c[0] for c in SCORE_CASES + PLOT_CASES]
 )
 def test_bad_score_or_plot(
+    case: str, argv: Any, fragments: list[str], world: dict, tmp_path: Path, capsys: Any
+) -> None:
+    before = _world_snapshot(world)
+    listing = sorted(p.name for p in world["root"].iterdir())
+    args = argv(world, tmp_path)
+    made = _snapshot(tmp_path)
+    code, out = _cli(args, capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert _world_snapshot(world) == before and _snapshot(tmp_path) == made, "a refused command wrote"
+    assert sorted(p.name for p in world["root"].iterdir()) == listing
+
+
+def PL(*extra: str, ws: str = "16") -> list[str]:
+    return [
+        "plan",
+        "--model",
+        "weathermixer",
+        "--preset",
+        "tiny",
+        "--grid",
+        "32x64",
+        "--world-size",
+        ws,
+        *extra,
+    ]
+
+
+def PR(w: dict, src: Any, out: Any, *extra: str) -> list[str]:
+    return ["data", "prepare", str(src), "--out", str(out), "--no-progress", *extra]
+
+
+# (id, argv(world, tmp), fragments): plan, data, config validate
+OTHER_CASES: list[tuple[str, Any, list[str]]] = [
+    ("plan-world-37", lambda w, t: PL(ws="37"), ["--world-size 37", "default --nodes 4", "--nodes 1"]),
+    ("plan-world-zero", lambda w, t: PL(ws="0"), ["--world-size 0", "positive integer"]),
+    ("plan-world-negative", lambda w, t: PL(ws="-4"), ["--world-size -4", "positive integer"]),
+    (
+        "plan-gpu-memory-1kb",
+        lambda w, t: PL("--gpu-memory", "1KB"),
+        ["--gpu-memory '1KB'", "less than any GPU"],
+    ),
+    (
+        "plan-gpu-memory-bare",
+        lambda w, t: PL("--gpu-memory", "80"),
+        ["--gpu-memory '80' is 80 bytes", "80GB"],
+    ),
+    ("plan-gpu-memory-word", lambda w, t: PL("--gpu-memory", "lots"), ["--gpu-memory 'lots'", "80GiB"]),
+    ("plan-gpu-memory-zero", lambda w, t: PL("--gpu-memory", "0GB"), ["--gpu-memory '0GB'", "such as 80GB"]),
+    ("plan-gpu-memory-negative", lambda w, t: PL("--gpu-memory=-8GB"), ["--gpu-memory '-8GB'"]),
+    ("plan-nodes-not-divisor", lambda w, t: PL("--nodes", "3"), ["--nodes 3", "divisor of --world-size 16"]),
+    ("plan-nodes-zero", lambda w, t: PL("--nodes", "0"), ["--nodes 0", "positive divisor"]),
+    ("plan-efficiency-zero", lambda w, t: PL("--efficiency", "0"), ["--efficiency 0", "(0, 1]"]),
+    ("plan-efficiency-above-one", lambda w, t: PL("--efficiency", "1.5"), ["--efficiency 1.5", "(0, 1]"]),
+    ("plan-tflops-zero", lambda w, t: PL("--gpu-tflops", "0"), ["--gpu-tflops 0", "positive number"]),
+    ("plan-link-negative", lambda w, t: PL("--link-gbps", "-1"), ["--link-gbps -1", "positive number"]),
+    ("plan-inter-zero", lambda w, t: PL("--inter-gbps", "0"), ["--inter-gbps 0", "positive number"]),
+    ("plan-batch-zero", lambda w, t: PL("--batch", "0"), ["--batch 0", "positive integer"]),
+    ("plan-global-batch-zero", lambda w, t: PL("--global-batch", "0"), ["--global-batch 0", "positive"]),
+    ("plan-channels-two", lambda w, t: PL("--channels", "69,2"), ["--channels '69,2'", "3 integers"]),
+    ("plan-channels-word", lambda w, t: PL("--channels", "a,b,c"), ["--channels 'a,b,c'", "integers"]),
+    (
+        "plan-grid-half",
+        lambda w, t: ["plan", "--model", "weathermixer", "--grid", "32x", "--world-size", "4"],
+        ["--grid '32x'"],
+    ),
+    (
+        "plan-grid-word",
+        lambda w, t: ["plan", "--model", "weathermixer", "--grid", "big", "--world-size", "4"],
+        ["--grid 'big'"],
+    ),
+    (
+        "plan-preset-unknown",
+        lambda w, t: [
+            "plan",
+            "--model",
+            "weathermixer",
+            "--preset",
+            "huge",
+            "--grid",
+            "32x64",
+            "--world-size",
+            "4",
+        ],
+        ["'huge'"],
+    ),
+    (
+        "io-report-time-far",
+        lambda w, t: ["data", "io-report", str(w["store"]), "--time-index", "99999"],
+        ["--time-index 99999 is outside the store's", "choose one in [0,"],
+    ),
+    (
+        "io-report-time-negative",
+        lambda w, t: ["data", "io-report", str(w["store"]), "--time-index", "-1"],
+        ["--time-index -1 is outside"],
+    ),
+    (
+        "io-report-missing",
+        lambda w, t: ["data", "io-report", str(t / "none.zarr")],
+        ["none.zarr", "does not exist"],
+    ),
+    (
+        "inspect-missing",
+        lambda w, t: ["data", "inspect", str(t / "none.zarr")],
+        ["none.zarr", "does not exist"],
+    ),
+    (
+        "prepare-out-inside-source",
+        lambda w, t: PR(w, w["store"], w["store"] / "p.zarr"),
+        ["--out", "lies inside the source of the prepare", "nothing was written or deleted"],
+    ),
+    (
+        "prepare-out-is-source",
+        lambda w, t: PR(w, w["store"], w["store"], "--overwrite"),
+        ["is the source of the prepare"],
+    ),
+    (
+        "prepare-out-contains-source",
+        lambda w, t: PR(w, w["store"], w["store"].parent, "--overwrite"),
+        ["contains the source of the prepare"],
+    ),
+    (
+        "prepare-out-user-folder",
+        lambda w, t: PR(w, w["store"], w["mine"], "--overwrite"),
+        ["not a jigsaw-earth store store", "remove it yourself"],
+    ),
+    (
+        "prepare-out-forecast",
+        lambda w, t: PR(w, w["store"], w["fc"], "--overwrite"),
+        ["of another kind ('forecast', not 'store')"],
+    ),
+    ("prepare-out-exists", lambda w, t: PR(w, w["store"], w["mine"]), ["already exists", "--overwrite"]),
+    ("prepare-out-url", lambda w, t: PR(w, w["store"], "memory://p.zarr"), ["'memory:/p.zarr' must be"]),
+    ("prepare-source-missing", lambda w, t: PR(w, t / "none.zarr", t / "p.zarr"), ["does not exist"]),
+    (
+        "prepare-levels-missing",
+        lambda w, t: PR(w, w["store"], t / "p.zarr", "--levels", "300"),
+        ["levels [300]", "are not in"],
+    ),
+    (
+        "synth-over-user-folder",
+        lambda w, t: ["data", "synth", "--out", str(w["mine"]), "--overwrite"],
+        ["not a jigsaw-earth store store", "Nothing was deleted"],
+    ),
+    (
+        "synth-over-forecast",
+        lambda w, t: ["data", "synth", "--out", str(w["fc"]), "--overwrite"],
+        ["of another kind ('forecast', not 'store')"],
+    ),
+    (
+        "validate-world-size-zero",
+        lambda w, t: ["config", "validate", str(w["cfg"]), "--world-size", "0"],
+        ["--world-size 0", "positive integer", "leave it out"],
+    ),
+    (
+        "validate-world-size-negative",
+        lambda w, t: ["config", "validate", str(w["cfg"]), "--world-size", "-2"],
+        ["--world-size -2", "positive integer"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "argv", "fragments"), OTHER_CASES, ids=[c[0] for c in OTHER_CASES])
+def test_bad_plan_data_config(
     case: str, argv: Any, fragments: list[str], world: dict, tmp_path: Path, capsys: Any
 ) -> None:
     before = _world_snapshot(world)
