@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -167,4 +168,6 @@ def mark_complete(path: Path, kind: str = "store", **info: Any) -> None:
     """Record kind, completeness (and provenance) in the root attributes: the last thing written."""
     group = zarr.open_group(path, mode="r+")
     group.attrs[MARKER] = {"kind": kind, "complete": True, **info}
-    zarr.consolidate_metadata(path)  # xarray opens it without listing every array
+    with warnings.catch_warnings():  # consolidated metadata is not in the v3 spec (yet): xarray reads it
+        warnings.filterwarnings("ignore", message="Consolidated metadata")
+        zarr.consolidate_metadata(path)  # xarray opens it without listing every array
