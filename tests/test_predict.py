@@ -135,6 +135,7 @@ def test_notebook_runs_in_a_jupyter_kernel(
     client.execute()  # raises CellExecutionError naming the cell on any error
     text = "".join(o.get("text", "") for c in nb.cells if c.cell_type == "code" for o in c.outputs)
     assert "global · geopotential @ 500 hPa [m2/s2]" in text and "tropics ·" in text
+    assert "inits ?" not in text and "2020-01-11T00 … 2020-01-13T00, 3 inits" in text  # the header's period
     images = [
         o for c in nb.cells if c.cell_type == "code" for o in c.outputs if "image/png" in o.get("data", {})
     ]

@@ -15,7 +15,13 @@ import xarray as xr
 from ..data.outputs import unfinished_reason
 from ..metrics.evaluate import check_times, evaluate, normalise
 from ..metrics.regions import REGIONS
-from ..metrics.scorecard import format_scorecard, grid_resolution, read_baselines, write_scores
+from ..metrics.scorecard import (
+    format_scorecard,
+    grid_resolution,
+    init_period,
+    read_baselines,
+    write_scores,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
     resolution = grid_resolution(forecast.sizes["longitude"])
     times = forecast["time"].values
     first, last = (str(np.datetime_as_string(t, unit="h")) for t in (times.min(), times.max()))
-    period = f"{first} … {last}, {times.size} inits"
+    period = init_period(times)
     print(format_scorecard(rows, baselines, resolution, period))
     prefix = args.out or args.forecast.with_name(args.forecast.name.removesuffix(".zarr") + "-scores")
     info = {  # absolute, so `plot` finds the stores from any directory

@@ -16,6 +16,7 @@ __all__ = [
     "BASELINES",
     "format_scorecard",
     "grid_resolution",
+    "init_period",
     "published_for",
     "read_baselines",
     "read_scores",
@@ -26,6 +27,15 @@ WIDTH = 100
 BASELINES = "baselines_rmse.csv"  # package data of jigsaw_earth.metrics
 FIELDS = ["model", "metric", "region", "variable", "level", "lead_hours", "value", "unit"]
 _RESOLUTIONS = {1440: "0.25deg", 240: "1.5deg", 64: "5.625deg"}
+
+
+def init_period(times: Any) -> str:
+    """``"2020-01-01T00 … 2020-12-31T12, 732 inits"``: the header's period of a forecast's inits."""
+    import numpy as np
+
+    times = np.asarray(times)
+    first, last = (str(np.datetime_as_string(t, unit="h")) for t in (times.min(), times.max()))
+    return f"{first} … {last}, {times.size} inits"
 
 
 def grid_resolution(n_lon: int) -> str:
