@@ -431,7 +431,8 @@ def load_checkpoint(
     rank_file = path / "rank_state" / f"rank_{_rank():05d}.json"
     if meta["world_size"] == mesh.shape.world_size and rank_file.is_file():
         rank_state = json.loads(rank_file.read_text())
-    log.info(
-        "loaded checkpoint %s (saved on mesh %s) in %.2f s", path, meta["mesh"], time.perf_counter() - t0
-    )
+    if _rank() == 0:  # one line per job, not per rank
+        log.info(
+            "loaded checkpoint %s (saved on mesh %s) in %.2f s", path, meta["mesh"], time.perf_counter() - t0
+        )
     return {"step": meta["step"], "state": meta["state"], "rank_state": rank_state, "mesh": meta["mesh"]}
