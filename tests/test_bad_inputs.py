@@ -1269,3 +1269,24 @@ def test_bad_plan_data_config(
     _assert_clean_error(code, out, 2, fragments)
     assert _world_snapshot(world) == before and _snapshot(tmp_path) == made, "a refused command wrote"
     assert sorted(p.name for p in world["root"].iterdir()) == listing
+
+
+def test_plot_runs_from_another_directory(
+    world: dict, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store paths in a score JSON are absolute; older relative ones are read against its folder."""
+    data = json.loads(world["scores"].read_text())
+    assert Path(data["forecast"]).is_absolute() and Path(data["truth"]).is_absolute()
+    import os
+
+    rel = {k: os.path.relpath(data[k], world["root"]) for k in ("forecast", "truth")}
+    old = world["root"] / "old-scores.json"
+    old.write_text(json.dumps({**data, **rel}))
+    monkeypatch.chdir(tmp_path)
+    try:
+        code, out = _cli(["plot", str(old), "--out", str(tmp_path / "plots")], capsys)
+    finally:
+        old.unlink()
+    assert code == 0, out
+    assert "no maps drawn" not in out
+    assert sorted(p.name for p in (tmp_path / "plots").glob("map-*.png"))
