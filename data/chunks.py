@@ -323,10 +323,27 @@ class ChunkSource:
             if mapped is not None:
                 chunks, first = mapped
                 return chunks, ((sub[:, 0] - first) // fmt.chunk_bytes).astype(np.int64).reshape(n_grid)
-        present = sub[:, 0] != EMPTY
-        spans = [(int(o), int(o + n)) for o, n in sub[present]]
-        got = iter(self._get(key, spans) or [None] * len(spans))
-        return self._decode_into(fmt, [next(got) if p else None for p in present], key), dense
+        return self._decode_into(fmt, self._chunk_bytes(key, sub), key), dense
+
+    def _chunk_bytes(self, key: str, sub: np.ndarray) -> list[Any]:
+        """Stored bytes of the shard chunks ``sub`` (offset, length rows; None where never written),
+        fetched as few coalesced ranges (chunks written next to each other come in one request)."""
+        present = np.nonzero(sub[:, 0] != EMPTY)[0]
+        out: list[Any] = [None] * len(sub)
+        if not len(present):
+            return out
+        order = present[np.argsort(sub[present, 0])]
+        starts, ends = sub[order, 0].astype(np.int64), (sub[order, 0] + sub[order, 1]).astype(np.int64)
+        breaks = np.nonzero(starts[1:] != ends[:-1])[0] + 1
+        groups = np.split(np.arange(len(order)), breaks)
+        got = self._get(key, [(int(starts[g[0]]), int(ends[g[-1]])) for g in groups])
+        if got is None:
+            return out
+        for g, data in zip(groups, got):
+            view, base = memoryview(data), int(starts[g[0]])
+            for i in g:
+                out[order[i]] = view[int(starts[i]) - base : int(ends[i]) - base]
+        return out
 
     def _mapped(self, fmt: ChunkFormat, key: str, sub: np.ndarray) -> tuple[np.ndarray, int] | None:
         """The shard's chunks from the first to the last of ``sub`` as a view of the memory-mapped
