@@ -25,6 +25,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -130,16 +131,16 @@ class ChunkFormat:
                    decoders=tuple(reversed([d for d in decoders if d is not None])),
                    index_crc=index_crc, index_at_end=index_at_end, supported=ok)
 
-    @property
+    @cached_property
     def object_shape(self) -> tuple[int, ...]:
         """Shape of one storage object (a shard, else a chunk)."""
         return self.shard or self.chunk
 
-    @property
+    @cached_property
     def chunk_bytes(self) -> int:
         return int(np.prod(self.chunk)) * self.dtype.itemsize
 
-    @property
+    @cached_property
     def grid(self) -> tuple[int, ...]:
         """Chunks per storage object along each axis."""
         return tuple(s // c for s, c in zip(self.object_shape, self.chunk))
@@ -322,31 +323,58 @@ class ChunkSource:
             if mapped is not None:
                 chunks, first = mapped
                 return chunks, ((sub[:, 0] - first) // fmt.chunk_bytes).astype(np.int64).reshape(n_grid)
-        present = sub[:, 0] != EMPTY
-        spans = [(int(o), int(o + n)) for o, n in sub[present]]
-        got = iter(self._get(key, spans) or [None] * len(spans))
-        return self._decode_into(fmt, [next(got) if p else None for p in present], key), dense
+        return self._decode_into(fmt, self._chunk_bytes(key, sub), key), dense
+
+    def _chunk_bytes(self, key: str, sub: np.ndarray) -> list[Any]:
+        """Stored bytes of the shard chunks ``sub`` (offset, length rows; None where never written),
+        fetched as few coalesced ranges (chunks written next to each other come in one request)."""
+        present = np.nonzero(sub[:, 0] != EMPTY)[0]
+        out: list[Any] = [None] * len(sub)
+        if not len(present):
+            return out
+        order = present[np.argsort(sub[present, 0])]
+        starts, ends = sub[order, 0].astype(np.int64), (sub[order, 0] + sub[order, 1]).astype(np.int64)
+        breaks = np.nonzero(starts[1:] != ends[:-1])[0] + 1
+        groups = np.split(np.arange(len(order)), breaks)
+        got = self._get(key, [(int(starts[g[0]]), int(ends[g[-1]])) for g in groups])
+        if got is None:
+            return out
+        for g, data in zip(groups, got):
+            view, base = memoryview(data), int(starts[g[0]])
+            for i in g:
+                out[order[i]] = view[int(starts[i]) - base : int(ends[i]) - base]
+        return out
 
     def _mapped(self, fmt: ChunkFormat, key: str, sub: np.ndarray) -> tuple[np.ndarray, int] | None:
         """The shard's chunks from the first to the last of ``sub`` as a view of the memory-mapped
         file, and the first one's offset, when every one is stored uncompressed at a multiple of
         the chunk size from it; None otherwise (then they are read and copied)."""
-        if np.any(sub[:, 0] == EMPTY) or np.any(sub[:, 1] != fmt.chunk_bytes):
-            return None
-        start, stop = int(sub[:, 0].min()), int(sub[:, 0].max()) + fmt.chunk_bytes
-        if np.any((sub[:, 0] - start) % fmt.chunk_bytes):
-            return None
+        size = fmt.chunk_bytes
+        if len(sub) == 1:
+            start = int(sub[0, 0])
+            if sub[0, 0] == EMPTY or int(sub[0, 1]) != size:
+                return None
+        else:
+            offsets, lengths = sub[:, 0], sub[:, 1]
+            if (offsets == EMPTY).any() or (lengths != size).any():
+                return None
+            start = int(offsets.min())
+            if ((offsets - start) % size).any():
+                return None
+        stop = int(sub[:, 0].max()) + size
         with open(self._file(key), "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if stop > size:
-                raise ValueError(f"chunk data of {key!r} ends at byte {stop} but the file holds {size}: "
+            file_size = os.fstat(f.fileno()).st_size
+            if stop > file_size:
+                raise ValueError(f"chunk data of {key!r} ends at byte {stop} but the file holds {file_size}: "
                                  f"the shard is truncated")
             page = start - start % mmap.ALLOCATIONGRANULARITY
             mm = mmap.mmap(f.fileno(), stop - page, access=mmap.ACCESS_READ, offset=page)
-        offsets = np.sort(sub[:, 0]).astype(np.int64)
-        breaks = np.nonzero(np.diff(offsets) != fmt.chunk_bytes)[0] + 1
-        spans = [(int(r[0]), int(r[-1]) + fmt.chunk_bytes) for r in np.split(offsets, breaks)]
-        self._count(len(sub) * fmt.chunk_bytes, 1, self._file(key), spans)
+        spans = None
+        if self.trace is not None:  # the byte ranges of the wanted chunks, for bench io's raw reads
+            offsets = np.sort(sub[:, 0]).astype(np.int64)
+            breaks = np.nonzero(np.diff(offsets) != size)[0] + 1
+            spans = [(int(r[0]), int(r[-1]) + size) for r in np.split(offsets, breaks)]
+        self._count(len(sub) * size, 1, self._file(key), spans)
         flat = np.frombuffer(mm, dtype=fmt.dtype, offset=start - page)
         return flat.reshape(-1, *fmt.chunk), start
 

@@ -48,6 +48,8 @@ class AxisPlan:
 def axis_plan(storage: np.ndarray, positions: np.ndarray | None = None) -> AxisPlan:
     """Runs for destination ``positions`` (default ``0..n-1``) reading ``storage`` (-1: zeros)."""
     storage = np.asarray(storage, np.int64)
+    if positions is None and len(storage) == 1 and storage[0] >= 0:  # one time or level: the common case
+        return AxisPlan([Run(int(storage[0]), int(storage[0]) + 1, 0)])
     positions = np.arange(len(storage)) if positions is None else np.asarray(positions, np.int64)
     first: dict[int, int] = {}
     pairs, repeats = [], []
@@ -119,14 +121,14 @@ def place(block: Block, runs: tuple[Run, ...], dst: np.ndarray, scratch: np.ndar
             split += [g.stop - g.start, c.stop - c.start]
         target = _split_axes(dst[tuple(index)], split)  # (m0, l0, m1, l1, ...)
         flat = ids.reshape(-1)
-        if flat[-1] - flat[0] == len(flat) - 1 and np.all(np.diff(flat) == 1):  # C order: one copy
+        if len(flat) == 1 or (flat[-1] - flat[0] == len(flat) - 1 and (np.diff(flat) == 1).all()):  # C order
             src = part[flat[0] : flat[-1] + 1].reshape(*ids.shape, *part.shape[1:])
             np.copyto(target, src.transpose([k for j in range(n) for k in (j, n + j)]), casting="unsafe")
             continue
         row_bytes = ids.shape[-1] * part[0].nbytes
         for lead in np.ndindex(*ids.shape[:-1]):
             row = ids[lead]
-            if row[-1] - row[0] == len(row) - 1 and np.all(np.diff(row) == 1):
+            if len(row) == 1 or (row[-1] - row[0] == len(row) - 1 and (np.diff(row) == 1).all()):
                 src = part[row[0] : row[-1] + 1]
             elif scratch is not None and scratch.nbytes >= row_bytes:
                 src = scratch[:row_bytes].view(part.dtype).reshape(len(row), *part.shape[1:])

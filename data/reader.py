@@ -19,6 +19,7 @@ import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -60,6 +61,10 @@ class _Field:
     store_name: str
     levels: np.ndarray | None  # storage level indices, in channel order
     channels: slice  # its channels in the sample
+
+    @cached_property
+    def level_plan(self) -> AxisPlan:
+        return axis_plan(np.zeros(1, np.int64) if self.levels is None else self.levels)
 
 
 class TileReader:
@@ -152,7 +157,7 @@ class TileReader:
     def _read_field(self, f: _Field, times: np.ndarray | None, plans: list, out: np.ndarray) -> None:
         """Field ``f`` at storage ``times`` (None: no time axis) into ``out`` ``(T, L, R, C)``
         (``T``, ``L`` = 1 where the field has no time / level axis)."""
-        name, levels = f.store_name, f.levels
+        name = f.store_name
         fmt, array = self._format(name), self.view.array(name)
         dims = self.view.dims(name)
         try:
@@ -161,7 +166,7 @@ class TileReader:
                     continue
                 by_dim = {"latitude": rows, "longitude": cols,
                           "time": axis_plan(np.zeros(1, np.int64) if times is None else times),
-                          "level": axis_plan(np.zeros(1, np.int64) if levels is None else levels)}
+                          "level": f.level_plan}
                 plans_ = [by_dim[d] for d in dims]
                 # the destination with the storage axes in storage order
                 axes = {"time": 0, "level": 1, "latitude": 2, "longitude": 3}

@@ -167,3 +167,25 @@ def test_bytes_read_are_the_tiles_chunks(tmp_path):
     reader.reset_counts()
     reader.read_inputs(0)
     assert reader.bytes_read == 7 * 8 * 4 + 2 * 16 + 4  # one chunk + its shard's index (1x2 chunks)
+
+
+def test_synth_compression_choices_read_the_same(tmp_path):
+    """``--compression none|zstd|lz4`` change the bytes on disk, never the values read."""
+    from jigsaw_earth.cli import main
+
+    reads = {}
+    for comp in ("none", "zstd", "lz4"):
+        out = tmp_path / f"{comp}.zarr"
+        assert main(["data", "synth", "--out", str(out), "--grid", "16x32", "--start", "2020-01-01",
+                     "--end", "2020-01-01T18", "--levels", "500,850", "--for-mesh", "2x2",
+                     "--compression", comp, "--no-climatology"]) == 0
+        view = StoreView.open(str(out))
+        codecs = str(view.array("temperature").metadata.codecs)
+        assert ("Zstd" in codecs) == (comp == "zstd") and ("Blosc" in codecs) == (comp == "lz4")
+        grid = TileGrid(16, 32, 2, 2)
+        spec = VariableSpec(("temperature",), (500, 850), ("2m_temperature",), static=())
+        reads[comp] = TileReader(view, spec, grid, grid.tile_of(3), Halo.uniform(1, "pole")).read_sample(
+            1, np.array([2]))
+    for comp in ("zstd", "lz4"):
+        for a, b in zip(reads[comp], reads["none"]):
+            np.testing.assert_array_equal(a, b)

@@ -70,7 +70,11 @@ def parse_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([KMGT]?I?B?)\s*", text, re.IGNORECASE)
     if not m or m.group(2).upper() not in _UNITS or float(m.group(1)) <= 0:
         raise ValueError(f"--gpu-memory {text!r}: write a size such as 80GB or 80GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size < 2**28:  # 256 MiB: smaller than any accelerator's memory, so a missing unit or a typo
+        raise ValueError(f"--gpu-memory {text!r} is {size} bytes, less than any GPU holds; write the memory "
+                         f"of one GPU with its unit, such as 80GB or 80GiB")
+    return size
 
 
 def _ints(text: str, sep: str, what: str, n: int, minimum: int) -> tuple[int, ...]:
@@ -102,6 +106,9 @@ def _hardware(args: argparse.Namespace) -> Hardware:
     if not 0 < args.efficiency <= 1:
         raise ValueError(f"--efficiency {args.efficiency}: use a fraction in (0, 1]")
     nodes = args.nodes if args.nodes is not None else max(1, args.world_size // 8)
+    if args.nodes is None and args.world_size % nodes:
+        raise ValueError(f"--world-size {args.world_size} does not split over the default --nodes {nodes} "
+                         f"(8 GPUs per node); pass --nodes K, K dividing {args.world_size} (e.g. --nodes 1)")
     if nodes < 1 or args.world_size % nodes:
         raise ValueError(f"--nodes {nodes}: use a positive divisor of --world-size {args.world_size}")
     return Hardware(

@@ -120,9 +120,10 @@ def _warn_over_read(source: StoreSource, grid: TileGrid, mesh: DomainMesh) -> No
     planned = planned_fraction(source.reader, 1)
     share = source.tile.shape[0] * source.tile.shape[1] / (grid.n_lat * grid.n_lon)
     if planned > OVER_READ_WARNING * share:
-        # below ~128x256 points zarr's per-chunk cost outweighs the saving (docs/training.md)
+        # below ~128x256 points a whole-field chunk reads as fast as a tile's (docs/data.md: the
+        # demo's 32x64 store, one chunk per field, read 8-sample batches faster than tile chunks)
         small = grid.n_lat * grid.n_lon < SMALL_GRID_POINTS
-        (log.info if small else log.warning)(
+        (log.debug if small else log.warning)(
             "store %s: each rank reads %.2fx its tile (%.3f of every sample; its share is %.3f): the "
             "chunks do not follow the %dx%d tiles. Rewrite it: jigsaw-earth data prepare %s --out DST "
             "--for-mesh %dx%d",
