@@ -142,7 +142,7 @@ def _predict(
 ) -> Path:  # fmt: skip
     from ..training.sources import build_data
 
-    data = build_data(cfg, mesh)
+    data = build_data(cfg, mesh, training=False)
     inits = select_inits(data, start, end, steps, every_hours, max_inits)
     model = build_run_model(cfg, mesh, data)
     with pinned(ckpt):
