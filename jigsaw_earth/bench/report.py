@@ -108,6 +108,11 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
         if data.get("kind") == "strategies":
             out += strategies_markdown(path, data)
             continue
+        if data.get("kind") == "scaling":
+            from ..commands.bench_scaling import scaling_markdown
+
+            out += scaling_markdown(path, data)
+            continue
         meta = data["meta"]
         load = _load(meta.get("load_average", []))
         out += [

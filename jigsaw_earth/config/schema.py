@@ -180,6 +180,12 @@ class LoggingConfig(Section):
     every: int = doc("log one line per N steps on rank 0 (and to metrics.jsonl)", 1, gt=0)
     progress: bool = doc("tqdm progress bar on rank 0 (off automatically when not a terminal)", True)
     wandb: WandbConfig = doc("Weights & Biases logging", factory=WandbConfig)
+    peak_tflops: float | None = doc(
+        "peak dense TFLOP/s of one rank for the utilisation in the step line (default: the known "
+        "devices table for A100/H100/H200/V100, none on CPU)",
+        None,
+        gt=0,
+    )
 
 
 class DistributedConfig(Section):

@@ -4,11 +4,16 @@ Every byte that a jigsaw collective moves goes through ``exchange`` (P2P) or ``a
 here, and is recorded in the process-wide ``ledger`` under the current call site. Tests and
 benchmarks read the ledger to assert volumes against analytical figures. The transport is
 ``torch.distributed.batch_isend_irecv``, which runs unchanged on gloo (CPU) and NCCL (GPU).
+
+The ledger also keeps ``wait_s``: the seconds this rank spent blocked in communication
+(``Pending.wait``, the all-reduces, and any call made inside ``blocking()``): the exposed
+communication of the trainer's step accounting. Two clock reads per blocking call, so it stays on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +23,7 @@ import torch.distributed as dist
 
 from .mesh import Axis
 
-__all__ = ["CommLedger", "Pending", "all_reduce_", "comm_site", "exchange", "ledger"]
+__all__ = ["CommLedger", "Pending", "all_reduce_", "blocking", "comm_site", "exchange", "ledger"]
 
 
 @dataclass
@@ -30,10 +35,12 @@ class SiteStats:
 
 @dataclass
 class CommLedger:
-    """Bytes sent and received by this rank, per call site."""
+    """Bytes sent and received by this rank, per call site; seconds blocked in communication."""
 
     sites: dict[str, SiteStats] = field(default_factory=lambda: defaultdict(SiteStats))
+    wait_s: float = 0.0  # never reset: readers take differences
     _stack: list[str] = field(default_factory=list)
+    _blocked: int = 0  # depth of nested ``blocking`` blocks (only the outermost is timed)
 
     @property
     def current_site(self) -> str:
@@ -73,6 +80,20 @@ def comm_site(name: str) -> Iterator[None]:
         ledger._stack.pop()
 
 
+@contextlib.contextmanager
+def blocking() -> Iterator[None]:
+    """Count the time spent inside the block as this rank blocked on communication
+    (``ledger.wait_s``); wrap every wait on a collective or a transfer in it."""
+    ledger._blocked += 1
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        ledger._blocked -= 1
+        if not ledger._blocked:
+            ledger.wait_s += time.perf_counter() - t0
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 
@@ -85,8 +106,10 @@ class Pending:
         self._received = received
 
     def wait(self) -> list[torch.Tensor]:
-        for w in self._works:
-            w.wait()
+        if self._works:
+            with blocking():
+                for w in self._works:
+                    w.wait()
         self._works = []
         return self._received
 
@@ -131,5 +154,6 @@ def all_reduce_(tensor: torch.Tensor, axis: Axis, *, op: str = "all_reduce") -> 
     if axis.size > 1:
         moved = 2 * (axis.size - 1) * _nbytes(tensor) // axis.size
         ledger.record(op, moved, moved)
-        dist.all_reduce(tensor, group=axis.group)
+        with blocking():
+            dist.all_reduce(tensor, group=axis.group)
     return tensor

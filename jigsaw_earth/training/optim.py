@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config.schema import OptimConfig
+from ..distributed.comm import blocking
 from ..distributed.mesh import DomainMesh
 
 __all__ = ["build_optimizer", "clip_grad_norm", "lr_at", "replication_weights", "sync_gradients"]
@@ -69,7 +70,8 @@ def sync_gradients(params: list[nn.Parameter], mesh: DomainMesh, bucket_elems: i
             size += p.numel()
         if bucket and (p is None or size >= bucket_elems):
             flat = torch.cat([q.grad.reshape(-1) for q in bucket])
-            dist.all_reduce(flat, group=axis.group)
+            with blocking():
+                dist.all_reduce(flat, group=axis.group)
             offset = 0
             for q in bucket:
                 q.grad.copy_(flat[offset : offset + q.numel()].view_as(q.grad))
@@ -112,7 +114,8 @@ def clip_grad_norm(
         if p.grad is not None:
             total += w * p.grad.detach().double().square().sum()
     if mesh.domain.size > 1:
-        dist.all_reduce(total, group=mesh.domain.group)
+        with blocking():
+            dist.all_reduce(total, group=mesh.domain.group)
     norm = float(total.sqrt())
     if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
