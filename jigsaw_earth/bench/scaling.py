@@ -117,8 +117,28 @@ def memory_data(raw: dict[str, Any], mesh: DomainMesh, grid: tuple[int, int], ti
     )
 
 
+def comm_thread_cpu() -> float:
+    """CPU seconds of this process's communication threads so far (gloo's transport loop, NCCL's
+    proxy): they run beside the compute thread and take cores from it. 0 where /proc is absent."""
+    total, tick = 0.0, os.sysconf("SC_CLK_TCK")
+    try:
+        tids = os.listdir("/proc/self/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            name = Path(f"/proc/self/task/{tid}/comm").read_text().strip()
+            if name.startswith(("gloo", "nccl")):
+                fields = Path(f"/proc/self/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+                total += (int(fields[11]) + int(fields[12])) / tick
+        except OSError:
+            continue
+    return total
+
+
 def scaling_worker(mesh: DomainMesh, raw: dict, grid: list[int], warmup: int, steps: int) -> dict:
-    """On every rank of one run: ``warmup`` + ``steps`` training steps; the measured steps' metrics."""
+    """On every rank of one run: ``warmup`` + ``steps`` training steps; the measured steps' metrics
+    and the CPU time of the communication threads over them."""
     from ..config import parse_config
     from ..training.loop import Trainer
 
@@ -127,14 +147,19 @@ def scaling_worker(mesh: DomainMesh, raw: dict, grid: list[int], warmup: int, st
     data = memory_data(raw, mesh, tuple(grid), times)
     trainer = Trainer(cfg, mesh, data=data, new_run=True)
     rows = []
+    comm_cpu = 0.0
     for s in range(1, warmup + steps + 1):
+        if s == warmup + 1:
+            comm_cpu = comm_thread_cpu()
         c0 = time.process_time()
         m = trainer.train_step(s)
         m["cpu_s"] = time.process_time() - c0
         trainer.step = s
         if s > warmup:
             rows.append({k: v for k, v in m.items() if k.endswith("_s") or k in ("loss", "tflops")})
-    return {"steps": rows, "flops": trainer.flops, "threads": torch.get_num_threads()}
+    comm_cpu = (comm_thread_cpu() - comm_cpu) / steps
+    threads = torch.get_num_threads()
+    return {"steps": rows, "flops": trainer.flops, "comm_thread_cpu_s": comm_cpu, "threads": threads}
 
 
 def config_for(base: dict, run: Run, run_dir: str, warmup: int, steps: int) -> dict:
@@ -179,6 +204,7 @@ def summarize_run(ranks: list[dict], global_batch: int) -> dict[str, float]:
     step = [max(r["steps"][i]["step_time_s"] for r in ranks) for i in range(n)]
     cpu = [sum(r["steps"][i]["cpu_s"] for r in ranks) for i in range(n)]
     out = {"step_s": statistics.median(step), "cpu_s": statistics.median(cpu)}
+    out["comm_thread_cpu_s"] = sum(r.get("comm_thread_cpu_s", 0.0) for r in ranks)
     out["samples_per_s"] = global_batch / out["step_s"]
     for part in (*PARTS, "unaccounted"):
         per_rank = [statistics.median(s[f"{part}_s"] for s in r["steps"]) for r in ranks]

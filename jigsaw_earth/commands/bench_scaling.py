@@ -23,7 +23,7 @@ __all__ = ["format_scaling", "run_bench_scaling", "scaling_markdown"]
 log = logging.getLogger(__name__)
 
 HEAD = ("run", "processes x threads", "samples/s", "speedup (range)", "efficiency", "step ms", "compute",
-        "comm", "data", "other", "CPU s/step", "plan step ms")  # fmt: skip
+        "comm", "data", "other", "CPU s/step", "comm threads", "plan step ms")  # fmt: skip
 
 
 def _cells(r: dict) -> tuple[str, ...]:
@@ -34,7 +34,7 @@ def _cells(r: dict) -> tuple[str, ...]:
     planned = "-" if not plan else (plan["error"][:30] if plan["error"] else f"{plan['step_s'] * 1e3:.0f}")
     return (r["name"], f"{r['processes']} x {r['threads']}", f"{r['samples_per_s']:.2f}",
             f"{r['speedup']:.2f} ({lo:.2f}-{hi:.2f})", f"{r['efficiency']:.0%}", f"{step * 1e3:.0f}", *parts,
-            f"{r['cpu_s']:.2f}", planned)  # fmt: skip
+            f"{r['cpu_s']:.2f}", f"{r.get('comm_thread_cpu_s', 0.0):.2f}", planned)  # fmt: skip
 
 
 def format_scaling(result: dict) -> str:
@@ -65,7 +65,8 @@ def scaling_markdown(path: Path | str, data: dict) -> list[str]:
         *("| " + " | ".join(_cells(r)) + " |" for r in res["rows"]),
         "",
         "Step ms: median over steps and repeats of the slowest rank's step; the parts are the ranks' mean "
-        "(ms and share of the step); CPU s/step: process CPU time summed over the ranks; speedup: "
+        "(ms and share of the step); CPU s/step: process CPU time summed over the ranks, of it "
+        "*comm threads* the communication library's own threads (gloo's transport loop); speedup: "
         "samples/s over the 1-rank-1-thread run of the same repeat, median and range.",
     ]
     return out
