@@ -289,4 +289,5 @@ def run_scaling(
         row["plan"] = predicted(raw, run, grid, serial, link) if run.kind != "threads" else None
         rows.append(row)
     return {"world_size": n, "grid": list(grid), "global_batch": batch, "link_bytes_per_s": link,
-            "gemm_tflops": serial, "warmup": warmup, "steps": steps, "rows": rows}  # fmt: skip
+            "gemm_tflops": serial, "overlap": raw["distributed"]["overlap"], "warmup": warmup,
+            "steps": steps, "rows": rows}  # fmt: skip

@@ -56,7 +56,8 @@ def scaling_markdown(path: Path | str, data: dict) -> list[str]:
         f"- {meta['device_name']} ({meta.get('cpu_count')} CPUs), torch {meta['torch']}; {meta['date']}; "
         f"load average at start {meta['load_average']}, at end {meta.get('load_average_end')}",
         f"- grid {g[0]}x{g[1]}, global batch {res['global_batch']}, {res['warmup']} warm-up + {res['steps']} "
-        f"measured steps per run, runs interleaved over {len(res['rows'][0]['repeats'])} repeats",
+        f"measured steps per run, runs interleaved over {len(res['rows'][0]['repeats'])} repeats; "
+        f"distributed.overlap {res.get('overlap', 'on (before the option)')}",
         f"- plan's rates, measured here: GEMM {res['gemm_tflops'] * 1e3:.1f} GFLOP/s (1 rank, 1 thread), "
         f"gloo {res['link_bytes_per_s'] / 2**30:.2f} GiB/s (8 MiB, both directions)",
         "",

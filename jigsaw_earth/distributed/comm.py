@@ -5,6 +5,11 @@ here, and is recorded in the process-wide ``ledger`` under the current call site
 benchmarks read the ledger to assert volumes against analytical figures. The transport is
 ``torch.distributed.batch_isend_irecv``, which runs unchanged on gloo (CPU) and NCCL (GPU).
 
+``set_overlap(False)`` makes every exchange wait for its transfers as soon as they are posted
+(the same messages in the same order, so the same numbers): on CPU ranks sharing cores with
+gloo's transport thread, a message in flight while the rank computes is slower than one waited
+for at once (docs/scaling.md); the trainer's ``distributed.overlap`` sets it.
+
 The ledger also keeps ``wait_s``: the seconds this rank spent blocked in communication
 (``Pending.wait``, the all-reduces, and any call made inside ``blocking()``): the exposed
 communication of the trainer's step accounting. Two clock reads per blocking call, so it stays on.
@@ -23,7 +28,17 @@ import torch.distributed as dist
 
 from .mesh import Axis
 
-__all__ = ["CommLedger", "Pending", "all_reduce_", "blocking", "comm_site", "exchange", "ledger"]
+__all__ = [
+    "CommLedger",
+    "Pending",
+    "all_reduce_",
+    "blocking",
+    "comm_site",
+    "exchange",
+    "ledger",
+    "overlap_enabled",
+    "set_overlap",
+]
 
 
 @dataclass
@@ -68,6 +83,16 @@ class CommLedger:
 
 
 ledger = CommLedger()
+_overlap = [True]  # whether exchanges return before their transfers complete (set_overlap)
+
+
+def set_overlap(enabled: bool) -> None:
+    """Post transfers and return (``True``, the default), or wait for them at once (``False``)."""
+    _overlap[0] = bool(enabled)
+
+
+def overlap_enabled() -> bool:
+    return _overlap[0]
 
 
 @contextlib.contextmanager
@@ -146,7 +171,10 @@ def exchange(
             sent_bytes += _nbytes(tensor)
     ledger.record(op, sent_bytes, recv_bytes)
     works = dist.batch_isend_irecv(ops) if ops else []
-    return Pending(works, received)
+    pending = Pending(works, received)
+    if not _overlap[0]:
+        pending.wait()
+    return pending
 
 
 def all_reduce_(tensor: torch.Tensor, axis: Axis, *, op: str = "all_reduce") -> torch.Tensor:

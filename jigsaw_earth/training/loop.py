@@ -37,6 +37,7 @@ from torch.utils.checkpoint import checkpoint as recompute
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
+from ..distributed.comm import set_overlap
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, init_model
 from .accounting import StepClock, device_peak_tflops, step_flops, summarize_steps
@@ -71,6 +72,8 @@ class Trainer:
     ):
         self.cfg, self.mesh = cfg, mesh
         self.run_dir = Path(cfg.run.dir)
+        overlap = cfg.distributed.overlap
+        set_overlap(overlap == "on" or (overlap == "auto" and mesh.device.type != "cpu"))
         # nothing is written to run.dir before these checks pass (collective: rank 0 decides)
         moved = on_rank0(mesh, lambda: claim_run_dir(cfg, new_run))
         if mesh.is_distributed and torch.distributed.is_initialized():
