@@ -18,6 +18,7 @@ communication of the trainer's step accounting. Two clock reads per blocking cal
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -83,7 +84,9 @@ class CommLedger:
 
 
 ledger = CommLedger()
-_overlap = [True]  # whether exchanges return before their transfers complete (set_overlap)
+# whether exchanges return before their transfers complete (set_overlap; JIGSAW_OVERLAP=off
+# sets the default of processes that build no Trainer: the validator, benchmarks, tests)
+_overlap = [os.environ.get("JIGSAW_OVERLAP", "on").lower() != "off"]
 
 
 def set_overlap(enabled: bool) -> None:
