@@ -284,8 +284,7 @@ def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | No
         c, s = layout.shapes(da.sizes["time"], da.sizes.get("level"), da.sizes["latitude"],
                              da.sizes["longitude"])
         encoding[v] = {"chunks": c, **({"shards": s} if s else {})}
-        if not layout.compress:
-            encoding[v]["compressors"] = None
+        encoding[v]["compressors"] = layout.compressors() or None
         chunks[v] = s or c
     for v, sizes in chunks.items():
         dims = ds[v].dims

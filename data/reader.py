@@ -1,66 +1,82 @@
-"""Read one rank's tile (plus halo) of a sample straight from the store.
+"""Read one rank's tile (plus halo) of a sample straight from the store, at the storage's speed.
 
 A padded tile is described row by row and column by column in *normalised* coordinates
 (``geometry.halo_rows`` / ``halo_cols``, the definition of ``pad_reference``). Rows are grouped by
-whether they lie across a pole (their columns are shifted by 180°); for each group the distinct
-storage rows and columns are split into contiguous runs and each run × run block is read with
-one orthogonal zarr read. So a tile reads only the chunks overlapping its own rows and columns,
-its halo strips, and (across a pole) the few rows near the pole at the opposite longitudes;
-never the whole field. Results are reassembled by index, then checked for NaNs.
+whether they lie across a pole (their columns are shifted by 180°). For each group the storage
+rows and columns become runs (``placement.axis_plan``); each run × run box is read as blocks of
+decoded chunks (``chunks.ChunkSource``: a memory map of an uncompressed shard, else fetched and
+decoded bytes) and copied once into the caller's output (``placement.place``). So a tile reads only
+the chunks overlapping its own rows and columns, its halo strips, and (across a pole) the rows
+near the pole at the opposite longitudes; never the whole field. Fields are read in parallel on
+``threads`` threads (file reads, decompression and numpy copies release the GIL); each field's
+NaN check and optional normalisation run on its own region right after it is placed.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import logging
-from collections.abc import Callable
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import numpy as np
-from zarr.core.sync import sync
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.tiles import Tile, TileGrid
 
 from .batch import STATIC_GEOMETRY, VariableSpec
+from .chunks import ChunkFormat, ChunkSource
 from .geometry import halo_cols, halo_rows
+from .placement import AxisPlan, axis_plan, place
 from .store import StoreView
 
-__all__ = ["TileReader", "contiguous_runs"]
+__all__ = ["Normalisation", "TileReader", "chunk_source"]
 
 log = logging.getLogger(__name__)
 KNOWN_DIMS = ("time", "level", "latitude", "longitude")
 
 
-def contiguous_runs(sorted_values: np.ndarray, chunk: int = 1) -> list[tuple[int, int]]:
-    """Positions ``[i, j)`` of runs of consecutive integers in a sorted array.
+def chunk_source(view: StoreView) -> ChunkSource:
+    """The ``ChunkSource`` of a view's store (one per view: shared shard-index cache, counters)."""
+    src = view.__dict__.get("_chunk_source")
+    if src is None:
+        src = view.__dict__["_chunk_source"] = ChunkSource(view.store)
+    return src
 
-    Runs that touch the same storage chunk (of size ``chunk``) are merged: reading the span
-    between them costs no extra chunk, and one read is cheaper than two of the same chunk.
-    """
-    if len(sorted_values) == 0:
-        return []
-    breaks = np.nonzero(np.diff(sorted_values) != 1)[0] + 1
-    edges = [0, *breaks.tolist(), len(sorted_values)]
-    runs = list(itertools.pairwise(edges))
-    merged = [runs[0]]
-    for i, j in runs[1:]:
-        if sorted_values[i] // chunk <= sorted_values[merged[-1][1] - 1] // chunk:
-            merged[-1] = (merged[-1][0], j)
-        else:
-            merged.append((i, j))
-    return merged
+
+@dataclass(frozen=True)
+class Normalisation:
+    """Per-channel ``(x - mean) / std`` applied as each field is read (float32, as numpy would)."""
+
+    mean: np.ndarray  # (C,) float32
+    std: np.ndarray  # (C,) float32
+
+
+@dataclass(frozen=True)
+class _Field:
+    canonical: str
+    store_name: str
+    levels: np.ndarray | None  # storage level indices, in channel order
+    channels: slice  # its channels in the sample
+
+    @cached_property
+    def level_plan(self) -> AxisPlan:
+        return axis_plan(np.zeros(1, np.int64) if self.levels is None else self.levels)
 
 
 class TileReader:
     """Reads the fields of ``spec`` for one tile of the normalised grid (lat descending).
 
     ``read_inputs(t)`` → ``(C, H, W)`` with the halo; ``read_targets(ts)`` → ``(len(ts), C, h, w)``;
-    ``read_static()`` → ``(C_static, H, W)``. Values are physical (not normalised), float32.
+    ``read_static()`` → ``(C_static, H, W)``. Values are physical (not normalised) float32 unless a
+    ``Normalisation`` is given. ``threads`` reads fields in parallel (1: in the caller's thread).
     """
 
-    def __init__(self, view: StoreView, spec: VariableSpec, grid: TileGrid, tile: Tile, halo: Halo):
+    def __init__(self, view: StoreView, spec: VariableSpec, grid: TileGrid, tile: Tile, halo: Halo,
+                 threads: int = 1):
         if (grid.n_lat, grid.n_lon) != view.grid_shape:
             raise ValueError(
                 f"tile grid {grid.n_lat}x{grid.n_lon} does not match store {view.path!r} grid "
@@ -68,15 +84,19 @@ class TileReader:
             )
         halo.check(grid)
         self.view, self.spec, self.grid, self.tile, self.halo = view, spec, grid, tile, halo
+        self.source = chunk_source(view)
         self.fields: list[tuple[str, str, np.ndarray | None]] = []  # (canonical, store, levels)
         for v in spec.upper_air:
-            name = view.resolve(v, upper_air=True)
-            self.fields.append((v, name, view.level_indices(v, spec.levels)))
+            self.fields.append((v, view.resolve(v, upper_air=True), view.level_indices(v, spec.levels)))
         for v in spec.surface:
             self.fields.append((v, view.resolve(v, upper_air=False), None))
-        for _, name, _ in self.fields:
+        self._fields, c = [], 0
+        for canonical, name, levels in self.fields:
             self._check_dims(name)
-            view.array(name)  # open the array's metadata now, not during the first sample
+            n = 1 if levels is None else len(levels)
+            self._fields.append(_Field(canonical, name, levels, slice(c, c + n)))
+            c += n
+        self._formats: dict[str, ChunkFormat] = {}
         rows = halo_rows(grid, tile, halo)
         self._groups = []  # (padded row positions, source rows, source cols) per pole flag
         for flip in sorted({f for _, f in rows}):
@@ -84,12 +104,32 @@ class TileReader:
             src = np.array([rows[p][0] for p in pos])
             self._groups.append((pos, src, np.array(halo_cols(grid, tile, halo, flip))))
         self.padded_shape = (tile.shape[0] + sum(halo.lat), tile.shape[1] + sum(halo.lon))
+        self._padded_plans = self._plans(self._groups)
+        self._tile_plans = self._plans([(np.arange(tile.shape[0]), np.arange(tile.lat_start, tile.lat_stop),
+                                         np.arange(tile.lon_start, tile.lon_stop))])
+        self.threads = max(1, int(threads))
+        self._pool: ThreadPoolExecutor | None = None
+        self._local = threading.local()  # per-thread scratch (placement's chunk gathers)
+        for f in self._fields:
+            self._format(f.store_name)  # open the array's metadata now, not during the first sample
 
     @classmethod
     def for_rank(cls, view: StoreView, spec: VariableSpec, mesh_lat: int, mesh_lon: int,
-                 domain_index: int, halo: Halo) -> TileReader:
+                 domain_index: int, halo: Halo, threads: int = 1) -> TileReader:
         grid = TileGrid(*view.grid_shape, mesh_lat, mesh_lon)
-        return cls(view, spec, grid, grid.tile_of(domain_index), halo)
+        return cls(view, spec, grid, grid.tile_of(domain_index), halo, threads)
+
+    # ---- I/O accounting (what ``data io-report`` counts) --------------------------------------
+    @property
+    def bytes_read(self) -> int:
+        return self.source.bytes_read
+
+    @property
+    def requests(self) -> int:
+        return self.source.requests
+
+    def reset_counts(self) -> None:
+        self.source.reset()
 
     def _check_dims(self, name: str) -> None:
         extra = [d for d in self.view.dims(name) if d not in KNOWN_DIMS]
@@ -99,83 +139,95 @@ class TileReader:
                 f"time/level/latitude/longitude; select one value of them before reading"
             )
 
-    # ---- low-level block read -------------------------------------------------------------
-    def _plan(self, name: str, times: np.ndarray | None, levels: np.ndarray | None,
-              rows: np.ndarray, cols: np.ndarray) -> tuple[list, Callable[[list], np.ndarray]]:
-        """Zarr reads for normalised ``rows``/``cols`` (-1 = zeros), and how to assemble them.
+    def _format(self, name: str) -> ChunkFormat:
+        if name not in self._formats:
+            self._formats[name] = ChunkFormat.of(self.view.array(name))
+        return self._formats[name]
 
-        Returns ``(requests, assemble)``: ``requests`` are ``(store name, selection)`` pairs;
-        ``assemble(results)`` gives ``(T?, L?, len(rows), len(cols))`` float32.
-        """
-        view = self.view
-        all_dims = view.dims(name)
-        dims = [d for d in all_dims if not (d == "time" and times is None)]
-        ok_r, ok_c = rows >= 0, cols >= 0
-        s_rows = np.unique(view.lat_storage[rows[ok_r]])
-        s_cols = np.unique(view.lon_storage[cols[ok_c]])
-        lead = [len(times)] if times is not None else []
-        lead += [len(levels)] if levels is not None else []
-        order = [d for d in ("time", "level", "latitude", "longitude") if d in dims]
-        perm = [dims.index(d) for d in order]
-        requests, places = [], []
-        chunks = dict(zip(all_dims, view.array(name).chunks))
-        for i0, i1 in contiguous_runs(s_rows, chunks["latitude"]):
-            for j0, j1 in contiguous_runs(s_cols, chunks["longitude"]):
-                picks = {"time": times if times is not None else 0, "level": levels,
-                         "latitude": slice(int(s_rows[i0]), int(s_rows[i1 - 1]) + 1),
-                         "longitude": slice(int(s_cols[j0]), int(s_cols[j1 - 1]) + 1)}
-                requests.append((name, tuple(picks.get(d, 0) for d in all_dims)))
-                places.append((i0, i1, j0, j1))
-
-        def assemble(results: list) -> np.ndarray:
-            if not places:
-                return np.zeros((*lead, len(rows), len(cols)), dtype=np.float32)
-            dense = np.zeros((*lead, len(s_rows), len(s_cols)), dtype=np.float32)
-            for (i0, i1, j0, j1), block in zip(places, results):
-                block = np.transpose(np.asarray(block), perm)  # spans merged runs' gaps too
-                block = block.take(s_rows[i0:i1] - s_rows[i0], axis=-2)
-                block = block.take(s_cols[j0:j1] - s_cols[j0], axis=-1)
-                dense[..., i0:i1, j0:j1] = self._decode(name, block)
-            # zero-padded rows/cols (-1) may point anywhere valid: they are zeroed below
-            r_pos = np.searchsorted(s_rows, view.lat_storage[np.where(ok_r, rows, 0)])
-            c_pos = np.searchsorted(s_cols, view.lon_storage[np.where(ok_c, cols, 0)])
-            r_pos, c_pos = np.minimum(r_pos, len(s_rows) - 1), np.minimum(c_pos, len(s_cols) - 1)
-            out = dense[..., r_pos, :][..., c_pos]
-            out[..., ~ok_r, :] = 0.0
-            out[..., ~ok_c] = 0.0
-            return out
-
-        return requests, assemble
-
-    def _fetch(self, requests: list, times: np.ndarray | None) -> list:
-        """Run all zarr reads concurrently (one event-loop round trip for a whole sample)."""
-
-        arrays = {name: self.view.array(name)._async_array for name, _ in requests}
-
-        async def one(name: str, sel: tuple) -> Any:
-            try:
-                return await arrays[name].oindex.getitem(sel)
-            except Exception as err:
-                raise ValueError(self._unreadable(name, times, err)) from err
-
-        async def every() -> list:
-            return list(await asyncio.gather(*(one(n, s) for n, s in requests)))
-
-        return sync(every())
-
-    def _read(self, name: str, times: np.ndarray | None, levels: np.ndarray | None,
-              rows: np.ndarray, cols: np.ndarray) -> np.ndarray:
-        requests, assemble = self._plan(name, times, levels, rows, cols)
-        return assemble(self._fetch(requests, times))
-
-    def _decode(self, name: str, raw: np.ndarray) -> np.ndarray:
-        scale, offset, fill = self.view.encoding(name)
-        out = raw.astype(np.float32)
-        if fill is not None and not (isinstance(fill, float) and np.isnan(fill)):
-            out[raw == fill] = np.nan
-        if scale != 1.0 or offset != 0.0:
-            out = out * np.float32(scale) + np.float32(offset)
+    def _plans(self, groups: list) -> list[tuple[np.ndarray, AxisPlan, AxisPlan]]:
+        """Per row group: (its padded row positions, row plan, column plan) in storage indices."""
+        view, out = self.view, []
+        for pos, src, cols in groups:
+            rows = np.where(src >= 0, view.lat_storage[np.maximum(src, 0)], -1)
+            cstore = np.where(cols >= 0, view.lon_storage[np.maximum(cols, 0)], -1)
+            out.append((pos, axis_plan(rows, pos), axis_plan(cstore)))
         return out
+
+    # ---- one field ------------------------------------------------------------------------
+    def _read_field(self, f: _Field, times: np.ndarray | None, plans: list, out: np.ndarray) -> None:
+        """Field ``f`` at storage ``times`` (None: no time axis) into ``out`` ``(T, L, R, C)``
+        (``T``, ``L`` = 1 where the field has no time / level axis)."""
+        name = f.store_name
+        fmt, array = self._format(name), self.view.array(name)
+        dims = self.view.dims(name)
+        try:
+            for pos, rows, cols in plans:
+                if not rows.runs and not cols.runs:
+                    continue
+                by_dim = {"latitude": rows, "longitude": cols,
+                          "time": axis_plan(np.zeros(1, np.int64) if times is None else times),
+                          "level": f.level_plan}
+                plans_ = [by_dim[d] for d in dims]
+                # the destination with the storage axes in storage order
+                axes = {"time": 0, "level": 1, "latitude": 2, "longitude": 3}
+                present = [axes[d] for d in dims]
+                dst = out.transpose([*present, *(a for a in range(4) if a not in present)])
+                dst = dst[(Ellipsis, *([0] * (4 - len(dims))))] if len(dims) < 4 else dst
+                if rows.runs and cols.runs:
+                    self._place(fmt, array, plans_, dims, dst)
+                self._fill(out, pos, rows, cols)
+        except ValueError as err:
+            raise ValueError(self._unreadable(name, times, err)) from err
+        except OSError as err:
+            raise ValueError(self._unreadable(name, times, err)) from err
+
+    def _place(self, fmt: ChunkFormat, array: Any, plans: list[AxisPlan], dims: tuple[str, ...],
+               dst: np.ndarray) -> None:
+        # latitude / longitude runs are boxes of their own (a wrapped halo is two runs far apart);
+        # time and level runs share one box (their chunks hold several of them)
+        boxes_per_dim = []
+        for d, p in zip(dims, plans):
+            if d in ("latitude", "longitude"):
+                boxes_per_dim.append([((r.start, r.stop), [r]) for r in p.runs])
+            else:
+                boxes_per_dim.append([(p.span, p.runs)])
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None:
+            scratch = self._local.scratch = np.empty(4 << 20, np.uint8)
+        for combo in itertools.product(*boxes_per_dim):
+            box = tuple(b for b, _ in combo)
+            for block in self.source.blocks(fmt, array, box):
+                for runs in itertools.product(*(r for _, r in combo)):
+                    place(block, runs, dst, scratch)
+
+    def _fill(self, out: np.ndarray, pos: np.ndarray, rows: AxisPlan, cols: AxisPlan) -> None:
+        """Zero padding and repeated rows/columns of one row group (after its cells are placed)."""
+        if len(cols.zeros) or cols.repeats:
+            block = out[..., pos, :]
+            block[..., cols.zeros] = 0.0
+            for d, s in cols.repeats:
+                block[..., d] = block[..., s]
+            out[..., pos, :] = block
+        if len(rows.zeros):
+            out[..., rows.zeros, :] = 0.0
+        for d, s in rows.repeats:
+            out[..., d, :] = out[..., s, :]
+
+    def _finish(self, f: _Field, times: np.ndarray | None, region: np.ndarray,
+                norm: Normalisation | None) -> None:
+        """CF decoding, the NaN check and the normalisation of one field's region, in place."""
+        scale, offset, fill = self.view.encoding(f.store_name)
+        if fill is not None and not (isinstance(fill, float) and np.isnan(fill)):
+            region[region == np.float32(fill)] = np.nan
+        if scale != 1.0 or offset != 0.0:
+            region *= np.float32(scale)
+            region += np.float32(offset)
+        if not np.isfinite(region.sum()):  # one fast pass; NaN (or an overflow) -> look closer
+            self._check_nan(f.store_name, region, times)
+        if norm is not None:
+            c = f.channels
+            np.subtract(region, norm.mean[c, None, None], out=region)
+            np.divide(region, norm.std[c, None, None], out=region)
 
     def _unreadable(self, name: str, times: np.ndarray | None, err: Exception) -> str:
         when = "" if times is None else f" at {[str(self.view.times[t]) for t in times]}"
@@ -195,65 +247,57 @@ class TileReader:
             )
 
     # ---- public reads ---------------------------------------------------------------------
-    def _padded_plan(self, name: str, times: np.ndarray | None, levels: np.ndarray | None):
-        lead = ([len(times)] if times is not None else []) + ([len(levels)] if levels is not None else [])
-        parts = [(pos, *self._plan(name, times, levels, src, cols)) for pos, src, cols in self._groups]
-        requests = [r for _, reqs, _ in parts for r in reqs]
+    def _jobs(self, times: np.ndarray, plans: list, out: np.ndarray, norm: Normalisation | None) -> list:
+        """One job per field: read it at ``times`` into ``out`` ``(T, C, R, W)`` and finish it."""
+        def job(f: _Field) -> None:
+            region = out[:, f.channels]  # (T, levels or 1, R, W)
+            self._read_field(f, times, plans, region)
+            self._finish(f, times, region, norm)
 
-        def assemble(results: list) -> np.ndarray:
-            out = np.zeros((*lead, *self.padded_shape), dtype=np.float32)
-            k = 0
-            for pos, reqs, fn in parts:
-                out[..., pos, :] = fn(results[k : k + len(reqs)])
-                k += len(reqs)
-            return out
+        return [lambda f=f: job(f) for f in self._fields]
 
-        return requests, assemble
+    def _run(self, jobs: list) -> None:
+        if self.threads == 1 or len(jobs) == 1:
+            for j in jobs:
+                j()
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="jigsaw-read")
+        for fut in [self._pool.submit(j) for j in jobs]:
+            fut.result()
 
-    def _read_padded(self, name: str, times: np.ndarray | None, levels: np.ndarray | None) -> np.ndarray:
-        requests, assemble = self._padded_plan(name, times, levels)
-        return assemble(self._fetch(requests, times))
+    def read_batch(self, inits: np.ndarray, targets: np.ndarray, norm: Normalisation | None = None
+                   ) -> tuple[np.ndarray, np.ndarray]:
+        """Inputs ``(B, C, H, W)`` at times ``inits`` and targets ``(B, L, C, h, w)`` at
+        ``targets`` ``(B, L)``, every field of every sample read in parallel."""
+        inits, targets = np.asarray(inits, np.int64), np.asarray(targets, np.int64).reshape(len(inits), -1)
+        c, (h, w) = self.spec.n_channels, self.tile.shape
+        x = np.empty((len(inits), c, *self.padded_shape), np.float32)
+        y = np.empty((*targets.shape, c, h, w), np.float32)
+        jobs = []
+        for i, t in enumerate(inits):
+            jobs += self._jobs(np.array([t]), self._padded_plans, x[i : i + 1], norm)
+            if targets.shape[1]:
+                jobs += self._jobs(targets[i], self._tile_plans, y[i], norm)
+        self._run(jobs)
+        return x, y
 
     def read_sample(self, t: int, ts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """``read_inputs(t)`` and ``read_targets(ts)`` with all reads issued concurrently."""
-        t_in, ts = np.array([t]), np.asarray(ts)
-        tile = self.tile
-        rows, cols = np.arange(tile.lat_start, tile.lat_stop), np.arange(tile.lon_start, tile.lon_stop)
-        plans = []
-        for _, name, levels in self.fields:
-            plans.append((name, t_in, levels, *self._padded_plan(name, t_in, levels)))
-            if len(ts):
-                plans.append((name, ts, levels, *self._plan(name, ts, levels, rows, cols)))
-        results = self._fetch([r for *_, reqs, _ in plans for r in reqs], np.concatenate([t_in, ts]))
-        inputs, targets, k = [], [], 0
-        for name, times, levels, reqs, assemble in plans:
-            x = assemble(results[k : k + len(reqs)])
-            k += len(reqs)
-            self._check_nan(name, x, times)
-            x = x if levels is not None else x[:, None]
-            (inputs if times is t_in else targets).append(x)
-        tgt = np.concatenate(targets, axis=1) if targets else np.zeros((0, self.spec.n_channels, *tile.shape),
-                                                                         np.float32)
-        return np.concatenate(inputs, axis=1)[0], tgt
+        """``read_inputs(t)`` and ``read_targets(ts)``, all fields read in parallel."""
+        x, y = self.read_batch(np.array([t]), np.asarray(ts, np.int64)[None])
+        return x[0], y[0]
 
-    def read_inputs(self, t: int) -> np.ndarray:
+    def read_inputs(self, t: int, norm: Normalisation | None = None) -> np.ndarray:
         """``(C, H, W)`` at time index ``t``, with the halo."""
-        return self.read_sample(t, np.array([], dtype=np.int64))[0]
+        return self.read_batch(np.array([t]), np.zeros((1, 0), np.int64), norm)[0][0]
 
-    def read_targets(self, ts: np.ndarray) -> np.ndarray:
+    def read_targets(self, ts: np.ndarray, norm: Normalisation | None = None) -> np.ndarray:
         """``(len(ts), C, h, w)`` at time indices ``ts``, the tile only (no halo)."""
-        t = self.tile
-        rows, cols = np.arange(t.lat_start, t.lat_stop), np.arange(t.lon_start, t.lon_stop)
-        plans = [(name, levels, *self._plan(name, np.asarray(ts), levels, rows, cols))
-                 for _, name, levels in self.fields]
-        results = self._fetch([r for *_, reqs, _ in plans for r in reqs], np.asarray(ts))
-        parts, k = [], 0
-        for name, levels, reqs, assemble in plans:
-            x = assemble(results[k : k + len(reqs)])
-            k += len(reqs)
-            self._check_nan(name, x, np.asarray(ts))
-            parts.append(x if levels is not None else x[:, None])
-        return np.concatenate(parts, axis=1)
+        c, (h, w) = self.spec.n_channels, self.tile.shape
+        ts = np.asarray(ts, np.int64)
+        y = np.empty((len(ts), c, h, w), np.float32)
+        self._run(self._jobs(ts, self._tile_plans, y, norm))
+        return y
 
     def read_static(self) -> tuple[np.ndarray, list[str]]:
         """``(C_static, H, W)`` static fields with the halo, and their names."""
@@ -261,10 +305,11 @@ class TileReader:
         for v in self.spec.static:
             name = self.view.resolve(v, upper_air=False)
             has_time = "time" in self.view.dims(name)
-            x = self._read_padded(name, np.array([0]) if has_time else None, None)
-            x = x[0] if has_time else x
-            self._check_nan(name, x[None], None)
-            parts.append(x)
+            x = np.empty((1, 1, *self.padded_shape), np.float32)
+            f = _Field(v, name, None, slice(0, 1))
+            self._read_field(f, np.array([0]) if has_time else None, self._padded_plans, x)
+            self._finish(f, None, x[0], None)
+            parts.append(x[0, 0])
             names.append(v)
         lat = np.deg2rad(self.view.lat)[:, None] * np.ones((1, len(self.view.lon)))
         lon = np.ones((len(self.view.lat), 1)) * np.deg2rad(self.view.lon)[None, :]

@@ -144,23 +144,22 @@ def io_report(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, lead_s
         raise ValueError(f"time index {time_index} has no {lead_steps} target(s) {step_hours} h later in the "
                          f"store's {len(full.view.times)} times; choose another --time-index")
     targets = found[0]
-    store = full.view.store
-    store.reset()
+    full.reset_counts()
     full.read_sample(time_index, targets)
-    full_bytes = store.bytes_read
+    full_bytes = full.bytes_read
     ranks = []
     grid = TileGrid(*full.view.grid_shape, mesh.lat, mesh.lon)
     for k in range(grid.n_tiles):
         reader = _tile_reader(path, spec, mesh, k, halo, names)
-        reader.view.store.reset()
+        reader.reset_counts()
         reader.read_sample(time_index, targets)
         tile = grid.tile_of(k)
         h, w = tile.shape
         padded = (h + sum(halo.lat)) * (w + sum(halo.lon))
         exact = (padded + lead_steps * h * w) / ((1 + lead_steps) * grid.n_lat * grid.n_lon)
         ranks.append({"rank": k, "tile": [tile.lat_start, tile.lat_stop, tile.lon_start, tile.lon_stop],
-                      "bytes_read": reader.view.store.bytes_read, "requests": reader.view.store.requests,
-                      "fraction": reader.view.store.bytes_read / full_bytes, "ideal_fraction": exact,
+                      "bytes_read": reader.bytes_read, "requests": reader.requests,
+                      "fraction": reader.bytes_read / full_bytes, "ideal_fraction": exact,
                       "planned_fraction": planned_fraction(reader, lead_steps)})
     n = mesh.lat * mesh.lon
     halo_frac = max(r["ideal_fraction"] for r in ranks) - 1.0 / n

@@ -46,7 +46,7 @@ class SynthConfig:
     upper_air: tuple[str, ...] = DEFAULT_UPPER_AIR
     surface: tuple[str, ...] = DEFAULT_SURFACE
     seed: int = 0
-    layout: ChunkLayout = field(default_factory=lambda: ChunkLayout(time_shard=124, compress=False))
+    layout: ChunkLayout = field(default_factory=lambda: ChunkLayout(time_shard=124, compression="none"))
 
     def times(self) -> np.ndarray:
         start, end = np.datetime64(self.start, "h"), np.datetime64(self.end, "h")

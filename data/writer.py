@@ -22,15 +22,21 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import ZstdCodec
+from zarr.codecs import BloscCodec, BloscShuffle, ZstdCodec
 
 from jigsaw_earth.distributed.mesh import MeshShape
 from jigsaw_earth.distributed.tiles import TileGrid
 
-__all__ = ["ChunkLayout", "atomic_store", "create_variable", "mark_complete", "write_coords"]
+__all__ = ["COMPRESSIONS", "ChunkLayout", "atomic_store", "create_variable", "mark_complete", "write_coords"]
 
 log = logging.getLogger(__name__)
 EPOCH = np.datetime64("1970-01-01T00:00:00", "s")
+#: chunk compression of written stores: none (memory-mapped reads), zstd level 1, blosc lz4 + byte shuffle
+COMPRESSIONS = {
+    "none": lambda: [],
+    "zstd": lambda: [ZstdCodec(level=1)],
+    "lz4": lambda: [BloscCodec(cname="lz4", clevel=5, shuffle=BloscShuffle.shuffle, typesize=4)],
+}
 
 
 def _chunk_for_tiles(n: int, tile_sizes: list[int], per_tile: int) -> int:
@@ -52,7 +58,7 @@ class ChunkLayout:
     lat_shard: int = 0
     lon_shard: int = 0
     time_shard: int = 1
-    compress: bool = True
+    compression: str = "zstd"  # one of COMPRESSIONS
 
     @classmethod
     def parse(cls, chunk: str | None, shard: str | None, time_shard: int = 1) -> ChunkLayout:
@@ -66,6 +72,14 @@ class ChunkLayout:
             return a, b
 
         return cls(*pair(chunk, "--chunk"), *pair(shard, "--shard"), time_shard=time_shard)
+
+    def __post_init__(self) -> None:
+        if self.compression not in COMPRESSIONS:
+            raise ValueError(f"--compression {self.compression!r}: choose one of {', '.join(COMPRESSIONS)}")
+
+    def compressors(self) -> list[Any]:
+        """The zarr v3 bytes→bytes codecs of ``compression`` (read costs in docs/data.md)."""
+        return COMPRESSIONS[self.compression]()
 
     @classmethod
     def for_mesh(cls, n_lat: int, n_lon: int, mesh: MeshShape, per_tile: int = 16,
@@ -158,7 +172,7 @@ def create_variable(group: Any, name: str, shape: tuple[int, ...], dims: list[st
     return group.create_array(
         name, shape=shape, dtype="float32", chunks=chunks, shards=shards, fill_value=np.nan,
         dimension_names=dims, attributes=attrs or {},
-        compressors=ZstdCodec(level=1) if layout.compress else None,
+        compressors=layout.compressors() or None,
     )
 
 

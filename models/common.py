@@ -186,16 +186,24 @@ class Forecaster(nn.Module):
             raise ValueError(f"{name}.forward: time has {time.shape[0]} rows for a batch of {state.shape[0]}")
 
     def patch_layers(
-        self, embed_dim: int, patch: int, stride: int | None, lat_mode: str
+        self,
+        embed_dim: int,
+        patch: int | tuple[int, int],
+        stride: int | tuple[int, int] | None,
+        lat_mode: str,
+        recover_dim: int | None = None,
     ) -> tuple[PatchEmbed, PatchRecovery]:
-        """The inputs' patch embedding and the state's patch recovery (token models): ``stride``
-        None means non-overlapping patches; overlapping ones (stride < patch) average."""
-        grid, stride = self.domain.grid, stride or patch
+        """The inputs' patch embedding and the state's patch recovery (token models): ``patch``
+        and ``stride`` one size or ``(lat, lon)``; ``stride`` None means non-overlapping patches;
+        overlapping ones (stride < patch) average. ``recover_dim``: the channels recovery reads
+        (default ``embed_dim``)."""
+        grid = self.domain.grid
         embed = PatchEmbed(self.domain, self.in_channels, embed_dim, patch, stride, lat_mode=lat_mode)
-        overlap = "mean" if stride < patch else "sum"
+        overlap = "mean" if any(s < p for s, p in zip(embed.stride, embed.patch)) else "sum"
         recover = PatchRecovery(
-            embed.out_domain, embed_dim, self.n_state, patch, stride, (grid.n_lat, grid.n_lon), overlap
-        )
+            embed.out_domain, recover_dim or embed_dim, self.n_state, embed.patch, embed.stride,
+            (grid.n_lat, grid.n_lon), overlap,
+        )  # fmt: skip
         return embed, recover
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:

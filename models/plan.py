@@ -10,7 +10,9 @@ hidden unit), and each priced layer's ``cost`` gives its bytes, FLOPs and saved 
   has passed, the inputs and the loss's fields, plus the largest transient peak of any layer;
 * communication per step = the layers' bytes (forward + backward, per rank: the domain group's
   total / its size) by op, plus the data-axis all-reduce of the gradients (a ring, fp32);
-* step time, per layer: ``max(compute, overlapped comm) + exposed comm``, where the weight
+* step time, per layer: ``max(compute, overlapped comm) + exposed comm`` (compute at
+  ``tflops × efficiency``, or at the rate a measured ``rate_curve`` gives for the rank's forward
+  work per sample: smaller matmuls run slower), where the weight
   ring, the token-form matmul and ring attention overlap their messages with compute and
   halos, window gathers and affine gathers do not; the gradient all-reduce runs after the
   backward (``training.optim.sync_gradients``), so it is exposed.
@@ -22,9 +24,10 @@ the layer's own error.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..distributed.mesh import DomainMesh, MeshShape
@@ -33,7 +36,8 @@ from ..layers.cost import all_reduce_bytes, model_cost
 from . import build_model
 from .meta import meta_construction
 
-__all__ = ["TRAIN_STATES", "Hardware", "MeshPlan", "factorisations", "plan_mesh", "plan_meshes", "recommend"]
+__all__ = ["TRAIN_STATES", "Hardware", "MeshPlan", "factorisations", "plan_mesh", "plan_meshes", "recommend",
+           "sample_read_bytes"]
 
 TRAIN_STATES = 4  # tensors per parameter while training: parameter, gradient, AdamW exp_avg, exp_avg_sq
 LOSS_FIELDS = 4  # fields of the output's size while the loss runs: target, prediction, error, its square
@@ -52,9 +56,29 @@ class Hardware:
     inter_gbps: float = 400.0  # one 400 Gbit/s NIC per GPU
     gpus_per_node: int = 8
     link_efficiency: float = 0.8
+    # measured matmul rates by work: ((forward TFLOP per GPU per sample, achieved TFLOP/s), ...);
+    # when given, the rate at a mesh's work per GPU replaces tflops × efficiency (rate_at)
+    rate_curve: tuple[tuple[float, float], ...] = ()
+    # GB/s that one rank's tile reader delivers (``jigsaw-earth bench io``); 0: reading not priced
+    read_gbps: float = 0.0
 
     def seconds(self, flops: float) -> float:
         return flops / (self.tflops * 1e12 * self.efficiency)
+
+    def rate_at(self, work_tflop: float) -> float:
+        """Achieved TFLOP/s at ``work_tflop`` forward TFLOP per GPU per sample: ``rate_curve``
+        interpolated linearly in log(work) between its points, held at its ends; without a
+        curve, tflops × efficiency."""
+        if not self.rate_curve:
+            return self.tflops * self.efficiency
+        pts = sorted(self.rate_curve)
+        if work_tflop <= pts[0][0]:
+            return pts[0][1]
+        for (w0, r0), (w1, r1) in itertools.pairwise(pts):
+            if work_tflop <= w1:
+                f = math.log(work_tflop / w0) / math.log(w1 / w0)
+                return r0 + f * (r1 - r0)
+        return pts[-1][1]
 
     def transfer(self, nbytes: float, inter: bool) -> float:
         gbps = self.inter_gbps if inter else self.intra_gbps
@@ -81,6 +105,10 @@ class MeshPlan:
     domain_link: str = ""
     data_link: str = ""
     batch: int = 1  # samples per data replica
+    rate_tflops: float = 0.0  # the matmul rate taken from Hardware.rate_curve (0: tflops × efficiency)
+    read_bytes: int = 0  # bytes rank 0 reads per step (its tile of inputs and one target per sample)
+    io_s: float = 0.0  # seconds to read them at Hardware.read_gbps (0: not priced)
+    io_bound: bool = False  # reading takes longer than the step: prefetch cannot hide it
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -138,8 +166,32 @@ def plan_mesh(
     plan.memory["total"] = sum(plan.memory.values())
     plan.headroom = hw.memory - plan.memory["total"]
     plan.fits = plan.headroom >= 0
+    if hw.rate_curve:  # the measured rate at this rank's forward work per sample
+        work = sum(c.flops[0] for c in costs.values()) / batch / 1e12
+        plan.rate_tflops = hw.rate_at(work)
+        hw = replace(hw, tflops=plan.rate_tflops, efficiency=1.0)
     _time(plan, model, costs, shape, hw, params, batch)
+    _price_reads(plan, hw, h * w * channels[0], batch)
     return plan
+
+
+def sample_read_bytes(tile_cells: int, channels: int, lead_steps: int = 1) -> int:
+    """Bytes one rank reads for one training sample: its tile of the inputs and of ``lead_steps``
+    targets, float32 (the layers exchange halos, so the reader reads none)."""
+    return 4 * tile_cells * channels * (1 + lead_steps)
+
+
+def _price_reads(plan: MeshPlan, hw: Hardware, tile_values: int, batch: int) -> None:
+    """Reading the next batch overlaps the step (prefetch), so the step takes the longer of the
+    two; a mesh whose reading is longer is I/O-bound (adding ranks shrinks each one's tile)."""
+    plan.read_bytes = batch * sample_read_bytes(tile_values, 1)
+    if hw.read_gbps <= 0:
+        return
+    plan.io_s = plan.read_bytes / (hw.read_gbps * 1e9)
+    plan.io_bound = plan.io_s > plan.step_s
+    if plan.io_bound:
+        plan.step_s = plan.io_s
+        plan.samples_per_s = plan.data * batch / plan.step_s
 
 
 def _backward_peak(model, costs) -> tuple[int, int]:
@@ -240,12 +292,16 @@ def recommend(plans: list[MeshPlan]) -> tuple[MeshPlan | None, list[str]]:
             why.append(f"the closest, {near.mesh}, needs {_gb(-near.headroom)} GB more per GPU")
         return None, why
     best = fitting[0]
+    io = [f"reading a batch takes {best.io_s * 1e3:.1f} ms: I/O-bound, the step waits for data"
+          if best.io_bound else f"reading a batch ({best.io_s * 1e3:.1f} ms) hides behind the step"] \
+        if best.io_s else []
     why = [
         f"fits with {_gb(best.headroom)} GB headroom ({_gb(best.memory['total'])} GB per GPU)",
         f"step {best.step_s * 1e3:.1f} ms for {best.data * best.batch} sample(s): "
         f"{best.samples_per_s:.2f} samples/s",
         f"{_gb(sum(best.comm.values()))} GB sent per GPU per step, "
         f"{best.exposed_s * 1e3:.1f} ms of it not hidden behind compute",
+        *io,
     ]
     others = {"the runner-up": fitting[1:2], "pure domain parallelism": [p for p in fitting if p.data == 1]}
     others["pure data parallelism"] = [p for p in fitting if p.data == p.data * p.lat * p.lon]

@@ -1,4 +1,4 @@
-"""Model sizes: one typed config per model and named presets (``tiny`` … ``3b``).
+"""Model sizes: one typed config per model and named presets (``tiny`` … ``3b``, ``paper-*``).
 
 ``tiny`` is for tests and the demo (runs in seconds on CPU, any grid ≥ 16 × 16); ``small`` is a
 laptop-sized model; ``1b`` and ``3b`` reach the paper's scale (≈1 and ≈3 billion parameters at
@@ -75,29 +75,47 @@ class WeatherMixerConfig:
 
     embed_dim: token channels; depth: mixer blocks; channel_hidden: channel-MLP hidden size;
     token_hidden: token-mixing hidden size (its weights scale with the number of tokens, so
-    the parameter count depends on the grid); patch / stride: patch embedding; lat_mode:
-    beyond-pole rule of overlapping patches; activation; dropout; final_norm: a channel
-    LayerNorm before patch recovery — off by default, because token mixing's output bias adds a
-    per-token constant to every channel, which a final channel norm cancels exactly (that bias
-    would then get a zero gradient); coord_channels, residual.
+    the parameter count depends on the grid); patch / stride: patch embedding, one size or
+    ``(lat, lon)`` — the paper's patches are ``(1, 60)``; lat_mode: beyond-pole rule of
+    overlapping patches; activation; dropout; final_norm: a channel LayerNorm before patch
+    recovery — off by default, because token mixing's output bias adds a per-token constant to
+    every channel, which a final channel norm cancels exactly (that bias would then get a zero
+    gradient); coord_channels, residual.
+
+    The Jigsaw paper's arrangement (its ``Model.py``): token_hidden_fraction /
+    channel_hidden_fraction (its ``spatial_hidden_dim_fraction`` / ``features_hidden_dim_fraction``)
+    size the hidden layers from the token count and embed_dim, replacing token_hidden /
+    channel_hidden when set; concat: patch recovery reads ``[blocks' output (after final_norm),
+    patch embedding's output]`` (2 × embed_dim channels); linear_residual: the output is
+    ``Linear(LN([LN(recovered), state]))`` per grid point (2 × n_state → n_state), a learned
+    residual — use it with ``residual: false``, as the paper does.
     """
 
     embed_dim: int = 32
     depth: int = 2
     channel_hidden: int = 64
     token_hidden: int = 32
-    patch: int = 4
-    stride: int | None = None
+    patch: int | tuple[int, int] = 4
+    stride: int | tuple[int, int] | None = None
     lat_mode: str = "pole"
     activation: str = "gelu"
     dropout: float = 0.0
     final_norm: bool = False
     coord_channels: bool = True
     residual: bool = True
+    token_hidden_fraction: float | None = None
+    channel_hidden_fraction: float | None = None
+    concat: bool = False
+    linear_residual: bool = False
 
 
 # the single source of the model section of a training config (jigsaw_earth/config/model_section.py)
 CONFIGS: dict[str, type] = {"vit": ViTConfig, "unet": UNetConfig, "weathermixer": WeatherMixerConfig}
+
+_PAPER: dict[str, Any] = dict(
+    depth=3, patch=(1, 60), token_hidden_fraction=0.5, channel_hidden_fraction=1.0, final_norm=True,
+    concat=True, linear_residual=True, residual=False, coord_channels=False, dropout=0.001,
+)  # fmt: skip
 
 PRESETS: dict[str, dict[str, dict[str, Any]]] = {
     "vit": {
@@ -117,6 +135,10 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "small": dict(embed_dim=256, depth=8, channel_hidden=1024, token_hidden=512, patch=8),
         "1b": dict(embed_dim=2048, depth=16, channel_hidden=8192, token_hidden=4096, patch=16),
         "3b": dict(embed_dim=3072, depth=22, channel_hidden=12288, token_hidden=8192, patch=16),
+        # the Jigsaw paper's models (DeifiliaTo/Jigsaw_SC cases/C1 and the 1.1 B scaling model of
+        # cases/C2): 1 × 60 patches, 3 blocks, token hidden = half the tokens, concat, linear residual
+        "paper-c1": dict(embed_dim=4320, **_PAPER),
+        "paper-1.1b": dict(embed_dim=4896, **_PAPER),
     },
 }
 
@@ -143,6 +165,7 @@ def make_config(model: str, preset: str = "tiny", **overrides: Any) -> Any:
                 f"{model} has no option {key!r}{_nearest(key, fields)}; options: {', '.join(fields)}"
             )
     values = {**presets[preset], **overrides}
-    if "channel_mults" in values:
-        values["channel_mults"] = tuple(values["channel_mults"])
+    for key, value in values.items():
+        if isinstance(value, list):  # YAML lists: tuples in the (frozen, hashable) config
+            values[key] = tuple(value)
     return cls(**values)

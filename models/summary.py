@@ -1,11 +1,13 @@
-"""Model size, per-rank memory and per-step communication, without allocating the model.
+"""Model size, FLOPs, per-rank memory and per-step communication, without allocating the model.
 
 Every domain rank's model is constructed on the ``meta`` device (``meta_construction``): shapes
 and shard specs are real, storage and initialisation are not, so a 3-billion-parameter model on
 a 721 × 1440 grid is described in seconds. Communication is the sum of the bytes each layer
 declares beside its forward (``cost``, ``layers.cost.model_cost``: the figures the comm ledger
 measures), summed over all ranks of one domain group, for one training step (forward +
-backward; the input needs no gradient) at ``batch`` samples per group, fp32. The per-rank
+backward; the input needs no gradient) at ``batch`` samples per group, fp32. FLOPs are per
+sample, summed over the group's ranks, from the same declarations (matmuls as 2·m·n·k, norms;
+elementwise activations and additions are not counted). The per-rank
 memory of a training step is ``plan``'s (``plan_mesh``), from the same declarations.
 """
 
@@ -83,6 +85,8 @@ class ModelSummary:
     comm_forward_bytes: int
     comm_backward_bytes: int
     comm_by_layer: dict[str, list[int]] = field(default_factory=dict)
+    forward_flops: int = 0  # per sample, all ranks of the domain group, from the layers' cost declarations
+    backward_flops: int = 0  # likewise (the input needs no gradient)
     data_parallel_allreduce_bytes: int = 0
     checkpoint_bytes: int = 0  # model + AdamW state in a checkpoint, fp32 (metadata not counted)
     step_memory: dict[str, int] = field(default_factory=dict)  # rank 0 in a training step, as plan has it
@@ -123,6 +127,10 @@ def summarize(
             fwd, bwd = fwd + f, bwd + b
             acc = by_layer.setdefault(op, [0, 0])
             acc[0], acc[1] = acc[0] + f, acc[1] + b
+    flops = [0, 0]
+    for m in models:  # per sample: batch 1, every rank's share
+        for cost in model_cost(m, 1, elsize, input_grad=False).values():
+            flops[0], flops[1] = flops[0] + cost.flops[0], flops[1] + cost.flops[1]
     train = TRAIN_STATES * elsize
     n_tensors = len(list(models[0].parameters()))
     d = shape.data
@@ -146,6 +154,8 @@ def summarize(
         comm_forward_bytes=fwd,
         comm_backward_bytes=bwd,
         comm_by_layer=by_layer,
+        forward_flops=flops[0],
+        backward_flops=flops[1],
         data_parallel_allreduce_bytes=dp,
         checkpoint_bytes=checkpoint_bytes(total, n_tensors, shape.domain_size, elsize),
         step_memory=step.memory,

@@ -6,6 +6,14 @@
 Token mixing is an MLP along the (global) token dimension, so its cost grows linearly with
 the number of tokens and its weights with the grid; channel mixing is a per-token MLP. Written
 once on jigsaw layers: the same code runs on one rank and on any lat × lon mesh.
+
+The Jigsaw paper's arrangement (presets ``paper-c1``, ``paper-1.1b``; its public ``Model.py``)::
+
+    t0 = PatchEmbed(fields);  t = blocks(t0)
+    concat:          r = PatchRecovery([LN(t), t0])               (2 × embed_dim channels in)
+    linear_residual: next state = Linear(LN([LN(r), state]))      (per grid point, 2·n_state → n_state)
+
+Concatenation is along channels, which every token holds whole, so it needs no communication.
 """
 
 from __future__ import annotations
@@ -15,13 +23,14 @@ from torch import nn
 
 from ..layers.base import Domain
 from ..layers.dropout import Dropout
+from ..layers.linear import Linear
 from ..layers.mlp import MLP
 from ..layers.norm import LayerNorm
 from ..layers.token_mixing import TokenMixing
 from .common import Forecaster
 from .presets import WeatherMixerConfig
 
-__all__ = ["MixerBlock", "WeatherMixer"]
+__all__ = ["MixerBlock", "WeatherMixer", "hidden_sizes"]
 
 
 class MixerBlock(nn.Module):
@@ -55,17 +64,49 @@ class WeatherMixer(Forecaster):
         cfg = cfg or WeatherMixerConfig()
         super().__init__(domain, n_state, n_static, n_time, cfg.residual, cfg.coord_channels)
         self.cfg = cfg
-        self.embed, recover = self.patch_layers(cfg.embed_dim, cfg.patch, cfg.stride, cfg.lat_mode)
-        tokens = self.embed.out_domain
-        self.blocks = nn.ModuleList(
-            MixerBlock(tokens, cfg.embed_dim, cfg.token_hidden, cfg.channel_hidden, cfg)
-            for _ in range(cfg.depth)
+        dim = cfg.embed_dim
+        self.embed, recover = self.patch_layers(
+            dim, cfg.patch, cfg.stride, cfg.lat_mode, 2 * dim if cfg.concat else dim
         )
-        self.norm = LayerNorm(tokens, cfg.embed_dim) if cfg.final_norm else None
-        self.recover = recover  # registered last: the parameter order of earlier versions
+        tokens = self.embed.out_domain
+        token_hidden, channel_hidden = hidden_sizes(cfg, tokens.grid.n_lat * tokens.grid.n_lon)
+        self.blocks = nn.ModuleList(
+            MixerBlock(tokens, dim, token_hidden, channel_hidden, cfg) for _ in range(cfg.depth)
+        )
+        self.norm = LayerNorm(tokens, dim) if cfg.final_norm else None
+        self.recover = recover  # registered after the blocks: the parameter order of earlier versions
+        if cfg.linear_residual:  # per grid point, on channels-last field tiles
+            self.norm_recovered = LayerNorm(domain, n_state)
+            self.norm_joined = LayerNorm(domain, 2 * n_state)
+            self.out = Linear(domain, 2 * n_state, n_state)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        t = self.embed(x)
+        t0 = t = self.embed(x)
         for block in self.blocks:
             t = block(t)
-        return self.recover(self.norm(t) if self.norm is not None else t)
+        if self.norm is not None:
+            t = self.norm(t)
+        y = self.recover(torch.cat([t, t0], dim=-1) if self.cfg.concat else t)
+        if not self.cfg.linear_residual:
+            return y
+        state = x[:, : self.n_state].movedim(1, -1)  # the inputs start with the state
+        joined = torch.cat([self.norm_recovered(y.movedim(1, -1)), state], dim=-1)
+        return self.out(self.norm_joined(joined)).movedim(-1, 1)
+
+
+def hidden_sizes(cfg: WeatherMixerConfig, n_tokens: int) -> tuple[int, int]:
+    """``(token_hidden, channel_hidden)``: the fractions of the token count and of embed_dim when
+    set (rounded down, as the paper's code does), else the absolute sizes."""
+    token, channel = cfg.token_hidden, cfg.channel_hidden
+    if cfg.token_hidden_fraction is not None:
+        token = int(cfg.token_hidden_fraction * n_tokens)
+    if cfg.channel_hidden_fraction is not None:
+        channel = int(cfg.channel_hidden_fraction * cfg.embed_dim)
+    for name, value, of in (("token", token, f"{n_tokens} tokens"), ("channel", channel, f"{cfg.embed_dim}")):
+        if value < 1:
+            fraction = getattr(cfg, f"{name}_hidden_fraction")
+            raise ValueError(
+                f"WeatherMixer: {name}_hidden_fraction {fraction} gives a hidden size of {value} of {of}; "
+                "use a larger fraction"
+            )
+    return token, channel

@@ -16,6 +16,7 @@ from jigsaw_earth.cli import main
 from jigsaw_earth.config import parse_config
 from jigsaw_earth.inference.predict import run_prediction
 from jigsaw_earth.training import run_training
+from jigsaw_earth.validation.checks_models import PAPER_TINY
 
 RECIPES = Path(__file__).parents[1] / "configs" / "benchmarks"
 # the real stores' latitude layouts, at a tiny size: (rows, poles, ascending)
@@ -95,10 +96,10 @@ def test_recipe_end_to_end(name: str, tmp_path: Path, capsys: pytest.CaptureFixt
         train_period=["2020-01-01", "2020-01-03T18"],
         val_period=["2020-01-04", "2020-01-05T18"],
     )
-    recipe["model"]["preset"] = "tiny"
-    recipe["model"]["overrides"] = {
-        k: v for k, v in recipe["model"].get("overrides", {}).items() if k == "patch"
-    }
+    overrides = {k: v for k, v in recipe["model"].get("overrides", {}).items() if k == "patch"}
+    if recipe["model"]["preset"].startswith("paper"):  # the paper's arrangement at tiny size
+        overrides = {k: list(v) if isinstance(v, tuple) else v for k, v in PAPER_TINY.items()}
+    recipe["model"].update(preset="tiny", overrides=overrides)
     recipe["training"].update(steps=2, batch_size=2, precision="fp32")
     recipe["validation"].update(every=0, lead_hours=[6], max_samples=1, batch_size=1)
     recipe["checkpoint"].update(every=0)

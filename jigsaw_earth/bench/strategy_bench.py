@@ -69,7 +69,7 @@ def read_bytes(spec: VariableSpec, grid: tuple[int, int], world: int, names: lis
     lat, lon = domain_shape(world)
     lon = math.lcm(lon, world // 2)
     layout = ChunkLayout(
-        lat_chunk=-(-grid[0] // lat), lon_chunk=-(-grid[1] // lon), time_shard=1, compress=False
+        lat_chunk=-(-grid[0] // lat), lon_chunk=-(-grid[1] // lon), time_shard=1, compression="none"
     )
     synth = SynthConfig(n_lat=grid[0], n_lon=grid[1], start="2019-01-01T00", end="2019-01-01T18",
                         levels=spec.levels or (500,), upper_air=spec.upper_air, surface=spec.surface,

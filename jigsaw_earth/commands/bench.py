@@ -9,6 +9,8 @@
   (``commands/bench_strategies.py``).
 * ``bench scaling CONFIG --world-size N``: strong scaling of the trainer on 1 and N ranks, with the
   step breakdown and plan's prediction (``commands/bench_scaling.py``).
+* ``bench io STORE --mesh LATxLON``: one training sample per rank through the tile reader against
+  raw reads of the same bytes, tensorstore and zarr (``commands/bench_io.py``).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="jigsaw vs plain-PyTorch twins; distributed-matmul micro-benchmark")
     p.add_argument(
         "what",
-        choices=["layers", "models", "all", "report", "matmul", "strategies", "scaling"],
+        choices=["layers", "models", "all", "report", "matmul", "strategies", "scaling", "io"],
         help="what to benchmark",
     )
     p.add_argument(
@@ -55,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="*",
         type=Path,
         metavar="JSON",
-        help="report: the bench JSON files; strategies, scaling: CONFIG",
+        help="report: the bench JSON files; strategies, scaling: CONFIG; io: STORE",
     )
     p.add_argument(
         "--only", action="append", metavar="NAME[,NAME]", help="layers/models: cases (or prefixes)"
@@ -77,7 +79,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest fp32 twin error accepted")
     p.add_argument("--out", type=Path, help="report: markdown file to write")
-    p.add_argument("--mesh", default="2x2", metavar="LATxLON", help="matmul: the mesh")
+    p.add_argument("--mesh", default="2x2", metavar="LATxLON", help="matmul, io: the mesh")
+    p.add_argument("--ranks", default="0", help="io: 'all' (one process each, reading at once) or ranks "
+                   "measured alone, e.g. 0,3 (default 0)")
+    p.add_argument("--lead-steps", type=int, default=1, help="io: target steps per sample (default 1)")
+    p.add_argument("--halo", type=int, default=1, help="io: input halo width (default 1, across the pole)")
+    p.add_argument("--read-threads", type=int, default=2, help="io: the reader's threads (default 2)")
+    p.add_argument("--cache", choices=["warm", "cold", "both"], default="both",
+                   help="io: page cache warm, dropped before each read, or both (default)")
     p.add_argument(
         "--grid", metavar="NLATxNLON", help="matmul: global token grid (64x128); strategies: the data grid"
     )
@@ -170,6 +179,10 @@ def run(args: argparse.Namespace) -> int:
         from .bench_scaling import run_bench_scaling
 
         return run_bench_scaling(args)
+    if args.what == "io":
+        from .bench_io import run_io
+
+        return run_io(args)
     if args.inputs:
         raise ValueError(f"bench {args.what} takes no positional files, got {[str(p) for p in args.inputs]}")
     args.repeats = args.repeats or 5

@@ -36,7 +36,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument(
         "--model", choices=MODELS, help="model name (all three when neither this nor --config names one)"
     )
-    s.add_argument("--preset", help="preset (tiny, small, 1b, 3b); overrides the config's")
+    s.add_argument(
+        "--preset", help="preset (tiny, small, 1b, 3b, paper-c1, paper-1.1b); overrides the config's"
+    )
     s.add_argument("--mesh", default="2x2", metavar="LATxLON", help="domain mesh (default 2x2)")
     s.add_argument("--grid", default="721x1440", metavar="NLATxNLON", help="global grid (default 721x1440)")
     s.add_argument(
@@ -112,6 +114,10 @@ def _print(s: ModelSummary) -> None:
     print(f"{s.model} preset={s.preset} mesh={s.mesh} grid={s.grid[0]}x{s.grid[1]} batch={s.batch}")
     print(f"  parameters             {s.total_params:>16,}")
     print(f"  per-rank parameters    {', '.join(f'{n:,}' for n in s.rank_params)}")
+    print(
+        f"  FLOP per sample        {s.forward_flops / 1e12:8.2f} T forward, {s.backward_flops / 1e12:.2f} T "
+        "backward (all ranks; matmuls and norms, from the layers' cost declarations)"
+    )
     print(f"  per-rank param bytes   {_gib(s.rank_param_bytes_max)}  (max over ranks, fp32)")
     print(
         f"  per-rank train bytes   {_gib(s.rank_train_bytes_max)}  (param + grad + AdamW 2 states; "

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import statistics
 from pathlib import Path
 
 from ..models import MODELS, make_config
@@ -26,7 +27,9 @@ _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="rank the data × lat × lon meshes of a world size for a model")
     p.add_argument("--model", required=True, choices=MODELS, help="model name")
-    p.add_argument("--preset", default="tiny", help="preset (tiny, small, 1b, 3b; default tiny)")
+    p.add_argument(
+        "--preset", default="tiny", help="preset (tiny, small, 1b, 3b, paper-c1, paper-1.1b; default tiny)"
+    )
     p.add_argument("--grid", default="721x1440", metavar="NLATxNLON", help="global grid (default 721x1440)")
     p.add_argument("--world-size", type=int, required=True, metavar="N", help="number of GPUs")
     p.add_argument("--gpu-memory", default="80GB", metavar="SIZE", help="memory per GPU (default 80GB)")
@@ -34,6 +37,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--gpu-tflops", type=float, metavar="X", help="peak TFLOP/s per GPU (H100: 495 fp32/TF32, 989 bf16)"
     )
     p.add_argument("--efficiency", type=float, default=0.5, help="fraction of the peak matmuls reach (0.5)")
+    p.add_argument(
+        "--achieved-tflops", type=float, metavar="R",
+        help="matmul TFLOP/s measured on one GPU (replaces --efficiency: efficiency = R / peak)",
+    )  # fmt: skip
+    p.add_argument(
+        "--rate-curve", metavar="W:R,...",
+        help="measured TFLOP/s R at forward work W (TFLOP per GPU per sample), e.g. the paper's one-GPU "
+        "roofline 4:37.8,8:48.6,16:66.5; the rate at each mesh's work per GPU replaces the flat rate",
+    )  # fmt: skip
     p.add_argument("--link-gbps", type=float, default=3600.0, metavar="Y", help="intra-node Gbit/s per GPU")
     p.add_argument("--inter-gbps", type=float, default=400.0, help="inter-node Gbit/s per GPU (400)")
     p.add_argument("--nodes", type=int, metavar="K", help="nodes (default: world size / 8, at least 1)")
@@ -43,6 +55,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--channels", default="69,2,4", metavar="STATE,STATIC,TIME", help="input channels")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="activations and messages")
+    p.add_argument("--read-gbps", type=float, metavar="X",
+                   help="float32 GB/s one rank's tile reader delivers: prices reading each batch (prefetched "
+                        "beside the step) and flags I/O-bound meshes")
+    p.add_argument("--io-json", type=Path, metavar="PATH",
+                   help="take --read-gbps from a `jigsaw-earth bench io --json` file (the reader's median "
+                        "float32 GB/s delivered over ranks, warm cache, all ranks at once where measured)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every mesh's figures as JSON")
     p.set_defaults(run=run)
 
@@ -74,6 +92,13 @@ def _hardware(args: argparse.Namespace) -> Hardware:
     for name in ("gpu_tflops", "link_gbps", "inter_gbps"):
         if getattr(args, name) <= 0:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: use a positive number")
+    if args.achieved_tflops is not None:
+        if not 0 < args.achieved_tflops <= args.gpu_tflops:
+            raise ValueError(
+                f"--achieved-tflops {args.achieved_tflops}: use a rate in (0, --gpu-tflops "
+                f"{args.gpu_tflops:g}]"
+            )
+        args.efficiency = args.achieved_tflops / args.gpu_tflops
     if not 0 < args.efficiency <= 1:
         raise ValueError(f"--efficiency {args.efficiency}: use a fraction in (0, 1]")
     nodes = args.nodes if args.nodes is not None else max(1, args.world_size // 8)
@@ -86,7 +111,46 @@ def _hardware(args: argparse.Namespace) -> Hardware:
         intra_gbps=args.link_gbps,
         inter_gbps=args.inter_gbps,
         gpus_per_node=args.world_size // nodes,
+        rate_curve=_rate_curve(args.rate_curve),
+        read_gbps=_read_gbps(args),
     )
+
+
+def _read_gbps(args: argparse.Namespace) -> float:
+    """--read-gbps, or the reader's rate in a ``bench io --json`` file (0: reading not priced)."""
+    if args.read_gbps is not None and args.io_json is not None:
+        raise ValueError("--read-gbps and --io-json both give the read rate: pass one of them")
+    if args.read_gbps is not None:
+        if args.read_gbps <= 0:
+            raise ValueError(f"--read-gbps {args.read_gbps}: use a positive number of GB/s")
+        return args.read_gbps
+    if args.io_json is None:
+        return 0.0
+    try:
+        runs = json.loads(args.io_json.read_text())
+        warm = [r for r in runs if r["cache"] == "warm"] or runs
+        pick = next((r for r in warm if r["ranks"] == "all"), warm[0])
+        return statistics.median(res["methods"]["reader"]["delivered_gbps"] for res in pick["results"])
+    except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
+        raise ValueError(f"--io-json {str(args.io_json)!r}: not a `jigsaw-earth bench io --json` file "
+                         f"({type(err).__name__}: {err}); write one with jigsaw-earth bench io STORE "
+                         f"--mesh LATxLON --json PATH") from None
+
+
+def _rate_curve(text: str | None) -> tuple[tuple[float, float], ...]:
+    """``"4:37.8,8:48.6"`` → ``((4.0, 37.8), (8.0, 48.6))``; positive numbers, distinct works."""
+    if not text:
+        return ()
+    try:
+        pts = tuple((float(w), float(r)) for w, r in (item.split(":") for item in text.split(",")))
+    except ValueError:
+        pts = ()
+    if not pts or min(min(pt) for pt in pts) <= 0 or len({w for w, _ in pts}) != len(pts):
+        raise ValueError(
+            f"--rate-curve {text!r}: write WORK:TFLOPS pairs of positive numbers with distinct works, "
+            "separated by commas (e.g. 4:37.8,8:48.6,16:66.5)"
+        )
+    return pts
 
 
 def _gb(n: float) -> str:
@@ -101,6 +165,7 @@ def _row(rank: str, p: MeshPlan) -> str:
         f"{_gb(m['gradients']):>6} {_gb(m['activations'] + m['transient']):>6} {fit:>12} "
         f"{_gb(sum(p.comm.values())):>8} {p.compute_s * 1e3:>8.1f} {p.exposed_s * 1e3:>8.1f} "
         f"{p.step_s * 1e3:>8.1f} {p.samples_per_s:>9.2f}"
+        + (f" {p.io_s * 1e3:>7.1f}{' I/O-bound' if p.io_bound else ''}" if p.io_s else "")
     )
 
 
@@ -114,15 +179,20 @@ def _print(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan]) -> Non
         f"{hw.gpus_per_node}), {_gb(hw.memory)} GB each; {batch}, "
         f"{args.precision} activations and messages, fp32 parameters, gradients and AdamW moments"
     )
+    rate = f"{hw.efficiency:.0%} of {hw.tflops:g} TFLOP/s"
+    if hw.rate_curve:
+        rate = "the measured rate at each mesh's forward work per GPU (--rate-curve)"
     print(
-        f"assumed: matmuls at {hw.efficiency:.0%} of {hw.tflops:g} TFLOP/s; links at "
+        f"assumed: matmuls at {rate}; links at "
         f"{hw.link_efficiency:.0%} of {hw.intra_gbps:g} Gbit/s within a node and {hw.inter_gbps:g} "
         "Gbit/s between nodes; elementwise work not timed; per-layer time max(compute, ring "
         "comm) + halo/gather comm; gradient all-reduce after the backward; rank 0 (the largest share)"
+        + (f"; reading at {hw.read_gbps:g} GB/s per rank, prefetched beside the step" if hw.read_gbps else "")
     )
     print(
         f"{'rank':>4} {'mesh':<9} {'GB/GPU':>7} {'par+opt':>8} {'grads':>6} {'acts':>6} {'fit GB':>12} "
         f"{'comm GB':>8} {'comp ms':>8} {'expo ms':>8} {'step ms':>8} {'samples/s':>9}"
+        + (f" {'read ms':>7}" if hw.read_gbps else "")
     )
     ranked = [p for p in plans if not p.error]
     for i, p in enumerate(ranked, start=1):

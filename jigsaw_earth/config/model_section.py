@@ -10,6 +10,7 @@ added to ``models/presets.py`` appears here, in ``config show`` and in the JSON 
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -26,8 +27,16 @@ DEFAULT_PRESET = "tiny"
 
 
 def _yaml_type(tp: Any) -> Any:
-    """YAML has lists, not tuples (``make_config`` turns a list back into the tuple)."""
-    return list[get_args(tp)[0]] if get_origin(tp) is tuple else tp
+    """YAML has lists, not tuples (``make_config`` turns a list back into the tuple): a
+    ``tuple[X, ...]`` is a list of X, a ``tuple[X, X]`` a list of exactly two, also inside unions."""
+    origin, args = get_origin(tp), get_args(tp)
+    if origin is tuple:
+        if len(args) == 2 and args[1] is Ellipsis:
+            return list[args[0]]
+        return Annotated[list[args[0]], Field(min_length=len(args), max_length=len(args))]
+    if origin in (Union, types.UnionType):
+        return Union[tuple(_yaml_type(a) for a in args)]  # noqa: UP007
+    return tp
 
 
 def _overrides(name: str, cls: type) -> type:

@@ -112,6 +112,18 @@ class DataConfig(Section):
     climatology: str | None = doc(
         "WB2-layout climatology store for the baseline; null = <store stem>-climatology.zarr", None
     )
+    prefetch: int = doc(
+        "training batches read ahead on background threads while the step computes (0 = read in the "
+        "step); host memory per rank: (prefetch + 1) x the batch's bytes, logged at the start",
+        2,
+        ge=0,
+    )
+    read_threads: int = doc(
+        "threads reading one batch's fields in parallel (file reads, decompression and copies release "
+        "the GIL)",
+        2,
+        gt=0,
+    )
 
 
 class OptimConfig(Section):

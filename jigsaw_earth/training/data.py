@@ -13,6 +13,7 @@ normalised with the store's statistics; a ``MemorySource`` holds small global ar
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +46,8 @@ class Source(Protocol):
     def targets(self, ts: np.ndarray) -> np.ndarray: ...  # (L, C, h, w)
     def static(self) -> np.ndarray: ...  # (S, h, w), already normalised
     def climatology(self, times: np.ndarray) -> np.ndarray | None: ...  # (N, C, h, w) or None
+    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]: ...  # normalised (B, C, h, w), (B, L, C, h, w)
 
 
 @dataclass
@@ -73,6 +76,12 @@ class MemorySource:
 
     def static(self) -> np.ndarray:
         return self._cut(self.static_fields)
+
+    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        x = np.stack([(self.inputs(int(t)) - mean) / std for t in inits])
+        y = np.stack([(self.targets(ts) - mean) / std for ts in targets])
+        return x.astype(np.float32), y.astype(np.float32)
 
     def climatology(self, times: np.ndarray) -> np.ndarray | None:
         if self.clim is None:
@@ -107,6 +116,7 @@ class TrainData:
         rollout_steps: int,
         diff_std: np.ndarray | None = None,
         allow_gaps: bool = False,
+        prefetch: int = 1,
     ):
         self.source, self.mesh, self.grid = source, mesh, grid
         self.tile = grid.tile_of(mesh.domain.index)
@@ -121,6 +131,9 @@ class TrainData:
         self.allow_gaps = allow_gaps
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future] = {}
+        self.prefetch = prefetch
+        #: seconds the last ``train_batch`` call blocked waiting for its batch (the step's data wait)
+        self.last_wait_s = 0.0
         self.step_hours = step_hours
         self.times = times
         self.train_mask = _period_mask(times, train_period)
@@ -185,12 +198,11 @@ class TrainData:
 
     def _batch(self, inits: np.ndarray, lead_steps: int) -> Batch:
         targets = self.target_indices(inits, lead_steps)
-        x = np.stack([(self.source.inputs(int(t)) - self.mean) / self.std for t in inits])
-        y = np.stack([(self.source.targets(ts) - self.mean) / self.std for ts in targets])
+        x, y = self.source.batch(np.asarray(inits), targets, self.mean, self.std)
         times = self.times[inits]
         return Batch(
-            inputs=torch.from_numpy(x.astype(np.float32)),
-            targets=torch.from_numpy(y.astype(np.float32)),
+            inputs=torch.from_numpy(x),
+            targets=torch.from_numpy(y),
             static=self._static,
             time_features=torch.from_numpy(time_features(times)),
             channels=self.channels,
@@ -207,18 +219,33 @@ class TrainData:
         batch = self._batch(mine, self.rollout_steps)
         return batch.pin_memory() if self.mesh.device.type == "cuda" else batch
 
+    def batch_bytes(self) -> int:
+        """Host bytes of one training batch on this rank (inputs and targets, float32)."""
+        h, w = self.tile.shape
+        return 4 * self.local_batch * len(self.channels) * h * w * (1 + self.rollout_steps)
+
     def train_batch(self, step: int) -> Batch:
         """This replica's rows of global batch ``step``, this rank's tile.
 
-        The next step's batch is read in a background thread while the caller computes on this
-        one (I/O overlapped with compute; pinned host memory on GPU for non-blocking copies).
-        A batch is a pure function of its step, so prefetching cannot change what is read.
+        The next ``prefetch`` steps' batches are read on background threads while the caller
+        computes on this one (I/O overlapped with compute; pinned host memory on GPU for
+        non-blocking copies). A batch is a pure function of its step, so prefetching cannot change
+        what is read. ``last_wait_s`` is how long this call blocked.
         """
-        ahead = self._ahead.pop(step, None) if self._ahead else None
+        t0 = time.perf_counter()
+        ahead = self._ahead.pop(step, None)
+        if ahead is None:  # first step, a jump (resume, validation) or prefetch 0
+            for fut in self._ahead.values():
+                fut.cancel()
+            self._ahead = {}
         batch = ahead.result() if ahead is not None else self._read_train_batch(step)
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="jigsaw-prefetch")
-        self._ahead = {step + 1: self._pool.submit(self._read_train_batch, step + 1)}
+        self.last_wait_s = time.perf_counter() - t0
+        if self.prefetch:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.prefetch, thread_name_prefix="jigsaw-prefetch")
+            for s in range(step + 1, step + 1 + self.prefetch):
+                if s not in self._ahead:
+                    self._ahead[s] = self._pool.submit(self._read_train_batch, s)
         return batch
 
     def val_inits(self, lead_steps: int, max_samples: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from ..config.schema import TrainConfig
 from ..data.batch import VariableSpec
 from ..data.climatology import check_same_grid
 from ..data.preflight import default_climatology_path, store_preflight
-from ..data.reader import TileReader
+from ..data.reader import Normalisation, TileReader
 from ..data.report import OVER_READ_WARNING, planned_fraction
 from ..data.stats import Normalizer, read_statistics
 from ..data.store import StoreView
@@ -44,10 +44,11 @@ class StoreSource:
         domain_index: int,
         normalizer: Normalizer,
         climatology: str | Path | None,
+        read_threads: int = 1,
     ):
         self.view, self.spec = view, spec
         self.path = view.path
-        self.reader = TileReader(view, spec, grid, grid.tile_of(domain_index), Halo())
+        self.reader = TileReader(view, spec, grid, grid.tile_of(domain_index), Halo(), threads=read_threads)
         self.tile = self.reader.tile
         self.times = np.asarray(view.times)
         self.lat = np.asarray(view.lat)
@@ -63,6 +64,12 @@ class StoreSource:
 
     def targets(self, ts: np.ndarray) -> np.ndarray:
         return self.reader.read_targets(np.asarray(ts))
+
+    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray]:
+        """Normalised inputs ``(B, C, h, w)`` and targets ``(B, L, C, h, w)``, every field of every
+        sample read in parallel and normalised as it lands."""
+        return self.reader.read_batch(inits, targets, Normalisation(mean.reshape(-1), std.reshape(-1)))
 
     def static(self) -> np.ndarray:
         return self._static
@@ -113,9 +120,10 @@ def _warn_over_read(source: StoreSource, grid: TileGrid, mesh: DomainMesh) -> No
     planned = planned_fraction(source.reader, 1)
     share = source.tile.shape[0] * source.tile.shape[1] / (grid.n_lat * grid.n_lon)
     if planned > OVER_READ_WARNING * share:
-        # below ~128x256 points zarr's per-chunk cost outweighs the saving (docs/training.md)
+        # below ~128x256 points a whole-field chunk reads as fast as a tile's (docs/data.md: the
+        # demo's 32x64 store, one chunk per field, read 8-sample batches faster than tile chunks)
         small = grid.n_lat * grid.n_lon < SMALL_GRID_POINTS
-        (log.info if small else log.warning)(
+        (log.debug if small else log.warning)(
             "store %s: each rank reads %.2fx its tile (%.3f of every sample; its share is %.3f): the "
             "chunks do not follow the %dx%d tiles. Rewrite it: jigsaw-earth data prepare %s --out DST "
             "--for-mesh %dx%d",
@@ -136,9 +144,9 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
     grid = TileGrid(*view.grid_shape, mesh.shape.lat, mesh.shape.lon)
     normalizer = Normalizer.from_stats(read_statistics(d.store), spec, view, n_geometry=4)
     clim = d.climatology or default_climatology_path(d.store)
-    source = StoreSource(view, spec, grid, mesh.domain.index, normalizer, clim)
+    source = StoreSource(view, spec, grid, mesh.domain.index, normalizer, clim, d.read_threads)
     _warn_over_read(source, grid, mesh)
-    return TrainData(
+    data = TrainData(
         source,
         mesh,
         grid,
@@ -152,4 +160,9 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
         rollout_steps=cfg.training.rollout_steps,
         diff_std=normalizer.diff_std,
         allow_gaps=d.allow_gaps,
+        prefetch=d.prefetch,
     )
+    if mesh.rank == 0:
+        log.info("data: %d read thread(s), %d batch(es) read ahead; batches take %.1f MiB of host "
+                 "memory per rank", d.read_threads, d.prefetch, (d.prefetch + 1) * data.batch_bytes() / 2**20)
+    return data

@@ -8,6 +8,7 @@ Coordinate channels and position encodings are computed once, from the same form
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import torch
@@ -17,9 +18,10 @@ from ..layers.base import local_domain
 from ..layers.mlp import get_activation
 from ..models.common import assemble_inputs, coordinate_channels, position_encoding
 from ..models.presets import UNetConfig, ViTConfig, WeatherMixerConfig, make_config
+from ..models.weathermixer import hidden_sizes
 from .attention import GlobalAttention, LocalAttention
 from .conv import Conv2d, Downsample, PatchEmbed, PatchRecovery, Upsample
-from .dense import MLP, GroupNorm, LayerNorm, TokenMixing
+from .dense import MLP, GroupNorm, LayerNorm, Linear, TokenMixing
 
 __all__ = ["TWINS", "PlainForecaster", "PlainUNet", "PlainViT", "PlainWeatherMixer", "build_twin"]
 
@@ -185,20 +187,34 @@ class PlainWeatherMixer(PlainForecaster):
     ):
         cfg = cfg or WeatherMixerConfig()
         super().__init__(grid, n_state, n_static, n_time, cfg.residual, cfg.coord_channels)
-        stride = cfg.stride or cfg.patch
-        self.embed = PatchEmbed(
-            grid, self.in_channels, cfg.embed_dim, cfg.patch, stride, lat_mode=cfg.lat_mode
+        self.cfg, self.n_state = cfg, n_state
+        dim = cfg.embed_dim
+        self.embed = PatchEmbed(grid, self.in_channels, dim, cfg.patch, cfg.stride, lat_mode=cfg.lat_mode)
+        tokens = self.embed.tokens
+        token_hidden, channel_hidden = hidden_sizes(cfg, tokens[0] * tokens[1])
+        cfg_blocks = dataclasses.replace(cfg, token_hidden=token_hidden, channel_hidden=channel_hidden)
+        self.blocks = nn.ModuleList(MixerBlock(tokens, cfg_blocks) for _ in range(cfg.depth))
+        self.norm = LayerNorm(dim) if cfg.final_norm else None
+        overlap = "mean" if any(s < q for s, q in zip(self.embed.stride, self.embed.patch)) else "sum"
+        self.recover = PatchRecovery(
+            2 * dim if cfg.concat else dim, n_state, self.embed.patch, self.embed.stride, grid, overlap
         )
-        self.blocks = nn.ModuleList(MixerBlock(self.embed.tokens, cfg) for _ in range(cfg.depth))
-        self.norm = LayerNorm(cfg.embed_dim) if cfg.final_norm else None
-        overlap = "mean" if stride < cfg.patch else "sum"
-        self.recover = PatchRecovery(cfg.embed_dim, n_state, cfg.patch, stride, grid, overlap)
+        if cfg.linear_residual:
+            self.norm_recovered = LayerNorm(n_state)
+            self.norm_joined = LayerNorm(2 * n_state)
+            self.out = Linear(2 * n_state, n_state)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
-        t = self.embed(x)
+        t0 = t = self.embed(x)
         for block in self.blocks:
             t = block(t)
-        return self.recover(self.norm(t) if self.norm is not None else t)
+        if self.norm is not None:
+            t = self.norm(t)
+        y = self.recover(torch.cat([t, t0], dim=-1) if self.cfg.concat else t)
+        if not self.cfg.linear_residual:
+            return y
+        joined = torch.cat([self.norm_recovered(y.movedim(1, -1)), x[:, : self.n_state].movedim(1, -1)], -1)
+        return self.out(self.norm_joined(joined)).movedim(-1, 1)
 
 
 TWINS: dict[str, type[PlainForecaster]] = {

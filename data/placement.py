@@ -1,0 +1,148 @@
+"""Where stored cells go in a tile: runs of storage indices and the copies that place them.
+
+A read asks, along each storage axis, for storage indices at destination positions (-1 where
+the destination is zero padding). ``axis_plan`` splits them into ``Run``s, each a contiguous
+storage range whose destinations step by +1 or -1 (latitude stored south→north lands reversed),
+and notes what the runs cannot express: positions to zero and positions that repeat an earlier
+one (a replicated pole row). ``place`` copies one block of decoded chunks (``chunks.Block``) into
+the destination for a product of runs, in at most three slabs per axis (a partial first chunk,
+whole chunks, a partial last chunk), so every copy is one strided numpy assignment, however many
+chunks a tile spans.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .chunks import Block
+
+__all__ = ["AxisPlan", "Run", "axis_plan", "place"]
+
+
+@dataclass(frozen=True)
+class Run:
+    """Storage ``[start, stop)`` to destination ``dst, dst + step, ...`` (``step`` is ±1)."""
+
+    start: int
+    stop: int
+    dst: int
+    step: int = 1
+
+
+@dataclass
+class AxisPlan:
+    """One axis of a read: its runs, the positions to zero and the repeats ``(dst, source dst)``."""
+
+    runs: list[Run]
+    zeros: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    repeats: list[tuple[int, int]] = field(default_factory=list)
+
+    @property
+    def span(self) -> tuple[int, int]:
+        return min(r.start for r in self.runs), max(r.stop for r in self.runs)
+
+
+def axis_plan(storage: np.ndarray, positions: np.ndarray | None = None) -> AxisPlan:
+    """Runs for destination ``positions`` (default ``0..n-1``) reading ``storage`` (-1: zeros)."""
+    storage = np.asarray(storage, np.int64)
+    if positions is None and len(storage) == 1 and storage[0] >= 0:  # one time or level: the common case
+        return AxisPlan([Run(int(storage[0]), int(storage[0]) + 1, 0)])
+    positions = np.arange(len(storage)) if positions is None else np.asarray(positions, np.int64)
+    first: dict[int, int] = {}
+    pairs, repeats = [], []
+    for s, d in zip(storage.tolist(), positions.tolist()):
+        if s < 0:
+            continue
+        if s in first:
+            repeats.append((d, first[s]))
+        else:
+            first[s] = d
+            pairs.append((s, d))
+    runs: list[Run] = []
+    for s, d in sorted(pairs):
+        last = runs[-1] if runs else None
+        single = last is not None and last.stop - last.start == 1
+        if last and s == last.stop and ((single and abs(d - last.dst) == 1)
+                                        or d == last.dst + last.step * (last.stop - last.start)):
+            step = d - last.dst if single else last.step
+            runs[-1] = Run(last.start, s + 1, last.dst, step)
+        else:
+            runs.append(Run(s, s + 1, d))
+    return AxisPlan(runs, positions[storage < 0], repeats)
+
+
+def _slabs(a: int, b: int, origin: int, chunk: int, n_grid: int) -> list[tuple[slice, slice, int, int]]:
+    """Storage ``[a, b)`` within a block: ``(grid slice, chunk slice, first storage index, length)``
+    of its partial first chunk, whole chunks and partial last chunk (those that exist)."""
+    lo, hi = max(a, origin), min(b, origin + n_grid * chunk)
+    if lo >= hi:
+        return []
+    lo, hi = lo - origin, hi - origin
+    k0, k1 = lo // chunk, (hi - 1) // chunk
+    if k0 == k1:
+        return [(slice(k0, k0 + 1), slice(lo - k0 * chunk, hi - k0 * chunk), lo + origin, hi - lo)]
+    out = []
+    if lo % chunk:
+        out.append((slice(k0, k0 + 1), slice(lo % chunk, chunk), lo + origin, chunk - lo % chunk))
+        k0 += 1
+    full_end = hi // chunk
+    if full_end > k0:
+        out.append((slice(k0, full_end), slice(0, chunk), k0 * chunk + origin, (full_end - k0) * chunk))
+    if hi % chunk:
+        tail = hi % chunk
+        out.append((slice(full_end, full_end + 1), slice(0, tail), full_end * chunk + origin, tail))
+    return out
+
+
+def place(block: Block, runs: tuple[Run, ...], dst: np.ndarray, scratch: np.ndarray | None = None) -> None:
+    """Copy the cells of ``block`` that ``runs`` (one per storage axis) ask for into ``dst``,
+    whose axes are the storage axes (a view of the caller's output, transposed to them).
+
+    A box whose chunks are stored in C order is one strided copy. Otherwise (zarr-python stores
+    a shard's chunks in Morton order) chunks are gathered one row of the chunk grid at a time
+    (along the last axis) with ``take`` into ``scratch`` (cache-sized), then copied into place:
+    that measured faster than copying Morton squares directly (numpy iterates many small axes).
+    """
+    n = len(runs)
+    chunk = block.chunks.shape[1:]
+    per_axis = [_slabs(r.start, r.stop, o, c, g)
+                for r, o, c, g in zip(runs, block.origin, chunk, block.grid.shape)]
+    for combo in itertools.product(*per_axis):
+        ids = block.grid[tuple(s[0] for s in combo)]
+        part = block.chunks[(slice(None), *(s[1] for s in combo))]  # (N, l0, ..., l_{n-1})
+        index, split = [], []
+        for r, (g, c, first, length) in zip(runs, combo):
+            d0 = r.dst + r.step * (first - r.start)
+            stop = d0 + r.step * length
+            index.append(slice(d0, None if stop < 0 else stop, r.step))
+            split += [g.stop - g.start, c.stop - c.start]
+        target = _split_axes(dst[tuple(index)], split)  # (m0, l0, m1, l1, ...)
+        flat = ids.reshape(-1)
+        if len(flat) == 1 or (flat[-1] - flat[0] == len(flat) - 1 and (np.diff(flat) == 1).all()):  # C order
+            src = part[flat[0] : flat[-1] + 1].reshape(*ids.shape, *part.shape[1:])
+            np.copyto(target, src.transpose([k for j in range(n) for k in (j, n + j)]), casting="unsafe")
+            continue
+        row_bytes = ids.shape[-1] * part[0].nbytes
+        for lead in np.ndindex(*ids.shape[:-1]):
+            row = ids[lead]
+            if len(row) == 1 or (row[-1] - row[0] == len(row) - 1 and (np.diff(row) == 1).all()):
+                src = part[row[0] : row[-1] + 1]
+            elif scratch is not None and scratch.nbytes >= row_bytes:
+                src = scratch[:row_bytes].view(part.dtype).reshape(len(row), *part.shape[1:])
+                np.take(part, row, axis=0, out=src, mode="clip")
+            else:
+                src = np.take(part, row, axis=0)
+            # src (m_last, l0, ..., l_{n-1}) -> (l0, ..., l_{n-2}, m_last, l_{n-1})
+            sel = tuple(x for k in lead for x in (k, slice(None)))
+            np.copyto(target[sel], src.transpose(*range(1, n), 0, n), casting="unsafe")
+
+
+def _split_axes(view: np.ndarray, split: list[int]) -> np.ndarray:
+    """``view`` with axis ``j`` split into ``(split[2j], split[2j+1])``: always a view (no copy)."""
+    strides = []
+    for j, s in enumerate(view.strides):
+        strides += [split[2 * j + 1] * s, s]
+    return np.lib.stride_tricks.as_strided(view, shape=split, strides=strides)

@@ -1,0 +1,48 @@
+"""``jigsaw-earth bench io STORE --mesh LATxLON``: the tile reader against raw reads and tensorstore."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+
+from ..bench.io import bench_io, format_io
+from ..data.batch import VariableSpec
+from ..data.store import StoreView
+from ..distributed.halo import Halo
+from ..distributed.mesh import parse_mesh
+
+__all__ = ["run_io"]
+
+log = logging.getLogger(__name__)
+
+
+def run_io(args: argparse.Namespace) -> int:
+    if len(args.inputs) != 1:
+        raise ValueError(f"bench io takes one store, got {len(args.inputs)}: jigsaw-earth bench io STORE "
+                         f"--mesh 2x2")
+    path = str(args.inputs[0])
+    shape = parse_mesh(args.mesh)
+    if args.lead_steps < 1:
+        raise ValueError(f"--lead-steps {args.lead_steps}: use 1 or more")
+    if args.read_threads < 1:
+        raise ValueError(f"--read-threads {args.read_threads}: use 1 or more")
+    repeats = args.repeats or 5
+    if repeats < 1:
+        raise ValueError(f"--repeats {repeats}: use 1 or more")
+    view = StoreView.open(path)
+    upper, surface, _ = view.known_variables()
+    levels = () if view.levels is None else tuple(int(x) for x in view.levels)
+    spec = VariableSpec(tuple(upper), levels if upper else (), tuple(surface), static=())
+    halo = Halo.uniform(args.halo, lat_mode="pole")
+    results = []
+    for cold in (False, True) if args.cache == "both" else (args.cache == "cold",):
+        r = bench_io(path, spec, (shape.lat, shape.lon), ranks=args.ranks, halo=halo,
+                     lead_steps=args.lead_steps, threads=args.read_threads, repeats=repeats, cold=cold)
+        print(format_io(r))
+        results.append(r)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=1))
+        log.info("wrote %s", args.json)
+    return 0

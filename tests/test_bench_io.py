@@ -1,0 +1,83 @@
+"""``bench io`` (reader against raw reads of the same bytes, tensorstore and zarr) and plan's
+price of reading a batch, on a small synthetic store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from jigsaw_earth.data.batch import VariableSpec
+from jigsaw_earth.data.synth import SynthConfig, synth_store
+from jigsaw_earth.data.writer import ChunkLayout
+from jigsaw_earth.models.plan import Hardware, plan_mesh
+
+from jigsaw_earth.bench.io import bench_io, format_io
+from jigsaw_earth.cli import main
+from jigsaw_earth.distributed.halo import Halo
+from jigsaw_earth.distributed.mesh import MeshShape
+
+GRID = (48, 96)
+SPEC = VariableSpec(("geopotential", "temperature"), (500, 850), ("2m_temperature",), static=())
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("io") / "data.zarr"
+    layout = ChunkLayout.for_mesh(*GRID, MeshShape(1, 2, 2))
+    cfg = SynthConfig(n_lat=GRID[0], n_lon=GRID[1], start="2020-01-01", end="2020-01-02T18",
+                      levels=(500, 850), layout=layout)
+    synth_store(path, cfg)
+    return str(path)
+
+
+def test_bench_io_reads_the_same_bytes_every_way(store):
+    r = bench_io(store, SPEC, (2, 2), ranks="0,3", halo=Halo.uniform(1, "pole"), repeats=2)
+    assert [res["rank"] for res in r["results"]] == [0, 3]
+    for res in r["results"]:
+        m = res["methods"]
+        assert {"reader", "raw", "zarr"} <= set(m)
+        assert res["bytes"] > 0 and res["files"] > 0
+        for name, v in m.items():
+            assert v["ms"] > 0 and v["gbps"] > 0 and len(v["ms_all"]) == 2, name
+            assert v["x_raw"] == pytest.approx(v["ms"] / m["raw"]["ms"])
+    table = format_io(r)
+    assert "x raw" in table and "reader" in table
+
+
+def test_bench_io_cli_all_ranks_at_once_and_plan_reads_its_json(store, tmp_path, capsys):
+    out = tmp_path / "io.json"
+    assert main(["bench", "io", store, "--mesh", "1x2", "--ranks", "all", "--repeats", "1", "--halo", "0",
+                 "--cache", "warm", "--json", str(out)]) == 0
+    runs = json.loads(out.read_text())
+    assert runs[0]["ranks"] == "all" and len(runs[0]["results"]) == 2
+    assert "all reading at once" in capsys.readouterr().out
+    plan = ["plan", "--model", "weathermixer", "--preset", "tiny", "--grid", "48x96", "--world-size", "2"]
+    assert main([*plan, "--channels", "5,0,0", "--io-json", str(out)]) == 0
+    assert "read ms" in capsys.readouterr().out
+    plan = ["plan", "--model", "weathermixer", "--preset", "tiny", "--grid", "48x96", "--world-size", "2"]
+    assert main([*plan, "--io-json", str(tmp_path / "missing.json")]) == 2
+    assert "--io-json" in capsys.readouterr().err
+
+
+def test_plan_prices_reading_what_bench_io_measures(store):
+    """plan's bytes per rank are what the reader delivers (no halo: training reads none, the
+    layers exchange it), so its read time at the measured rate is the measured time."""
+    r = bench_io(store, SPEC, (2, 2), ranks="0", halo=Halo(), repeats=2)
+    res = r["results"][0]
+    reader = res["methods"]["reader"]
+    hw = Hardware(read_gbps=reader["delivered_gbps"])
+    plan = plan_mesh("weathermixer", "tiny", GRID, MeshShape(1, 2, 2), (SPEC.n_channels, 0, 0), hw)
+    assert plan.read_bytes == res["delivered"]  # the tile of the inputs and one target, float32
+    assert res["bytes"] == pytest.approx(res["delivered"], rel=0.2)  # stored: zstd, chunk frames
+    assert plan.io_s * 1e3 == pytest.approx(reader["ms"], rel=0.2)
+    slow = plan_mesh("weathermixer", "tiny", GRID, MeshShape(1, 2, 2), (SPEC.n_channels, 0, 0),
+                     Hardware(read_gbps=1e-6))
+    assert slow.io_bound and slow.step_s == pytest.approx(slow.io_s)
+    assert np.isclose(slow.samples_per_s, 1 / slow.io_s)
+
+
+def test_bench_io_refuses_bad_input(store):
+    with pytest.raises(ValueError, match="--ranks"):
+        bench_io(store, SPEC, (2, 2), ranks="7", halo=Halo())
+    assert main(["bench", "io", store, "--lead-steps", "0"]) == 2
