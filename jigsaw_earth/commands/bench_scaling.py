@@ -44,6 +44,10 @@ def format_scaling(result: dict) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in lines)
 
 
+def _load(values: list[float]) -> str:
+    return ", ".join(f"{v:.1f}" for v in values) or "-"
+
+
 def scaling_markdown(path: Path | str, data: dict) -> list[str]:
     """The docs/benchmarks.md section of one ``bench scaling`` JSON file."""
     meta, res = data["meta"], data["result"]
@@ -54,7 +58,8 @@ def scaling_markdown(path: Path | str, data: dict) -> list[str]:
         "",
         f"- command: `{meta['command']}`",
         f"- {meta['device_name']} ({meta.get('cpu_count')} CPUs), torch {meta['torch']}; {meta['date']}; "
-        f"load average at start {meta['load_average']}, at end {meta.get('load_average_end')}",
+        f"load average (1, 5, 15 min) at start {_load(meta['load_average'])}, "
+        f"at end {_load(meta.get('load_average_end', []))}",
         f"- grid {g[0]}x{g[1]}, global batch {res['global_batch']}, {res['warmup']} warm-up + {res['steps']} "
         f"measured steps per run, runs interleaved over {len(res['rows'][0]['repeats'])} repeats; "
         f"distributed.overlap {res.get('overlap', 'on (before the option)')}",
