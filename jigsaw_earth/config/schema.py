@@ -207,10 +207,10 @@ class DistributedConfig(Section):
     timeout_s: float = doc(
         "collective timeout: a peer that never arrives raises after this many seconds", 300.0, gt=0
     )
-    overlap: Literal["auto", "on", "off"] = doc(
-        "transfers in flight while the rank computes (on), or waited for at once (off: faster for "
-        "CPU ranks whose transport thread shares their cores, docs/scaling.md); auto = off on CPU",
-        "auto",
+    overlap: Literal["on", "off"] = doc(
+        "transfers in flight while the rank computes (on), or waited for at once (off: the same "
+        "messages and numbers; faster only on a CPU host loaded beyond its cores, docs/scaling.md)",
+        "on",
     )
 
 

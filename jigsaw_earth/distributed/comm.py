@@ -6,9 +6,9 @@ benchmarks read the ledger to assert volumes against analytical figures. The tra
 ``torch.distributed.batch_isend_irecv``, which runs unchanged on gloo (CPU) and NCCL (GPU).
 
 ``set_overlap(False)`` makes every exchange wait for its transfers as soon as they are posted
-(the same messages in the same order, so the same numbers): on CPU ranks sharing cores with
-gloo's transport thread, a message in flight while the rank computes is slower than one waited
-for at once (docs/scaling.md); the trainer's ``distributed.overlap`` sets it.
+(the same messages in the same order, so the same numbers): on a CPU host loaded far beyond its
+cores, where gloo's transport thread waits for a core, that was faster; on a lightly loaded one
+overlap is (docs/scaling.md). The trainer's ``distributed.overlap`` sets it (default on).
 
 The ledger also keeps ``wait_s``: the seconds this rank spent blocked in communication
 (``Pending.wait``, the all-reduces, and any call made inside ``blocking()``): the exposed

@@ -72,8 +72,7 @@ class Trainer:
     ):
         self.cfg, self.mesh = cfg, mesh
         self.run_dir = Path(cfg.run.dir)
-        overlap = cfg.distributed.overlap
-        set_overlap(overlap == "on" or (overlap == "auto" and mesh.device.type != "cpu"))
+        set_overlap(cfg.distributed.overlap == "on")
         # nothing is written to run.dir before these checks pass (collective: rank 0 decides)
         moved = on_rank0(mesh, lambda: claim_run_dir(cfg, new_run))
         if mesh.is_distributed and torch.distributed.is_initialized():
