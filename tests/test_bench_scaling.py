@@ -80,8 +80,8 @@ def test_command_on_a_tiny_config() -> None:
         assert list(rows) == ["1 rank, 1 thread", "1 rank, 2 threads", "jigsaw 1x2", "jigsaw 2x1", "DDP x2"]
         assert rows["1 rank, 1 thread"]["speedup"] == 1.0
         for name, r in rows.items():
-            parts = sum(r[f"{k}_s"] for k in ("compute", "comm", "data", "other"))
-            assert abs(parts - r["step_s"]) <= 0.1 * r["step_s"], name
+            # the parts are the ranks' mean, the step the slowest rank's: each rank's gap is small
+            assert abs(r["unaccounted_s"]) <= 0.1 * r["step_s"], name
             assert (r["comm_s"] > 0) == (r["processes"] > 1), name
             assert (r["plan"] is None) == (r["kind"] == "threads"), name
         assert data["result"]["link_bytes_per_s"] > 0 and data["result"]["gemm_tflops"] > 0
