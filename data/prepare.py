@@ -276,6 +276,8 @@ def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | No
         da = _canonical(view, view.resolve(v, False), v, None)
         fields[v] = da.isel(time=0, drop=True) if "time" in da.dims else da
     ds = _shape_time(xr.Dataset(fields), opts, repr(view.path))
+    for var in ds.variables.values():  # our codecs and chunks, never the source's (numcodecs Blosc in v2)
+        var.encoding = {}
     encoding, chunks = {}, {}
     for v, da in ds.data_vars.items():
         if "time" not in da.dims:
@@ -291,7 +293,8 @@ def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | No
         ds[v] = ds[v].chunk({d: max(n, 1) * (8 if d == "time" else 1) for d, n in zip(dims, sizes)})
     ds["time"].encoding = {"units": "hours since 1970-01-01", "calendar": "proleptic_gregorian",
                            "dtype": "int64"}
-    with atomic_store(dst, overwrite) as tmp:
+    source = None if "://" in str(src) else src
+    with atomic_store(dst, overwrite, protected=(("source of the prepare", source),)) as tmp:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             job = ds.to_zarr(tmp, zarr_format=3, encoding=encoding, compute=False, consolidated=False)

@@ -138,6 +138,10 @@ def io_report(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, lead_s
               names: dict[str, str] | None = None) -> dict[str, Any]:
     """Bytes each rank of ``mesh`` reads from storage for one sample, against the whole sample."""
     full = _tile_reader(path, spec, MeshShape(1, 1, 1), 0, Halo(), names)
+    n_times = len(full.view.times)
+    if not 0 <= time_index < n_times:
+        raise ValueError(f"--time-index {time_index} is outside the store's {n_times} times; choose one in "
+                         f"[0, {n_times - 1}]")
     inits, found = sample_index(full.view.times, np.array([time_index]), step_hours, lead_steps, True,
                                 f"store {path!r}", "io-report")
     if not len(inits):

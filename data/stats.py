@@ -108,7 +108,12 @@ def compute_statistics(path: str | Path, period: tuple[str, str] | None = None,
 
 
 def write_statistics(path: str | Path, stats: xr.Dataset) -> None:
-    """Write ``stats`` into the store's ``statistics`` group."""
+    """Write ``stats`` into the store's ``statistics`` group.
+
+    String coordinates (``stat``) are written as variable-length UTF-8, the string type Zarr v3
+    specifies, not numpy's fixed-length UTF-32 (which zarr warns about on every read)."""
+    text = {k: stats[k].values.astype(object) for k in stats.coords if stats[k].dtype.kind == "U"}
+    stats = stats.assign_coords(text)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         stats.to_zarr(open_store(path, read_only=False), group=GROUP, mode="w", zarr_format=3,

@@ -143,7 +143,7 @@ def write_climatology(path: Path, dyn: Dynamics, cfg: SynthConfig, overwrite: bo
     doys = np.arange(1, 367)
     levels = np.array(sorted(cfg.levels))
     variables = [*cfg.upper_air, *cfg.surface]
-    with atomic_store(path, overwrite) as tmp:
+    with atomic_store(path, overwrite, kind="climatology") as tmp:
         g = zarr.open_group(tmp, mode="w", zarr_format=3)
         g.create_array("hour", data=hours.astype(np.int64), dimension_names=["hour"])
         g.create_array("dayofyear", data=doys.astype(np.int64), dimension_names=["dayofyear"])
@@ -164,5 +164,5 @@ def write_climatology(path: Path, dyn: Dynamics, cfg: SynthConfig, overwrite: bo
             fields = dyn.fields(times.astype("datetime64[ns]"), levels, variables, mean_only=True)
             for v in variables:
                 arrays[v][i] = fields[v]
-        mark_complete(tmp, source="synth-climatology", grid=[cfg.n_lat, cfg.n_lon])
+        mark_complete(tmp, "climatology", source="synth-climatology", grid=[cfg.n_lat, cfg.n_lon])
     return path

@@ -1,6 +1,6 @@
 """Writing stores in the training layout: chunk/shard layout, atomic output, completion marker.
 
-A store is written to ``DST.tmp-<pid>`` and renamed to ``DST`` only when complete; the root
+A store is written to ``DST.tmp-<random token>`` and renamed to ``DST`` only when complete; the root
 group's ``jigsaw_earth`` attribute records ``complete: true`` (written last). A crash mid-way
 therefore leaves only a ``.tmp-`` folder that no reader accepts.
 
@@ -12,8 +12,8 @@ shards group ``time_shard`` times and ``lat_shard × lon_shard`` cells into one 
 from __future__ import annotations
 
 import logging
-import os
 import shutil
+import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
@@ -26,6 +26,8 @@ from zarr.codecs import BloscCodec, BloscShuffle, ZstdCodec
 
 from jigsaw_earth.distributed.mesh import MeshShape
 from jigsaw_earth.distributed.tiles import TileGrid
+
+from .outputs import MARKER, check_output, unique_tmp
 
 __all__ = ["COMPRESSIONS", "ChunkLayout", "atomic_store", "create_variable", "mark_complete", "write_coords"]
 
@@ -118,17 +120,16 @@ class ChunkLayout:
 
 
 @contextmanager
-def atomic_store(dst: str | Path, overwrite: bool = False) -> Iterator[Path]:
-    """Yield a temporary path next to ``dst``; rename it to ``dst`` on success, delete on error."""
+def atomic_store(dst: str | Path, overwrite: bool = False, *, kind: str = "store",
+                 protected: tuple[tuple[str, str | Path | None], ...] = ()) -> Iterator[Path]:
+    """Yield a temporary path next to ``dst``; rename it to ``dst`` on success, delete on error.
+
+    ``dst`` is checked first (``outputs.check_output``): an existing one is replaced only if it is
+    empty or a ``kind`` store of jigsaw-earth, never one of ``protected``.
+    """
+    check_output(dst, kind, overwrite=overwrite, protected=protected)
     dst = Path(dst)
-    if "://" in str(dst):
-        raise ValueError(f"output {str(dst)!r} must be a local path (atomic rename); copy it afterwards")
-    if dst.exists() and not overwrite:
-        raise ValueError(f"output {dst} already exists; pass --overwrite to replace it or choose "
-                         f"another --out")
-    tmp = dst.with_name(f"{dst.name}.tmp-{os.getpid()}")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    tmp = unique_tmp(dst)
     tmp.parent.mkdir(parents=True, exist_ok=True)
     try:
         yield tmp
@@ -136,7 +137,8 @@ def atomic_store(dst: str | Path, overwrite: bool = False) -> Iterator[Path]:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     if dst.exists():
-        old = dst.with_name(f"{dst.name}.old-{os.getpid()}")
+        check_output(dst, kind, overwrite=overwrite, protected=protected)  # again, just before replacing
+        old = unique_tmp(dst, "replaced-" + tmp.name.rsplit("-", 1)[-1])
         dst.rename(old)
         tmp.rename(dst)
         shutil.rmtree(old, ignore_errors=True)
@@ -176,8 +178,10 @@ def create_variable(group: Any, name: str, shape: tuple[int, ...], dims: list[st
     )
 
 
-def mark_complete(path: Path, **info: Any) -> None:
-    """Record completeness (and provenance) in the root attributes: the last thing written."""
+def mark_complete(path: Path, kind: str = "store", **info: Any) -> None:
+    """Record kind, completeness (and provenance) in the root attributes: the last thing written."""
     group = zarr.open_group(path, mode="r+")
-    group.attrs["jigsaw_earth"] = {"complete": True, **info}
-    zarr.consolidate_metadata(path)  # xarray opens it without listing every array
+    group.attrs[MARKER] = {"kind": kind, "complete": True, **info}
+    with warnings.catch_warnings():  # consolidated metadata is not in the v3 spec (yet): xarray reads it
+        warnings.filterwarnings("ignore", message="Consolidated metadata")
+        zarr.consolidate_metadata(path)  # xarray opens it without listing every array

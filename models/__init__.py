@@ -1,18 +1,20 @@
-"""Forecast models built from jigsaw layers: ViT, U-Net and WeatherMixer.
+"""Forecast models built from jigsaw layers: ViT, U-Net, WeatherMixer, and yours.
 
 Each model is written once as plain PyTorch on jigsaw layers and runs unchanged on one rank or
 on any ``lat × lon`` mesh. ``build_model(name, domain, n_state, n_static, n_time, preset,
-**overrides)`` returns a ``Forecaster``: ``forward(state (B, n_state, h, w), static (n_static,
-h, w), time (B, n_time)) → (B, n_state, h, w)``, all tensors being this rank's tile.
+**overrides)`` returns a forecaster: ``forward(state (B, n_state, h, w), static (n_static,
+h, w), time (B, n_time)) → (B, n_state, h, w)``, all tensors being this rank's tile. ``name`` is
+a registered model (``registry.py``: the built-ins, ``register_model``, the entry-point group
+``jigsaw_earth.models``) or ``package.module:Class``.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from torch import nn
 
-from ..layers.base import Domain
 from .common import Forecaster, assemble_inputs, position_encoding
 from .presets import PRESETS, UNetConfig, ViTConfig, WeatherMixerConfig, make_config
+from .registry import build_model, model_entry, model_from_config, model_names, register_model
 
 __all__ = [
     "MODELS",
@@ -25,42 +27,16 @@ __all__ = [
     "build_model",
     "make_config",
     "model_class",
+    "model_entry",
+    "model_from_config",
+    "model_names",
     "position_encoding",
+    "register_model",
 ]
 
-MODELS = ("vit", "unet", "weathermixer")
+MODELS = model_names()  # the registered models (built-ins, then installed entry points)
 
 
-def model_class(name: str) -> type[Forecaster]:
-    """The class of model ``name`` (imported lazily: each pulls in its own layers)."""
-    if name == "vit":
-        from .vit import ViT
-
-        return ViT
-    if name == "unet":
-        from .unet import UNet
-
-        return UNet
-    if name == "weathermixer":
-        from .weathermixer import WeatherMixer
-
-        return WeatherMixer
-    raise ValueError(f"model {name!r}: use one of {', '.join(MODELS)}")
-
-
-def build_model(
-    name: str,
-    domain: Domain,
-    n_state: int,
-    n_static: int,
-    n_time: int,
-    preset: str = "tiny",
-    **overrides: Any,
-) -> Forecaster:
-    """Model ``name`` at ``preset`` (``tiny``, ``small``, ``1b``, ``3b``) with config ``overrides``.
-
-    Parameters are initialised by the layers; call ``jigsaw_earth.layers.init_model(model, seed)``
-    for a seed-determined, mesh-invariant initialisation.
-    """
-    cfg = make_config(name, preset, **overrides)
-    return model_class(name)(domain, n_state, n_static, n_time, cfg)
+def model_class(name: str) -> type[nn.Module]:
+    """The class of model ``name`` (registered or ``package.module:Class``; imported lazily)."""
+    return model_entry(name).cls()

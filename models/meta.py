@@ -44,7 +44,7 @@ def meta_construction() -> Iterator[None]:
     exist; computing them on meta would only cost time), and restored on exit.
     """
     for name in MODELS:
-        model_class(name)  # import every model's layers before patching them
+        model_class(name)  # import every model's layers before patching them (yours import them too)
     saved = []
     for mod_name, mod in list(sys.modules.items()):
         if mod_name.startswith("jigsaw_earth.layers") and mod is not None:

@@ -9,13 +9,18 @@ hidden unit), and each priced layer's ``cost`` gives its bytes, FLOPs and saved 
   point: the saved activations of the layers it has not reached yet, the gradients of those it
   has passed, the inputs and the loss's fields, plus the largest transient peak of any layer;
 * communication per step = the layers' bytes (forward + backward, per rank: the domain group's
-  total / its size) by op, plus the data-axis all-reduce of the gradients (a ring, fp32);
+  total / its size) by op, plus the data-axis all-reduce of the gradients (a ring, fp32) and the
+  domain all-reduce of the gradients of replicated parameters;
 * step time, per layer: ``max(compute, overlapped comm) + exposed comm`` (compute at
   ``tflops × efficiency``, or at the rate a measured ``rate_curve`` gives for the rank's forward
   work per sample: smaller matmuls run slower), where the weight
   ring, the token-form matmul and ring attention overlap their messages with compute and
   halos, window gathers and affine gathers do not; the gradient all-reduce runs after the
   backward (``training.optim.sync_gradients``), so it is exposed.
+
+A module that holds parameters but declares no ``cost`` (a plain ``nn.Linear`` in a model of your
+own, outside any priced layer) cannot be priced: that mesh's plan is refused with the module's
+path. Parameter-free torch ops in a ``forward`` are priced at zero.
 
 Meshes are ranked by samples per second (``data × batch`` samples per step) among those that
 fit; a mesh that the grid or the model's token layout cannot be split into is reported with
@@ -31,8 +36,8 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from ..distributed.mesh import DomainMesh, MeshShape
-from ..layers.base import Domain
-from ..layers.cost import all_reduce_bytes, model_cost
+from ..layers.base import Domain, spec_of
+from ..layers.cost import all_reduce_bytes, model_cost, unpriced_layers
 from . import build_model
 from .meta import meta_construction
 
@@ -151,6 +156,16 @@ def plan_mesh(
     except ValueError as e:
         plan.error = str(e)
         return plan
+    unpriced = unpriced_layers(model)
+    if unpriced:
+        path, module = unpriced[0]
+        names = [f"{path}.{n}" if path else n for n, _ in module.named_parameters(recurse=False)]
+        plan.error = (
+            f"parameter {', '.join(names)} belongs to {type(module).__name__}, which declares no "
+            "cost(batch, elsize, input_grad); plan cannot price it: build it from jigsaw layers or give "
+            f"{type(module).__name__} a cost method (docs/models.md)"
+        )
+        return plan
     costs = model_cost(model, batch, elsize, input_grad=False)
     params = sum(p.numel() for p in model.parameters()) * 4
     h, w = domain.tile.shape
@@ -173,6 +188,12 @@ def plan_mesh(
     _time(plan, model, costs, shape, hw, params, batch)
     _price_reads(plan, hw, h * w * channels[0], batch)
     return plan
+
+
+def _whole(p: Any) -> bool:
+    """Whether rank 0 holds the whole parameter (replicated over the domain; ``distributed/grads.py``)."""
+    spec = spec_of(p)
+    return tuple(p.shape) == tuple(spec.global_shape) and not any(spec.offsets)
 
 
 def sample_read_bytes(tile_cells: int, channels: int, lead_steps: int = 1) -> int:
@@ -199,7 +220,8 @@ def _backward_peak(model, costs) -> tuple[int, int]:
     reverse, freeing each one's saved activations as its parameters' gradients appear. At the
     optimizer step every gradient is live and no activation."""
     modules = dict(model.named_modules())
-    paths = sorted(costs, key=model.forward_stage)  # stable: registration order within a stage
+    stage = getattr(model, "forward_stage", lambda path: 0)  # Forecaster's; registration order otherwise
+    paths = sorted(costs, key=stage)  # stable: registration order within a stage
     saved = [costs[path].saved for path in paths]
     grads = [4 * sum(p.numel() for p in modules[path].parameters(recurse=False)) for path in paths]
     best = (sum(grads), 0)
@@ -234,6 +256,15 @@ def _time(plan: MeshPlan, model, costs, shape: MeshShape, hw: Hardware, params: 
         plan.compute_s += compute
         plan.comm_s += hidden + exposed
         plan.step_s += step
+    replicated = 4 * sum(p.numel() for p in model.parameters() if _whole(p)) if P > 1 else 0
+    if replicated:  # replicated parameters' gradients, summed over the domain after the backward
+        sent = all_reduce_bytes(P, replicated) // P
+        comm["domain.grad_replicated"] = sent
+        t = hw.transfer(sent, inter_domain)
+        kinds["replicated parameters"]["comm_s"] += t
+        kinds["replicated parameters"]["step_s"] += t
+        plan.comm_s += t
+        plan.step_s += t
     if shape.data > 1:  # the gradients' ring all-reduce over the data axis, after the backward
         sent = all_reduce_bytes(shape.data, params) // shape.data
         comm["data.grad_allreduce"] = sent

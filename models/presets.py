@@ -8,12 +8,12 @@ grid). Parameter counts measured with ``jigsaw-earth model summary`` are in docs
 
 from __future__ import annotations
 
-import dataclasses
-import difflib
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CONFIGS", "PRESETS", "UNetConfig", "ViTConfig", "WeatherMixerConfig", "make_config"]
+from .registry import model_entry, register_model
+
+__all__ = ["PRESETS", "UNetConfig", "ViTConfig", "WeatherMixerConfig", "make_config"]
 
 
 @dataclass(frozen=True)
@@ -109,9 +109,6 @@ class WeatherMixerConfig:
     linear_residual: bool = False
 
 
-# the single source of the model section of a training config (jigsaw_earth/config/model_section.py)
-CONFIGS: dict[str, type] = {"vit": ViTConfig, "unet": UNetConfig, "weathermixer": WeatherMixerConfig}
-
 _PAPER: dict[str, Any] = dict(
     depth=3, patch=(1, 60), token_hidden_fraction=0.5, channel_hidden_fraction=1.0, final_norm=True,
     concat=True, linear_residual=True, residual=False, coord_channels=False, dropout=0.001,
@@ -143,29 +140,17 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
 }
 
 
-def _nearest(name: str, options: list[str]) -> str:
-    close = difflib.get_close_matches(name, options, n=1)
-    return f" (did you mean {close[0]!r}?)" if close else ""
-
+# The one place that names each built-in model: its class, config, presets and plain-torch twin.
+for _name, _config in (("vit", ViTConfig), ("unet", UNetConfig), ("weathermixer", WeatherMixerConfig)):
+    _cls = _config.__name__.removesuffix("Config")
+    register_model(
+        _name,
+        f"jigsaw_earth.models.{_name}:{_cls}",
+        _config,
+        PRESETS[_name],
+        twin=f"jigsaw_earth.twins.models:Plain{_cls}",
+    )
 
 def make_config(model: str, preset: str = "tiny", **overrides: Any) -> Any:
     """The config of ``model`` at ``preset`` with ``overrides`` applied; unknown names are errors."""
-    if model not in CONFIGS:
-        raise ValueError(f"model {model!r}: use one of {sorted(CONFIGS)}{_nearest(model, list(CONFIGS))}")
-    presets = PRESETS[model]
-    if preset not in presets:
-        raise ValueError(
-            f"preset {preset!r} for {model}: use one of {list(presets)}{_nearest(preset, list(presets))}"
-        )
-    cls = CONFIGS[model]
-    fields = [f.name for f in dataclasses.fields(cls)]
-    for key in overrides:
-        if key not in fields:
-            raise ValueError(
-                f"{model} has no option {key!r}{_nearest(key, fields)}; options: {', '.join(fields)}"
-            )
-    values = {**presets[preset], **overrides}
-    for key, value in values.items():
-        if isinstance(value, list):  # YAML lists: tuples in the (frozen, hashable) config
-            values[key] = tuple(value)
-    return cls(**values)
+    return model_entry(model).config(preset, **overrides)

@@ -687,3 +687,606 @@ def test_checkpoint_size_estimate_matches_a_real_checkpoint(
     estimate = _checkpoint_estimate(load_config(cfg))
     saved = sum(f.stat().st_size for f in (run_dir / "checkpoints" / "step_000000004").glob("*.distcp"))
     assert estimate is not None and abs(estimate - saved) < 0.1 * saved, (estimate, saved)
+
+
+# ---------------------------------------------------------------- predict, score, plot, plan, data (issue 19)
+# Each case: (id, argv builder taking the world ``w``, fragments of the one error line). The world
+# (store, climatology, finished run, a forecast store, a user folder) is hashed before and after:
+# a refused command changes nothing on disk. Everything runs in process (``cli.main``).
+@pytest.fixture(scope="module")
+def world(finished_run: tuple[Path, Path], store: Path, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    run_dir, cfg = finished_run
+    root = tmp_path_factory.mktemp("world")
+    fc = root / "fc.zarr"
+    argv = ["predict", str(cfg), "--out", str(fc), "--start", "2020-02-01", "--end", "2020-02-03"]
+    assert main([*argv, "--steps", "2", "--max-inits", "3"]) == 0
+    mine = root / "my-folder"
+    (mine / "sub").mkdir(parents=True)
+    (mine / "notes.txt").write_text("mine")
+    (mine / "sub" / "a.png").write_bytes(b"\x89PNG")
+    scores = root / "scores"
+    assert main(["score", str(fc), "--truth", str(store), "--out", str(scores)]) == 0
+    clim = store.with_name("data-climatology.zarr")
+    ckpt = run_dir / "checkpoints" / "step_000000004"
+    return {"run": run_dir, "cfg": cfg, "store": store, "clim": clim, "fc": fc, "mine": mine, "root": root,
+            "ckpt": ckpt, "scores": root / "scores.json"}  # fmt: skip
+
+
+def _world_snapshot(w: dict) -> dict[str, dict[str, str]]:
+    return {k: _snapshot(w[k]) for k in ("run", "store", "clim", "fc", "mine", "scores")}
+
+
+def _predict(w: dict, *extra: str, out: str | None = None) -> list[str]:
+    target = str(w["root"] / "new-fc.zarr") if out is None else out
+    return ["predict", str(w["cfg"]), "--out", target, "--start", "2020-02-01", "--end", "2020-02-02",
+            "--steps", "1", *extra]  # fmt: skip
+
+
+P = _predict
+PREDICT_CASES: list[tuple[str, Any, list[str]]] = [
+    ("batch-size-zero", lambda w: P(w, "--batch-size", "0"), ["--batch-size 0", "at least 1"]),
+    ("batch-size-negative", lambda w: P(w, "--batch-size", "-3"), ["--batch-size -3", "at least 1"]),
+    ("max-inits-negative", lambda w: P(w, "--max-inits", "-1"), ["--max-inits -1", "0 (all) or more"]),
+    ("max-inits-very-negative", lambda w: P(w, "--max-inits", "-99"), ["--max-inits -99", "0 (all)"]),
+    ("every-hours-zero", lambda w: P(w, "--every-hours", "0"), ["--every-hours 0", "at least 1"]),
+    ("every-hours-negative", lambda w: P(w, "--every-hours", "-6"), ["--every-hours -6", "at least 1"]),
+    ("steps-zero", lambda w: P(w, "--steps", "0"), ["--steps 0", "at least 1"]),
+    ("steps-negative", lambda w: P(w, "--steps", "-2"), ["--steps -2", "at least 1"]),
+    ("out-empty", lambda w: P(w, out=""), ["--out '' is empty", "--out fc.zarr"]),
+    ("out-blank", lambda w: P(w, out="  "), ["--out", "empty"]),
+    ("out-url", lambda w: P(w, out="memory://fc.zarr"), ["--out 'memory://fc.zarr'", "must be local"]),
+    ("out-s3", lambda w: P(w, out="s3://bucket/fc.zarr"), ["s3://bucket/fc.zarr", "copy it afterwards"]),
+    ("out-truth", lambda w: P(w, "--overwrite", out=str(w["store"])), ["is the truth/training store"]),
+    ("out-truth-no-overwrite", lambda w: P(w, out=str(w["store"])), ["is the truth/training store"]),
+    (
+        "out-inside-truth",
+        lambda w: P(w, "--overwrite", out=str(w["store"] / "temperature")),
+        ["lies inside the truth/training store"],
+    ),
+    (
+        "out-new-inside-truth",
+        lambda w: P(w, out=str(w["store"] / "fc.zarr")),
+        ["lies inside the truth/training store", "Choose an --out outside it"],
+    ),
+    (
+        "out-contains-truth",
+        lambda w: P(w, "--overwrite", out=str(w["store"].parent)),
+        ["contains the truth/training store"],
+    ),
+    ("out-climatology", lambda w: P(w, "--overwrite", out=str(w["clim"])), ["is the climatology"]),
+    ("out-run-dir", lambda w: P(w, "--overwrite", out=str(w["run"])), ["is the run directory run.dir"]),
+    ("out-run-dir-plain", lambda w: P(w, out=str(w["run"])), ["is the run directory"]),
+    (
+        "out-contains-run",
+        lambda w: P(w, "--overwrite", out=str(w["run"].parent)),
+        ["contains the run directory"],
+    ),
+    (
+        "out-checkpoints",
+        lambda w: P(w, "--overwrite", out=str(w["run"] / "checkpoints")),
+        ["is the checkpoint folder"],
+    ),
+    (
+        "out-checkpoint",
+        lambda w: P(w, "--overwrite", out=str(w["ckpt"])),
+        ["lies inside the checkpoint folder"],
+    ),
+    (
+        "out-inside-checkpoint",
+        lambda w: P(w, out=str(w["ckpt"] / "fc.zarr")),
+        ["lies inside the checkpoint folder"],
+    ),
+    ("out-user-folder", lambda w: P(w, "--overwrite", out=str(w["mine"])), ["not a jigsaw-earth forecast"]),
+    (
+        "out-user-subfolder",
+        lambda w: P(w, "--overwrite", out=str(w["mine"] / "sub")),
+        ["not a jigsaw-earth forecast store", "a.png"],
+    ),
+    (
+        "out-user-file",
+        lambda w: P(w, "--overwrite", out=str(w["mine"] / "notes.txt")),
+        ["is a file or link", "remove it yourself"],
+    ),
+    ("out-exists", lambda w: P(w, out=str(w["fc"])), ["already exists", "--overwrite"]),
+    ("out-user-no-overwrite", lambda w: P(w, out=str(w["mine"])), ["already exists", "--overwrite"]),
+    ("checkpoint-missing", lambda w: P(w, "--checkpoint", "/nonexistent/step_1"), ["meta.json not found"]),
+    (
+        "checkpoint-tmp",
+        lambda w: P(w, "--checkpoint", str(w["run"] / "checkpoints" / "step_000000006.tmp")),
+        ["not a complete jigsaw-earth checkpoint", "did not finish"],
+    ),
+    (
+        "checkpoint-is-run",
+        lambda w: P(w, "--checkpoint", str(w["run"])),
+        ["not a complete jigsaw-earth checkpoint", "step_N folder"],
+    ),
+    (
+        "checkpoint-is-file",
+        lambda w: P(w, "--checkpoint", str(w["run"] / "config.yaml")),
+        ["not a complete jigsaw-earth checkpoint"],
+    ),
+    (
+        "override-embed-dim",
+        lambda w: P(w, "model.overrides.embed_dim=8"),
+        ["model.overrides.embed_dim=8 differs", "drop the override of model.overrides.embed_dim"],
+    ),
+    (
+        "override-depth",
+        lambda w: P(w, "model.overrides.depth=1"),
+        ["model.overrides.depth=1 differs", "config.yaml"],
+    ),
+    ("override-model-name", lambda w: P(w, "model.name=vit"), ["model.name='vit' differs from"]),
+    ("override-preset", lambda w: P(w, "model.preset=small"), ["model.preset='small' differs"]),
+    (
+        "override-levels",
+        lambda w: P(w, "data.levels=[500]", "validation.variables=[geopotential@500]"),
+        ["data.levels=[500] differs from [500, 850]"],
+    ),
+    (
+        "override-surface",
+        lambda w: P(w, "data.surface=[]", "validation.variables=[temperature@850]"),
+        ["data.surface=[] differs from ['2m_temperature']"],
+    ),
+    (
+        "override-upper-air",
+        lambda w: P(w, "data.upper_air=[geopotential]", "validation.variables=[geopotential@500]"),
+        ["data.upper_air=['geopotential'] differs"],
+    ),
+    (
+        "override-step-hours",
+        lambda w: P(w, "data.step_hours=12", "validation.lead_hours=[12]"),
+        ["data.step_hours=12 differs from 6"],
+    ),
+    (
+        "override-tendency",
+        lambda w: P(w, "loss.tendency_scaling=false"),
+        ["loss.tendency_scaling=False differs from True"],
+    ),
+    ("override-unknown", lambda w: P(w, "optim.lrr=1"), ["'optim.lrr'", "did you mean 'lr'"]),
+    (
+        "start-words",
+        lambda w: [*P(w)[:4], "--start", "yesterday", *P(w)[6:]],
+        ["--start 'yesterday'", "not a date"],
+    ),
+    (
+        "end-typo",
+        lambda w: [*P(w)[:6], "--end", "2020-0l-02", *P(w)[8:]],
+        ["--end '2020-0l-02'", "YYYY-MM-DD"],
+    ),
+    (
+        "start-after-end",
+        lambda w: [*P(w)[:4], "--start", "2020-02-05", *P(w)[6:]],
+        ["--start 2020-02-05 is after --end 2020-02-02", "swap"],
+    ),
+    (
+        "no-inits-in-range",
+        lambda w: [*P(w)[:4], "--start", "2021-01-01", "--end", "2021-01-02", *P(w)[8:]],
+        ["no initialisation time in [2021-01-01, 2021-01-02]", "widen --start/--end"],
+    ),
+    (
+        "steps-beyond-store",
+        lambda w: P(w, "--steps", "9999"),
+        ["9999 forecast steps inside the store", "lower --steps"],
+    ),
+    ("config-missing", lambda w: ["predict", "/nonexistent.yaml", "--out", "x.zarr"], ["not found"]),
+    (
+        "no-checkpoint",
+        lambda w: P(w, f"run.dir={w['root'] / 'empty-run'}"),
+        ["no checkpoint in run directory", "train first", "--checkpoint"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "argv", "fragments"), PREDICT_CASES, ids=[c[0] for c in PREDICT_CASES])
+def test_bad_predict(case: str, argv: Any, fragments: list[str], world: dict, capsys: Any) -> None:
+    before = _world_snapshot(world)
+    listing = sorted(p.name for p in world["root"].iterdir())
+    code, out = _cli(argv(world), capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert _world_snapshot(world) == before, "a refused predict changed the disk"
+    assert sorted(p.name for p in world["root"].iterdir()) == listing, "a refused predict left files behind"
+
+
+def _copy_store(src: Path, dst: Path, change: Any = None) -> Path:
+    """A copy of a store, optionally changed (``change(ds) -> ds``) and re-written without encodings."""
+    import xarray as xr
+
+    if change is None:
+        shutil.copytree(src, dst)
+        return dst
+    ds = change(xr.open_zarr(src)).load()
+    for v in ds.variables.values():
+        v.encoding = {}
+    ds.to_zarr(dst, zarr_format=3, consolidated=False)
+    return dst
+
+
+def _unfinished(w: dict, t: Path) -> Path:
+    import zarr
+
+    path = _copy_store(w["fc"], t / "fc.zarr")
+    zarr.open_group(path, mode="r+").attrs["jigsaw_earth"] = {"kind": "forecast", "complete": False}
+    return path
+
+
+def _text(path: Path, text: str) -> Path:
+    path.write_text(text)
+    return path
+
+
+def _score_json(w: dict, t: Path, change: Any) -> Path:
+    data = json.loads(w["scores"].read_text())
+    return _text(t / "s.json", json.dumps(change(data)))
+
+
+def S(w: dict, fc: Any, *extra: str, truth: Any = None) -> list[str]:
+    truth = w["store"] if truth is None else truth
+    return ["score", str(fc), "--truth", str(truth), "--out", str(w["root"] / "refused"), *extra]
+
+
+def _truth(w: dict, t: Path, change: Any) -> Path:
+    """A changed copy of the truth around the forecast's inits (a smaller copy: faster)."""
+    window = slice("2020-01-31", "2020-02-05")
+    return _copy_store(w["store"], t / "tr.zarr", lambda d: change(d.sel(time=window)))
+
+
+def _isel(**sel: Any) -> Any:
+    return lambda ds: ds.isel(**sel)
+
+
+# (id, argv(world, tmp), fragments): score, plot
+SCORE_CASES: list[tuple[str, Any, list[str]]] = [
+    ("forecast-missing", lambda w, t: S(w, t / "none.zarr"), ["forecast store", "none.zarr not found"]),
+    (
+        "truth-missing",
+        lambda w, t: ["score", str(w["fc"]), "--truth", str(t / "era5.zarr")],
+        ["truth store", "era5.zarr not found"],
+    ),
+    (
+        "climatology-missing",
+        lambda w, t: S(w, w["fc"], "--climatology", str(t / "clim.zarr")),
+        ["climatology store", "not found"],
+    ),
+    (
+        "truth-is-forecast",
+        lambda w, t: ["score", str(w["fc"]), "--truth", str(w["fc"])],
+        ["--truth", "same store as FORECAST", "ERA5"],
+    ),
+    (
+        "climatology-is-truth",
+        lambda w, t: S(w, w["fc"], "--climatology", str(w["store"])),
+        ["--climatology", "same store as --truth"],
+    ),
+    (
+        "climatology-is-forecast",
+        lambda w, t: S(w, w["fc"], "--climatology", str(w["fc"])),
+        ["same store as FORECAST"],
+    ),
+    (
+        "forecast-temp-name",
+        lambda w, t: S(w, _copy_store(w["fc"], t / "fc.zarr.tmp-4f2a")),
+        ["did not finish", "'.tmp-'", "score a finished store"],
+    ),
+    ("forecast-unfinished", lambda w, t: S(w, _unfinished(w, t)), ["marked unfinished", "score a finished"]),
+    (
+        "forecast-duplicated-init",
+        lambda w, t: S(w, _copy_store(w["fc"], t / "d.zarr", _isel(time=[0, 1, 1, 2]))),
+        ["init times repeat ['2020-02-02T00']", "counted twice", "drop_duplicates"],
+    ),
+    (
+        "forecast-unsorted",
+        lambda w, t: S(w, _copy_store(w["fc"], t / "u.zarr", _isel(time=[2, 0, 1]))),
+        ["not sorted: 2020-02-03T00 comes before 2020-02-01T00", "sortby"],
+    ),
+    (
+        "forecast-no-inits",
+        lambda w, t: S(w, _copy_store(w["fc"], t / "e.zarr", _isel(time=slice(0, 0)))),
+        ["init times: none", "at least one init time"],
+    ),
+    (
+        "truth-lacks-variable",
+        lambda w, t: S(w, w["fc"], truth=_truth(w, t, lambda d: d.drop_vars("temperature"))),
+        ["forecast variable 'temperature' cannot be scored", "--variables without it"],
+    ),
+    (
+        "truth-lacks-level",
+        lambda w, t: S(w, w["fc"], truth=_truth(w, t, lambda d: d.sel(level=[500]))),
+        ["'geopotential' cannot be scored", "without levels [850]"],
+    ),
+    (
+        "climatology-lacks-variable",
+        lambda w, t: S(
+            w,
+            w["fc"],
+            "--climatology",
+            str(_copy_store(w["clim"], t / "c.zarr", lambda d: d.drop_vars("geopotential"))),
+        ),
+        ["'geopotential' cannot be scored", "the climatology has no 'geopotential'"],
+    ),
+    (
+        "variables-unknown",
+        lambda w, t: S(w, w["fc"], "--variables", "humidity"),
+        ["--variables ['humidity'] not in the forecast", "it has"],
+    ),
+    (
+        "variables-none-scorable",
+        lambda w, t: S(
+            w, w["fc"], "--variables", "temperature", truth=_truth(w, t, lambda d: d.drop_vars("temperature"))
+        ),
+        ["none of --variables ['temperature'] can be scored"],
+    ),
+    ("region-unknown", lambda w, t: S(w, w["fc"], "--regions", "mars"), ["'mars'"]),
+    (
+        "period-without-inits",
+        lambda w, t: S(w, w["fc"], "--start", "2021-01-01", "--end", "2021-02-01"),
+        ["no init times between 2021-01-01 and 2021-02-01"],
+    ),
+    (
+        "baselines-missing",
+        lambda w, t: S(w, w["fc"], "--baselines", str(t / "b.csv")),
+        ["baselines file", "not found", "leave --baselines out"],
+    ),
+    (
+        "baselines-columns",
+        lambda w, t: S(w, w["fc"], "--baselines", str(_text(t / "b.csv", "a,b\n1,2\n"))),
+        ["b.csv lacks columns", "rmse"],
+    ),
+    (
+        "forecast-is-a-training-store",
+        lambda w, t: S(w, _copy_store(w["store"], t / "x.zarr")),
+        ["forecast has no 'prediction_timedelta' dimension", "forecast store"],
+    ),
+]
+
+PLOT_CASES: list[tuple[str, Any, list[str]]] = [
+    ("json-missing", lambda w, t: ["plot", str(t / "s.json"), "--out", str(t / "p")], ["s.json not found"]),
+    (
+        "json-corrupt",
+        lambda w, t: ["plot", str(_text(t / "s.json", '{"scores": [')), "--out", str(t / "p")],
+        ["s.json is not valid JSON", "write it again"],
+    ),
+    (
+        "json-binary",
+        lambda w, t: ["plot", str(_binary(t / "s.json")), "--out", str(t / "p")],
+        ["s.json is not valid JSON"],
+    ),
+    (
+        "json-list",
+        lambda w, t: ["plot", str(_text(t / "s.json", "[1, 2]")), "--out", str(t / "p")],
+        ["has no 'scores' list"],
+    ),
+    (
+        "json-no-scores",
+        lambda w, t: ["plot", str(_text(t / "s.json", '{"rows": []}')), "--out", str(t / "p")],
+        ["has no 'scores' list", "jigsaw-earth score"],
+    ),
+    (
+        "row-without-metric",
+        lambda w, t: [
+            "plot",
+            str(
+                _score_json(
+                    w,
+                    t,
+                    lambda d: {
+                        **d,
+                        "scores": [{k: v for k, v in r.items() if k != "metric"} for r in d["scores"]],
+                    },
+                )
+            ),
+            "--out",
+            str(t / "p"),
+        ],
+        ["row 0 lacks ['metric']", "write it again"],
+    ),
+    (
+        "row-not-mapping",
+        lambda w, t: ["plot", str(_score_json(w, t, lambda d: {**d, "scores": [3]})), "--out", str(t / "p")],
+        ["row 0 lacks", "'model'"],
+    ),
+    (
+        "plot-baselines-missing",
+        lambda w, t: ["plot", str(w["scores"]), "--out", str(t / "p"), "--baselines", str(t / "b.csv")],
+        ["baselines file", "not found"],
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "argv", "fragments"), SCORE_CASES + PLOT_CASES, ids=[c[0] for c in SCORE_CASES + PLOT_CASES]
+)
+def test_bad_score_or_plot(
+    case: str, argv: Any, fragments: list[str], world: dict, tmp_path: Path, capsys: Any
+) -> None:
+    before = _world_snapshot(world)
+    listing = sorted(p.name for p in world["root"].iterdir())
+    args = argv(world, tmp_path)
+    made = _snapshot(tmp_path)
+    code, out = _cli(args, capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert _world_snapshot(world) == before and _snapshot(tmp_path) == made, "a refused command wrote"
+    assert sorted(p.name for p in world["root"].iterdir()) == listing
+
+
+def PL(*extra: str, ws: str = "16") -> list[str]:
+    return [
+        "plan",
+        "--model",
+        "weathermixer",
+        "--preset",
+        "tiny",
+        "--grid",
+        "32x64",
+        "--world-size",
+        ws,
+        *extra,
+    ]
+
+
+def PR(w: dict, src: Any, out: Any, *extra: str) -> list[str]:
+    return ["data", "prepare", str(src), "--out", str(out), "--no-progress", *extra]
+
+
+# (id, argv(world, tmp), fragments): plan, data, config validate
+OTHER_CASES: list[tuple[str, Any, list[str]]] = [
+    ("plan-world-37", lambda w, t: PL(ws="37"), ["--world-size 37", "default --nodes 4", "--nodes 1"]),
+    ("plan-world-zero", lambda w, t: PL(ws="0"), ["--world-size 0", "positive integer"]),
+    ("plan-world-negative", lambda w, t: PL(ws="-4"), ["--world-size -4", "positive integer"]),
+    (
+        "plan-gpu-memory-1kb",
+        lambda w, t: PL("--gpu-memory", "1KB"),
+        ["--gpu-memory '1KB'", "less than any GPU"],
+    ),
+    (
+        "plan-gpu-memory-bare",
+        lambda w, t: PL("--gpu-memory", "80"),
+        ["--gpu-memory '80' is 80 bytes", "80GB"],
+    ),
+    ("plan-gpu-memory-word", lambda w, t: PL("--gpu-memory", "lots"), ["--gpu-memory 'lots'", "80GiB"]),
+    ("plan-gpu-memory-zero", lambda w, t: PL("--gpu-memory", "0GB"), ["--gpu-memory '0GB'", "such as 80GB"]),
+    ("plan-gpu-memory-negative", lambda w, t: PL("--gpu-memory=-8GB"), ["--gpu-memory '-8GB'"]),
+    ("plan-nodes-not-divisor", lambda w, t: PL("--nodes", "3"), ["--nodes 3", "divisor of --world-size 16"]),
+    ("plan-nodes-zero", lambda w, t: PL("--nodes", "0"), ["--nodes 0", "positive divisor"]),
+    ("plan-efficiency-zero", lambda w, t: PL("--efficiency", "0"), ["--efficiency 0", "(0, 1]"]),
+    ("plan-efficiency-above-one", lambda w, t: PL("--efficiency", "1.5"), ["--efficiency 1.5", "(0, 1]"]),
+    ("plan-tflops-zero", lambda w, t: PL("--gpu-tflops", "0"), ["--gpu-tflops 0", "positive number"]),
+    ("plan-link-negative", lambda w, t: PL("--link-gbps", "-1"), ["--link-gbps -1", "positive number"]),
+    ("plan-inter-zero", lambda w, t: PL("--inter-gbps", "0"), ["--inter-gbps 0", "positive number"]),
+    ("plan-batch-zero", lambda w, t: PL("--batch", "0"), ["--batch 0", "positive integer"]),
+    ("plan-global-batch-zero", lambda w, t: PL("--global-batch", "0"), ["--global-batch 0", "positive"]),
+    ("plan-channels-two", lambda w, t: PL("--channels", "69,2"), ["--channels '69,2'", "3 integers"]),
+    ("plan-channels-word", lambda w, t: PL("--channels", "a,b,c"), ["--channels 'a,b,c'", "integers"]),
+    (
+        "plan-grid-half",
+        lambda w, t: ["plan", "--model", "weathermixer", "--grid", "32x", "--world-size", "4"],
+        ["--grid '32x'"],
+    ),
+    (
+        "plan-grid-word",
+        lambda w, t: ["plan", "--model", "weathermixer", "--grid", "big", "--world-size", "4"],
+        ["--grid 'big'"],
+    ),
+    (
+        "plan-preset-unknown",
+        lambda w, t: [
+            "plan",
+            "--model",
+            "weathermixer",
+            "--preset",
+            "huge",
+            "--grid",
+            "32x64",
+            "--world-size",
+            "4",
+        ],
+        ["'huge'"],
+    ),
+    (
+        "io-report-time-far",
+        lambda w, t: ["data", "io-report", str(w["store"]), "--time-index", "99999"],
+        ["--time-index 99999 is outside the store's", "choose one in [0,"],
+    ),
+    (
+        "io-report-time-negative",
+        lambda w, t: ["data", "io-report", str(w["store"]), "--time-index", "-1"],
+        ["--time-index -1 is outside"],
+    ),
+    (
+        "io-report-missing",
+        lambda w, t: ["data", "io-report", str(t / "none.zarr")],
+        ["none.zarr", "does not exist"],
+    ),
+    (
+        "inspect-missing",
+        lambda w, t: ["data", "inspect", str(t / "none.zarr")],
+        ["none.zarr", "does not exist"],
+    ),
+    (
+        "prepare-out-inside-source",
+        lambda w, t: PR(w, w["store"], w["store"] / "p.zarr"),
+        ["--out", "lies inside the source of the prepare", "nothing was written or deleted"],
+    ),
+    (
+        "prepare-out-is-source",
+        lambda w, t: PR(w, w["store"], w["store"], "--overwrite"),
+        ["is the source of the prepare"],
+    ),
+    (
+        "prepare-out-contains-source",
+        lambda w, t: PR(w, w["store"], w["store"].parent, "--overwrite"),
+        ["contains the source of the prepare"],
+    ),
+    (
+        "prepare-out-user-folder",
+        lambda w, t: PR(w, w["store"], w["mine"], "--overwrite"),
+        ["not a jigsaw-earth store store", "remove it yourself"],
+    ),
+    (
+        "prepare-out-forecast",
+        lambda w, t: PR(w, w["store"], w["fc"], "--overwrite"),
+        ["of another kind ('forecast', not 'store')"],
+    ),
+    ("prepare-out-exists", lambda w, t: PR(w, w["store"], w["mine"]), ["already exists", "--overwrite"]),
+    ("prepare-out-url", lambda w, t: PR(w, w["store"], "memory://p.zarr"), ["'memory:/p.zarr' must be"]),
+    ("prepare-source-missing", lambda w, t: PR(w, t / "none.zarr", t / "p.zarr"), ["does not exist"]),
+    (
+        "prepare-levels-missing",
+        lambda w, t: PR(w, w["store"], t / "p.zarr", "--levels", "300"),
+        ["levels [300]", "are not in"],
+    ),
+    (
+        "synth-over-user-folder",
+        lambda w, t: ["data", "synth", "--out", str(w["mine"]), "--overwrite"],
+        ["not a jigsaw-earth store store", "Nothing was deleted"],
+    ),
+    (
+        "synth-over-forecast",
+        lambda w, t: ["data", "synth", "--out", str(w["fc"]), "--overwrite"],
+        ["of another kind ('forecast', not 'store')"],
+    ),
+    (
+        "validate-world-size-zero",
+        lambda w, t: ["config", "validate", str(w["cfg"]), "--world-size", "0"],
+        ["--world-size 0", "positive integer", "leave it out"],
+    ),
+    (
+        "validate-world-size-negative",
+        lambda w, t: ["config", "validate", str(w["cfg"]), "--world-size", "-2"],
+        ["--world-size -2", "positive integer"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "argv", "fragments"), OTHER_CASES, ids=[c[0] for c in OTHER_CASES])
+def test_bad_plan_data_config(
+    case: str, argv: Any, fragments: list[str], world: dict, tmp_path: Path, capsys: Any
+) -> None:
+    before = _world_snapshot(world)
+    listing = sorted(p.name for p in world["root"].iterdir())
+    args = argv(world, tmp_path)
+    made = _snapshot(tmp_path)
+    code, out = _cli(args, capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert _world_snapshot(world) == before and _snapshot(tmp_path) == made, "a refused command wrote"
+    assert sorted(p.name for p in world["root"].iterdir()) == listing
+
+
+def test_plot_runs_from_another_directory(
+    world: dict, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Store paths in a score JSON are absolute; older relative ones are read against its folder."""
+    data = json.loads(world["scores"].read_text())
+    assert Path(data["forecast"]).is_absolute() and Path(data["truth"]).is_absolute()
+    import os
+
+    rel = {k: os.path.relpath(data[k], world["root"]) for k in ("forecast", "truth")}
+    old = world["root"] / "old-scores.json"
+    old.write_text(json.dumps({**data, **rel}))
+    monkeypatch.chdir(tmp_path)
+    try:
+        code, out = _cli(["plot", str(old), "--out", str(tmp_path / "plots")], capsys)
+    finally:
+        old.unlink()
+    assert code == 0, out
+    assert "no maps drawn" not in out
+    assert sorted(p.name for p in (tmp_path / "plots").glob("map-*.png"))

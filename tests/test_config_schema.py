@@ -11,7 +11,8 @@ from typing import Any
 
 import jsonschema
 import pytest
-from jigsaw_earth.models.presets import CONFIGS, PRESETS
+from jigsaw_earth.models.presets import PRESETS
+from jigsaw_earth.models.registry import model_entry, model_names
 
 from jigsaw_earth.cli import main
 from jigsaw_earth.config import load_config, parse_config
@@ -19,6 +20,7 @@ from jigsaw_earth.config.parse import load_yaml
 
 CONFIGS_DIR = Path(__file__).parents[1] / "configs"
 BUNDLED = sorted(CONFIGS_DIR.rglob("*.yaml"))
+CONFIGS = {name: model_entry(name).config_cls for name in model_names()}
 
 
 @pytest.fixture(scope="module")
@@ -41,10 +43,12 @@ def test_schema_sections_are_documented_and_closed(schema: dict[str, Any]) -> No
 
 def test_schema_lists_each_models_presets_and_overrides(schema: dict[str, Any]) -> None:
     model = schema["properties"]["model"]
-    mapping = model["discriminator"]["mapping"]
-    assert model["discriminator"]["propertyName"] == "name" and set(mapping) == set(CONFIGS)
+    sections = [schema["$defs"][ref["$ref"].rsplit("/", 1)[-1]] for ref in model["oneOf"]]
+    mapping = {s["properties"]["name"].get("const"): s for s in sections}
+    assert set(mapping) == {*CONFIGS, None}  # None: the package.module:Class section
+    assert ":" in mapping[None]["properties"]["name"]["pattern"]
     for name, cls in CONFIGS.items():
-        section = schema["$defs"][mapping[name].rsplit("/", 1)[-1]]
+        section = mapping[name]
         assert section["additionalProperties"] is False
         assert section["properties"]["name"]["const"] == name
         assert section["properties"]["preset"]["enum"] == list(PRESETS[name])
@@ -56,7 +60,7 @@ def test_schema_lists_each_models_presets_and_overrides(schema: dict[str, Any]) 
         for key, prop in overrides["properties"].items():
             default = fields[key].default
             assert prop["default"] == (list(default) if isinstance(default, tuple) else default), key
-    vit = schema["$defs"][mapping["vit"].rsplit("/", 1)[-1]]
+    vit = mapping["vit"]
     vit_keys = schema["$defs"][vit["properties"]["overrides"]["$ref"].rsplit("/", 1)[-1]]["properties"]
     assert vit_keys["embed_dim"]["type"] == "integer" and "tiny 16" in vit_keys["embed_dim"]["description"]
     assert vit_keys["mlp_ratio"]["type"] == "number" and vit_keys["coord_channels"]["type"] == "boolean"

@@ -157,6 +157,29 @@ def test_trainer_pairs_inputs_with_targets_by_time_across_gaps():
         np.ones(len(times), bool), 1, "x"))
 
 
+def test_prefetch_depth_never_changes_a_batch():
+    """Batches read ahead (any depth, jumps as on resume) equal batches read on demand."""
+    from jigsaw_earth.distributed.mesh import DomainMesh
+    from jigsaw_earth.training.data import MemorySource, TrainData
+
+    times = hours("2020-01-01", np.arange(30) * 6)
+    fields = np.random.default_rng(0).normal(size=(len(times), 2, N_LAT, N_LON)).astype(np.float32)
+    mesh = DomainMesh(MeshShape(1, 1, 1))
+    grid = TileGrid(N_LAT, N_LON, 1, 1)
+    source = MemorySource(fields, fields[0], times, LAT, ["x", "y"], ["s"], grid.tile_of(0))
+    kw = dict(mean=np.array([0.5, -1.0]), std=np.array([2.0, 3.0]), global_batch=3, seed=1, step_hours=6,
+              train_period=[], val_period=[], rollout_steps=1)
+    plain = TrainData(source, mesh, grid, **kw, prefetch=0)
+    for depth in (1, 3):
+        ahead = TrainData(source, mesh, grid, **kw, prefetch=depth)
+        for step in (0, 1, 2, 7, 8, 3):  # a jump forward and one back (resume, validation)
+            a, b = ahead.train_batch(step), plain.train_batch(step)
+            assert ahead.last_wait_s >= 0
+            np.testing.assert_array_equal(a.inputs.numpy(), b.inputs.numpy())
+            np.testing.assert_array_equal(a.targets.numpy(), b.targets.numpy())
+    assert plain.batch_bytes() == 4 * 3 * 2 * N_LAT * N_LON * 2
+
+
 # ---- 2. variables from the store ------------------------------------------------------------
 def _config(store, tmp_path, **data):
     """A config file ``tmp_path/c.yaml`` for ``store`` (schema defaults unless given), parsed."""

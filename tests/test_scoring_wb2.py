@@ -292,3 +292,30 @@ def test_each_truth_and_climatology_field_is_read_once(monkeypatch):
         if what == "truth":
             assert len(keys) == needed.size
     assert {k[1] for k in reads} == {"geopotential", "2m_temperature"}
+
+
+def test_scorecard_axes_follow_the_forecast_leads() -> None:
+    """Published 3- and 5-day points do not stretch a 6–24 h scorecard; they are noted instead."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from jigsaw_earth.metrics.plots import _published
+
+    fig, ax = plt.subplots()
+    ax.plot([0.25, 0.5, 0.75, 1.0], [100.0, 200.0, 300.0, 400.0])
+    xlim, ylim = ax.get_xlim(), ax.get_ylim()
+    pub = [
+        {"benchmark": "WB2", "model": "IFS HRES", "lead_days": "1", "rmse": "250", "eval_period": "2020"},
+        {"benchmark": "WB2", "model": "IFS HRES", "lead_days": "3", "rmse": "330", "eval_period": "2020"},
+        {"benchmark": "WB2", "model": "IFS HRES", "lead_days": "5", "rmse": "560", "eval_period": "2020"},
+        {"benchmark": "WB2", "model": "Climatology", "lead_days": "all", "rmse": "820"},
+    ]
+    _published(ax, pub)
+    assert ax.get_xlim() == xlim and ax.get_ylim() == ylim
+    notes = " ".join(t.get_text() for t in ax.texts)
+    assert "WB2 IFS HRES 3 d: 330" in notes and "WB2 IFS HRES 5 d: 560" in notes
+    assert "Climatology 820" in notes
+    assert [line.get_xdata().tolist() for line in ax.lines[1:]] == [[1.0]]  # the 1-day point is drawn
+    plt.close(fig)

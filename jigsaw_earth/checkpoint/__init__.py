@@ -1,7 +1,7 @@
 """Sharded, atomic checkpoints that load on any mesh (torch.distributed.checkpoint underneath)."""
 
 from .export import export_full_state_dict, load_full_tensors
-from .manager import latest_checkpoint, list_checkpoints, load_checkpoint, read_meta, save_checkpoint
+from .manager import latest_checkpoint, list_checkpoints, load_checkpoint, pinned, read_meta, save_checkpoint
 from .state import capture_rng, restore_rng
 
 __all__ = [
@@ -11,6 +11,7 @@ __all__ = [
     "list_checkpoints",
     "load_checkpoint",
     "load_full_tensors",
+    "pinned",
     "read_meta",
     "restore_rng",
     "save_checkpoint",

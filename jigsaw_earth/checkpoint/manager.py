@@ -9,6 +9,11 @@ Layout of ``RUN_DIR/checkpoints/``::
         rank_state/rank_00003.json   optional per-rank JSON state (RNG, loader position)
     step_000240.tmp/        a save in progress (or one that crashed): never loaded
     latest                  name of the newest complete checkpoint (replaced atomically)
+    step_000120/.pin-HOST-PID-TOKEN   a reader (predict) holds it: pruning skips it
+
+A reader pins the checkpoint it loads (``pinned``); pruning skips a pinned checkpoint (a pin whose
+process is gone on this host is stale and removed), and renames a checkpoint aside before removing
+it, checking for a pin once more, so a reader and a pruning training run never race.
 
 A save writes into ``step_N.tmp/``; after every rank has written, rank 0 writes ``meta.json``
 last, renames the folder to ``step_N/`` and replaces ``latest``. A crash at any point leaves the
@@ -23,8 +28,12 @@ import logging
 import os
 import re
 import shutil
+import socket
 import time
+import uuid
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +60,7 @@ __all__ = [
     "latest_checkpoint",
     "list_checkpoints",
     "load_checkpoint",
+    "pinned",
     "read_meta",
     "save_checkpoint",
 ]
@@ -221,7 +231,7 @@ def _make_room(root: Path, expected_bytes: int, keep_last: int) -> None:
             "only %.1f MiB free for a ~%.1f MiB checkpoint: removing %s before saving (checkpoint.keep=%d)",
             free / 2**20, expected_bytes / 2**20, old, keep_last,
         )
-        shutil.rmtree(old, ignore_errors=True)
+        _remove_unpinned(old)
         free = _free_bytes(root)
         if free >= expected_bytes:
             return
@@ -237,7 +247,79 @@ def _prunable(root: Path, keep: int) -> list[Path]:
     named = pointer.read_text().strip() if pointer.is_file() else None
     found = list_checkpoints(root.parent)
     old = found[: max(len(found) - keep, 0)]
-    return [p for p in old if p.name != named]
+    return [p for p in old if p.name != named and not _pinned_by(p)]
+
+
+_PIN = ".pin-"
+
+
+@contextmanager
+def pinned(path: str | os.PathLike) -> Iterator[Path]:
+    """Pin checkpoint ``path`` while it is read (pruning skips it); yields the path.
+
+    Raises ``FileNotFoundError`` if the checkpoint was pruned before the pin was in place. A
+    checkpoint on a read-only filesystem cannot be pinned, nor pruned: it is read unpinned.
+    """
+    path = Path(path)
+    read_meta(path)  # a complete checkpoint, or an error naming what is missing
+    pin = path / f"{_PIN}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        pin.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}))
+    except OSError as err:
+        log.debug("cannot pin %s (%s); reading it unpinned", path, err)
+        pin = None
+    try:
+        if not (path / "meta.json").is_file():  # pruned between read_meta and the pin
+            raise FileNotFoundError(f"checkpoint {path} was pruned by a training run while predict started; "
+                                    f"run again (the newest checkpoint is used)")
+        yield path
+    finally:
+        if pin is not None:
+            pin.unlink(missing_ok=True)
+
+
+def _pinned_by(path: Path) -> list[Path]:
+    """Live pins of a checkpoint; a pin of a process gone from this host is stale and removed."""
+    live = []
+    host = socket.gethostname()
+    for pin in path.glob(f"{_PIN}*"):
+        try:
+            info = json.loads(pin.read_text())
+        except (OSError, ValueError):
+            live.append(pin)  # being written: count it
+            continue
+        if info.get("host") == host and not _alive(int(info.get("pid", -1))):
+            pin.unlink(missing_ok=True)
+            continue
+        live.append(pin)
+    if live:
+        log.info("not pruning %s: read by %s (delete a pin if its process is gone)", path, live[0].name)
+    return live
+
+
+def _alive(pid: int) -> bool:
+    if pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _remove_unpinned(path: Path) -> None:
+    """Remove an old checkpoint unless a reader pinned it meanwhile (renamed aside, pins re-checked)."""
+    aside = path.with_name(path.name + ".pruning.tmp")
+    try:
+        os.replace(path, aside)
+    except OSError:
+        return
+    if _pinned_by(aside):
+        os.replace(aside, path)
+        return
+    shutil.rmtree(aside, ignore_errors=True)
 
 
 def _commit(tmp: Path, final: Path, meta: dict[str, Any], keep_last: int | None) -> None:
@@ -255,7 +337,7 @@ def _commit(tmp: Path, final: Path, meta: dict[str, Any], keep_last: int | None)
     _write_json_text(final.parent / "latest", final.name)
     if keep_last is not None:
         for old in _prunable(final.parent, keep_last):
-            shutil.rmtree(old, ignore_errors=True)
+            _remove_unpinned(old)
 
 
 def _write_json_text(path: Path, text: str) -> None:
@@ -349,7 +431,8 @@ def load_checkpoint(
     rank_file = path / "rank_state" / f"rank_{_rank():05d}.json"
     if meta["world_size"] == mesh.shape.world_size and rank_file.is_file():
         rank_state = json.loads(rank_file.read_text())
-    log.info(
-        "loaded checkpoint %s (saved on mesh %s) in %.2f s", path, meta["mesh"], time.perf_counter() - t0
-    )
+    if _rank() == 0:  # one line per job, not per rank
+        log.info(
+            "loaded checkpoint %s (saved on mesh %s) in %.2f s", path, meta["mesh"], time.perf_counter() - t0
+        )
     return {"step": meta["step"], "state": meta["state"], "rank_state": rank_state, "mesh": meta["mesh"]}

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..layers.base import ShardSpec
+from ..layers.base import ShardSpec, spec_of
 from .planner import Block
 
 __all__ = [
@@ -31,11 +31,13 @@ __all__ = [
 
 
 def spec_or_replicated(t: torch.Tensor) -> tuple[ShardSpec, bool]:
-    """The tensor's ``ShardSpec``, or the whole-tensor spec and ``True`` if it has none."""
-    spec = getattr(t, "_jigsaw_spec", None)
-    if spec is not None:
-        return spec, False
-    return ShardSpec(tuple(t.shape), (0,) * t.dim()), True
+    """The tensor's ``ShardSpec`` and whether it is the whole tensor (then domain rank 0 saves it).
+
+    A tensor without a spec (a plain ``nn.Parameter``) is whole, as is one made with
+    ``sharded_parameter(shape, None)``: every domain rank holds the same copy.
+    """
+    spec = spec_of(t)
+    return spec, tuple(t.shape) == tuple(spec.global_shape) and not any(spec.offsets)
 
 
 def _block(t: torch.Tensor, spec: ShardSpec) -> Block:

@@ -18,7 +18,7 @@ from typing import Any
 import yaml
 
 from ..distributed.mesh import parse_mesh
-from ..models import MODELS, PRESETS
+from ..models import MODELS, model_entry
 from ..models.summary import ModelSummary, summarize
 
 __all__ = ["add_parser", "model_spec", "run"]
@@ -34,7 +34,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--config", metavar="YAML|PRESET", help="a config file with a model: section, or a preset name"
     )
     s.add_argument(
-        "--model", choices=MODELS, help="model name (all three when neither this nor --config names one)"
+        "--model",
+        help="registered model or package.module:Class (all built-ins unless this or --config names one)",
     )
     s.add_argument(
         "--preset", help="preset (tiny, small, 1b, 3b, paper-c1, paper-1.1b); overrides the config's"
@@ -94,12 +95,9 @@ def model_spec(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]
             name, preset = cfg.split(":", 1)
         else:
             preset = preset or cfg
-    preset = preset or "tiny"
     names = [name] if name else list(MODELS)
-    for n in names:
-        if n not in PRESETS:
-            raise ValueError(f"model {n!r}: use one of {', '.join(MODELS)}")
-    return [(n, preset, dict(overrides)) for n in names]
+    # a model without a 'tiny' preset gets its own default
+    return [(n, preset or model_entry(n).default_preset, dict(overrides)) for n in names]
 
 
 def _gib(n: int) -> str:

@@ -15,7 +15,7 @@ import re
 import statistics
 from pathlib import Path
 
-from ..models import MODELS, make_config
+from ..models import make_config, model_entry
 from ..models.plan import Hardware, MeshPlan, plan_meshes, recommend
 
 __all__ = ["add_parser", "parse_bytes", "run"]
@@ -26,9 +26,9 @@ _UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="rank the data × lat × lon meshes of a world size for a model")
-    p.add_argument("--model", required=True, choices=MODELS, help="model name")
+    p.add_argument("--model", required=True, help="a registered model or package.module:Class")
     p.add_argument(
-        "--preset", default="tiny", help="preset (tiny, small, 1b, 3b, paper-c1, paper-1.1b; default tiny)"
+        "--preset", help="preset (tiny, small, 1b, 3b, paper-c1, paper-1.1b; default: the model's first)"
     )
     p.add_argument("--grid", default="721x1440", metavar="NLATxNLON", help="global grid (default 721x1440)")
     p.add_argument("--world-size", type=int, required=True, metavar="N", help="number of GPUs")
@@ -70,7 +70,11 @@ def parse_bytes(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([KMGT]?I?B?)\s*", text, re.IGNORECASE)
     if not m or m.group(2).upper() not in _UNITS or float(m.group(1)) <= 0:
         raise ValueError(f"--gpu-memory {text!r}: write a size such as 80GB or 80GiB")
-    return int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+    if size < 2**28:  # 256 MiB: smaller than any accelerator's memory, so a missing unit or a typo
+        raise ValueError(f"--gpu-memory {text!r} is {size} bytes, less than any GPU holds; write the memory "
+                         f"of one GPU with its unit, such as 80GB or 80GiB")
+    return size
 
 
 def _ints(text: str, sep: str, what: str, n: int, minimum: int) -> tuple[int, ...]:
@@ -102,6 +106,9 @@ def _hardware(args: argparse.Namespace) -> Hardware:
     if not 0 < args.efficiency <= 1:
         raise ValueError(f"--efficiency {args.efficiency}: use a fraction in (0, 1]")
     nodes = args.nodes if args.nodes is not None else max(1, args.world_size // 8)
+    if args.nodes is None and args.world_size % nodes:
+        raise ValueError(f"--world-size {args.world_size} does not split over the default --nodes {nodes} "
+                         f"(8 GPUs per node); pass --nodes K, K dividing {args.world_size} (e.g. --nodes 1)")
     if nodes < 1 or args.world_size % nodes:
         raise ValueError(f"--nodes {nodes}: use a positive divisor of --world-size {args.world_size}")
     return Hardware(
@@ -222,6 +229,7 @@ def run(args: argparse.Namespace) -> int:
     channels = _ints(args.channels, ",", "channels", 3, 0)
     if channels[0] < 1:
         raise ValueError(f"--channels {args.channels!r}: the state needs at least 1 channel")
+    args.preset = args.preset or model_entry(args.model).default_preset
     make_config(args.model, args.preset)  # an unknown preset is one error, not one per mesh
     hw = _hardware(args)
     elsize = 4 if args.precision == "fp32" else 2

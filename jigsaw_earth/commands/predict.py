@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+import numpy as np
+
 from ..config import load_config
 
 
@@ -26,6 +28,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
+def _check_period(start: str, end: str) -> None:
+    for option, text in (("--start", start), ("--end", end)):
+        try:
+            np.datetime64(text, "h")
+        except ValueError:
+            raise ValueError(f"{option} {text!r} is not a date; write YYYY-MM-DD or YYYY-MM-DDTHH") from None
+    if np.datetime64(start, "h") > np.datetime64(end, "h"):
+        raise ValueError(f"--start {start} is after --end {end}; swap them")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..inference.predict import run_prediction
     from ..training.runner import world_size_from_env
@@ -35,6 +47,7 @@ def run(args: argparse.Namespace) -> int:
     start, end = args.start or period[0], args.end or period[-1]
     if not start or not end:
         raise ValueError("give --start and --end (the config has no data.val_period to default to)")
+    _check_period(start, end)
     path = run_prediction(
         cfg,
         args.out,

@@ -6,14 +6,22 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
-from ..metrics.evaluate import evaluate, normalise
+from ..data.outputs import unfinished_reason
+from ..metrics.evaluate import check_times, evaluate, normalise
 from ..metrics.regions import REGIONS
-from ..metrics.scorecard import format_scorecard, grid_resolution, read_baselines, write_scores
+from ..metrics.scorecard import (
+    format_scorecard,
+    grid_resolution,
+    init_period,
+    read_baselines,
+    write_scores,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +55,41 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _open(path: Path, what: str) -> xr.Dataset:
-    if not path.exists() and "://" not in str(path):
-        raise FileNotFoundError(f"{what} store {path} not found")
-    return xr.open_zarr(str(path), chunks=None)
+    if "://" not in str(path):
+        if not path.exists():
+            raise FileNotFoundError(f"{what} store {path} not found")
+        why = unfinished_reason(path)
+        if why is not None:
+            raise ValueError(f"{what} store: {why}; score a finished store (run the command that writes it "
+                             f"again, then delete {path})")
+    with warnings.catch_warnings():  # a store without consolidated metadata is read all the same
+        warnings.filterwarnings("ignore", message="Failed to open Zarr store with consolidated")
+        return xr.open_zarr(str(path), chunks=None)
+
+
+def _absolute(path: Path) -> str:
+    return str(path) if "://" in str(path) else str(path.resolve())
+
+
+def _distinct(args: argparse.Namespace) -> None:
+    """The forecast, truth and climatology must be three different stores."""
+    given = [("FORECAST", args.forecast), ("--truth", args.truth), ("--climatology", args.climatology)]
+    seen: dict[str, str] = {}
+    for option, path in given:
+        if path is None:
+            continue
+        key = str(path) if "://" in str(path) else str(Path(path).resolve())
+        if key in seen:
+            raise ValueError(f"{option} {path} is the same store as {seen[key]}; pass the verifying analysis "
+                             f"(e.g. the ERA5 store) as --truth and its climatology as --climatology")
+        seen[key] = option
 
 
 def run(args: argparse.Namespace) -> int:
+    _distinct(args)
     forecast = normalise(_open(args.forecast, "forecast"), "forecast")
+    if "time" in forecast.dims:
+        check_times(forecast["time"].values, f"forecast {args.forecast}: init times")
     if args.start or args.end:
         forecast = forecast.sel(time=slice(args.start, args.end))
         if forecast.sizes["time"] == 0:
@@ -67,13 +103,13 @@ def run(args: argparse.Namespace) -> int:
     resolution = grid_resolution(forecast.sizes["longitude"])
     times = forecast["time"].values
     first, last = (str(np.datetime_as_string(t, unit="h")) for t in (times.min(), times.max()))
-    period = f"{first} … {last}, {times.size} inits"
+    period = init_period(times)
     print(format_scorecard(rows, baselines, resolution, period))
     prefix = args.out or args.forecast.with_name(args.forecast.name.removesuffix(".zarr") + "-scores")
-    info = {
-        "forecast": str(args.forecast),
-        "truth": str(args.truth),
-        "climatology": None if clim is None else str(args.climatology),
+    info = {  # absolute, so `plot` finds the stores from any directory
+        "forecast": _absolute(args.forecast),
+        "truth": _absolute(args.truth),
+        "climatology": None if clim is None else _absolute(args.climatology),
         "baselines": None if args.baselines is None else str(args.baselines),
         "resolution": resolution,
         "inits": [first, last, int(times.size)],

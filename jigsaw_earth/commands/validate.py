@@ -18,6 +18,7 @@ from pathlib import Path
 from ..distributed.mesh import parse_mesh
 from ..distributed.spawn import spawn
 from ..validation.registry import checks, run_checks
+from ..validation.user_model import check_user_model
 
 log = logging.getLogger(__name__)
 DEFAULT_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3", "2x3", "3x2"]
@@ -37,6 +38,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         metavar="NAME",
         help="only ops whose registered name starts with NAME (repeatable)",
     )
+    p.add_argument(
+        "--model",
+        metavar="NAME",
+        help="check this model (registered, or package.module:Class) instead of the registered ops, and "
+        "name the first module whose output diverges from the serial run",
+    )
+    p.add_argument("--preset", help="the model's preset (with --model; default: its first, or tiny)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write all records as a JSON list")
     p.add_argument("--list", action="store_true", help="list the registered ops and exit")
     p.set_defaults(run=run)
@@ -65,13 +73,30 @@ def run(args: argparse.Namespace) -> int:
         f"{'op':<30} {'mesh':>5} {'shape':<44} {'err fwd':>9} {'err bwd':>9} {'ser fwd':>9} {'ser bwd':>9} "
         f"{'judge':>6} {'comm B':>10} {'expected':>10} result"
     )
+    if args.model:
+        from ..models import model_entry
+
+        model_entry(args.model).config(args.preset)  # a bad name or preset: one error, before spawning
     print(header)
     print("-" * len(header))
     records: list[dict] = []
     start = time.perf_counter()
     for shape in meshes:
         t0 = time.perf_counter()
-        rows = spawn(shape, run_checks, args.op)[0]
+        if args.model:
+            result = spawn(shape, check_user_model, args.model, args.preset)[0]
+            rows, first = [result["record"]], result["first_divergence"]
+            if first is not None:
+                rows[0]["first_divergence"] = first
+                print(
+                    f"{args.model} on {shape.lat}x{shape.lon}: the first module whose output diverges from "
+                    f"the serial run is {first['module']!r} ({first['class']}, relative error "
+                    f"{first['error']:.2e}); it computes on its tile alone (a plain torch op over the "
+                    "field?): use the jigsaw layer or gather the field first",
+                    flush=True,
+                )
+        else:
+            rows = spawn(shape, run_checks, args.op)[0]
         for r in rows:
             print(_row(r), flush=True)
         log.info("mesh %sx%s: %d cases in %.1f s", shape.lat, shape.lon, len(rows), time.perf_counter() - t0)

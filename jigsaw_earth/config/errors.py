@@ -10,10 +10,10 @@ from __future__ import annotations
 import difflib
 import re
 import typing
-from typing import Annotated, Any, get_args, get_origin
+from typing import Annotated, Any, Literal, get_args, get_origin
 
 import typing_extensions
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Discriminator, ValidationError
 from pydantic.fields import FieldInfo
 
 from .base import bare_type
@@ -50,11 +50,17 @@ def _tagged(tp: Any) -> tuple[str, dict[Any, Any]] | None:
     if get_origin(tp) is not Annotated:
         return None
     found = [m.discriminator for m in get_args(tp)[1:] if isinstance(m, FieldInfo) and m.discriminator]
+    if any(isinstance(m, Discriminator) for m in get_args(tp)[1:]):
+        found = ["name"]  # the model union: tagged by model name, "external" for package.module:Class
     if not found:
         return None
     key = str(found[0])
-    sections = get_args(get_args(tp)[0])
-    return key, {get_args(_hints(s)[key])[0]: s for s in sections}
+    sections = [bare_type(s) for s in get_args(get_args(tp)[0])]
+    tags = {}
+    for s in sections:
+        hint = _hints(s)[key]
+        tags[get_args(hint)[0] if get_origin(hint) is Literal else "external"] = s
+    return key, tags
 
 
 def _walk(loc: tuple[Any, ...], root: type) -> tuple[str, Any, Any, str]:
@@ -97,9 +103,12 @@ def one_line(err: ValidationError, root: type) -> str:
         return f"config: missing required key {path!r} ({getattr(field, 'description', '')})"
     if kind in ("literal_error", "union_tag_invalid"):
         if kind == "union_tag_invalid":
-            key = f"config {path}.{ctx['discriminator'].strip(chr(39))}={ctx['tag']!r}"
+            field = ctx["discriminator"].strip(chr(39))
+            field = "name" if field.endswith("()") else field  # the model union's tag is model.name
+            key = f"config {path}.{field}={ctx['tag']!r}"
             value = ctx["tag"]
         choices = re.findall(r"'([^']*)'", ctx.get("expected") or ctx.get("expected_tags", ""))
+        choices = ["package.module:Class" if c == "external" else c for c in choices]
         close = difflib.get_close_matches(str(value), choices, n=1, cutoff=0.5)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         return f"{key} is not allowed{note}{hint}; choose one of {', '.join(map(repr, choices))}"

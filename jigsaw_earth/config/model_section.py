@@ -1,10 +1,13 @@
-"""The ``model`` section: one section per model, generated from ``models/presets.py``.
+"""The ``model`` section: one section per registered model, generated from the model registry.
 
 ``model.name`` picks the section (a union discriminated on ``name``; absent = weathermixer);
 ``model.preset`` is a Literal of that model's presets and ``model.overrides`` a mapping typed
 from the model's own config dataclass: every key optional (unset keys keep the preset's value),
 unknown keys refused, each value of the dataclass field's type. Written once: a model or preset
-added to ``models/presets.py`` appears here, in ``config show`` and in the JSON schema.
+registered (``models/registry.py``: built-ins, ``register_model``, entry points) appears here, in
+``config show`` and in the JSON schema. A ``model.name`` of the form ``package.module:Class``
+selects the ``external`` section: the class is imported and its preset and overrides checked
+against its own ``config_cls`` and ``presets`` when the config is parsed.
 """
 
 from __future__ import annotations
@@ -14,16 +17,15 @@ import types
 import typing
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
-from pydantic import BeforeValidator, Field, create_model
+from pydantic import BeforeValidator, Discriminator, Field, Tag, create_model, model_validator
 from typing_extensions import TypedDict  # pydantic needs it on Python < 3.12
 
-from ..models.presets import CONFIGS, PRESETS
+from ..models.registry import ModelEntry, model_entry, model_names
 from .base import Section, doc
 
-__all__ = ["DEFAULT_MODEL", "MODEL_SECTIONS", "ModelConfig"]
+__all__ = ["DEFAULT_MODEL", "MODEL_SECTIONS", "ExternalModelSection", "ModelConfig"]
 
 DEFAULT_MODEL = "weathermixer"
-DEFAULT_PRESET = "tiny"
 
 
 def _yaml_type(tp: Any) -> Any:
@@ -39,12 +41,15 @@ def _yaml_type(tp: Any) -> Any:
     return tp
 
 
-def _overrides(name: str, cls: type) -> type:
-    """A TypedDict of ``cls``'s fields, each documented with the values its presets set."""
+def _overrides(entry: ModelEntry) -> type:
+    """A TypedDict of the config's fields, each documented with the values its presets set."""
+    cls = entry.config_cls
+    if cls is None:
+        return TypedDict(f"{entry.name}Overrides", {}, total=False)  # type: ignore[operator]
     hints = typing.get_type_hints(cls)
     keys = {}
     for f in dataclasses.fields(cls):
-        by_preset = [f"{p} {v[f.name]!r}" for p, v in PRESETS[name].items() if f.name in v]
+        by_preset = [f"{p} {v[f.name]!r}" for p, v in entry.presets.items() if f.name in v]
         text = f"{cls.__name__}.{f.name}" + (f"; presets: {', '.join(by_preset)}" if by_preset else "")
         default = list(f.default) if isinstance(f.default, tuple) else f.default
         keys[f.name] = Annotated[
@@ -55,19 +60,45 @@ def _overrides(name: str, cls: type) -> type:
     return overrides
 
 
-def _section(name: str, cls: type) -> type[Section]:
-    presets = tuple(PRESETS[name])
+def _section(entry: ModelEntry) -> type[Section]:
+    name, cls = entry.name, entry.config_cls
+    title = cls.__name__.removesuffix("Config") if cls is not None else name
+    about = (cls.__doc__ if cls is not None else entry.cls().__doc__) or name
     return create_model(  # type: ignore[no-any-return, call-overload]
-        f"{cls.__name__.removesuffix('Config')}Section",
+        f"{title}Section",
         __base__=Section,
-        __doc__=f"model.name: {name} — {(cls.__doc__ or '').strip().splitlines()[0]}",
+        __doc__=f"model.name: {name} — {about.strip().splitlines()[0]}",
         name=(Literal[name], doc("model architecture", name if name == DEFAULT_MODEL else ...)),
-        preset=(Literal[presets], doc(f"size preset of {name} (models/presets.py)", DEFAULT_PRESET)),
-        overrides=(_overrides(name, cls), doc(f"{cls.__name__} fields over the preset's", factory=dict)),
+        preset=(Literal[tuple(entry.presets)], doc(f"size preset of {name}", entry.default_preset)),
+        overrides=(_overrides(entry), doc(f"{title} config fields over the preset's", factory=dict)),
     )
 
 
-MODEL_SECTIONS: dict[str, type[Section]] = {name: _section(name, cls) for name, cls in CONFIGS.items()}
+MODEL_SECTIONS: dict[str, type[Section]] = {name: _section(model_entry(name)) for name in model_names()}
+
+
+class ExternalModelSection(Section):
+    """model.name: package.module:Class — your own model, checked against its config_cls and presets."""
+
+    name: str = doc(
+        "your model class as package.module:Class (docs/models.md, 'Write your own model')",
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$",
+    )
+    preset: str | None = doc("a preset of the class's presets (absent: its first, or 'tiny')", None)
+    overrides: dict[str, Any] = doc("config_cls fields over the preset's", factory=dict)
+
+    @model_validator(mode="after")
+    def _resolve(self) -> ExternalModelSection:
+        entry = model_entry(self.name)  # imports the class; one-line errors name the path
+        entry.config(self.preset, **self.overrides)
+        if self.preset is None:
+            self.preset = entry.default_preset
+        return self
+
+
+def _pick(value: Any) -> str:
+    name = value.get("name") if isinstance(value, dict) else getattr(value, "name", None)
+    return name if name in MODEL_SECTIONS or not isinstance(name, str) or ":" not in name else "external"
 
 
 def _default_name(value: Any) -> Any:
@@ -79,7 +110,12 @@ def _default_name(value: Any) -> Any:
 
 
 ModelConfig = Annotated[
-    Union[tuple(MODEL_SECTIONS.values())],  # type: ignore[valid-type]  # noqa: UP007
-    Field(discriminator="name"),
+    Union[  # type: ignore[valid-type]  # noqa: UP007
+        tuple(
+            [Annotated[s, Tag(n)] for n, s in MODEL_SECTIONS.items()]
+            + [Annotated[ExternalModelSection, Tag("external")]]
+        )
+    ],
+    Discriminator(_pick),
     BeforeValidator(_default_name),
 ]

@@ -125,7 +125,8 @@ def describe(cls: type[BaseModel], prefix: str = "") -> list[str]:
     lines = []
     for name, f in cls.model_fields.items():
         tp = bare_type(hints[name])
-        variants = [a for a in get_args(tp) if isinstance(a, type) and issubclass(a, BaseModel)]
+        choices = [bare_type(a) for a in get_args(tp)]  # a union's members may carry a Tag
+        variants = [a for a in choices if isinstance(a, type) and issubclass(a, BaseModel)]
         if isinstance(tp, type) and issubclass(tp, BaseModel):
             variants = [tp]
         if variants:  # a section, or one section per choice of a union

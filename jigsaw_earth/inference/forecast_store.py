@@ -7,17 +7,19 @@ latitude, longitude)``, surface variables ``(time, prediction_timedelta, latitud
 Chunks are aligned with every tile boundary of the mesh (the greatest common divisor of the tile
 offsets along each axis), so no two ranks ever write the same chunk and no locking is needed. An
 even split gives one chunk per tile; an uneven one (721 rows over 4 ranks) gives finer chunks —
-rechunk afterwards if a reader needs larger ones. The store is written under ``PATH.tmp-<run>``
-and renamed to ``PATH`` by rank 0 only after every rank has finished (``close``), so an
-interrupted run leaves nothing that looks complete.
+rechunk afterwards if a reader needs larger ones. The store is written under ``PATH.tmp-<token>``
+(one random token per invocation, shared by its ranks) and renamed to ``PATH`` by rank 0 only after
+every rank has finished (``close``); ``abort`` removes it on any failure. The root attribute
+``jigsaw_earth = {"kind": "forecast", "complete": ...}`` marks the store as predict's own, so
+``--overwrite`` replaces only such stores (``data.outputs.check_output``).
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import shutil
+import uuid
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -28,6 +30,7 @@ import torch.distributed as dist
 import xarray as xr
 import zarr
 
+from ..data.outputs import MARKER, check_output, unique_tmp
 from ..distributed.tiles import Tile, TileGrid
 from ..metrics.units import CF_ATTRS, UNITS
 
@@ -72,12 +75,15 @@ class ForecastLayout:
         return [f"{v}@{lev}" for v in self.upper_air for lev in levs] + list(self.surface)
 
 
-def _run_token() -> str:
-    return (
-        os.environ.get("TORCHELASTIC_RUN_ID")
-        or os.environ.get("SLURM_JOB_ID")
-        or os.environ.get("MASTER_PORT", "local")
-    )
+KIND = "forecast"
+
+
+def _invocation_token() -> str:
+    """A random token, the same on every rank (rank 0's): unique temporary names per invocation."""
+    token = [uuid.uuid4().hex[:12]]
+    if dist.is_initialized():
+        dist.broadcast_object_list(token, src=0)
+    return token[0]
 
 
 def _barrier() -> None:
@@ -96,22 +102,19 @@ class ForecastWriter:
         rank: int = 0,
         *,
         overwrite: bool = False,
+        protected: tuple[tuple[str, str | Path | None], ...] = (),
     ):
         self.path = Path(path)
         self.layout, self.grid, self.rank = layout, grid, rank
-        if self.path.exists() and not overwrite:
-            raise ValueError(
-                f"forecast store {self.path} already exists; pass overwrite or choose another path"
-            )
+        self.overwrite, self.protected = overwrite, protected
+        check_output(self.path, KIND, overwrite=overwrite, protected=protected)
         if (len(layout.latitude), len(layout.longitude)) != (grid.n_lat, grid.n_lon):
             raise ValueError(
                 f"layout grid {len(layout.latitude)}x{len(layout.longitude)} does not match the model grid "
                 f"{grid.n_lat}x{grid.n_lon}"
             )
-        self.tmp = self.path.with_name(f"{self.path.name}.tmp-{_run_token()}")
+        self.tmp = unique_tmp(self.path, _invocation_token())
         if rank == 0:
-            if self.tmp.exists():
-                shutil.rmtree(self.tmp)
             self._template().to_zarr(self.tmp, mode="w", compute=False, zarr_format=3, consolidated=False)
         _barrier()
         self._arrays = {name: zarr.open_array(self.tmp / name, mode="r+") for name in self._variables()}
@@ -149,7 +152,7 @@ class ForecastWriter:
         }
         if lay.upper_air:
             coords["level"] = ("level", np.asarray(sorted(lay.levels), dtype=np.int64), COORD_ATTRS["level"])
-        attrs = {"jigsaw_earth": {"complete": False}, "Conventions": "CF-1.8"}
+        attrs = {MARKER: {"kind": KIND, "complete": False}, "Conventions": "CF-1.8"}
         return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
     def write(self, init_index: int, lead_index: int, fields: np.ndarray, tile: Tile) -> None:
@@ -174,15 +177,26 @@ class ForecastWriter:
         _barrier()
         if self.rank == 0:
             group = zarr.open_group(self.tmp, mode="r+")
-            group.attrs["jigsaw_earth"] = {"complete": True}
+            group.attrs[MARKER] = {"kind": KIND, "complete": True}
             with (
                 warnings.catch_warnings()
             ):  # consolidated metadata is not in the v3 spec (yet): xarray reads it
                 warnings.filterwarnings("ignore", message="Consolidated metadata")
                 zarr.consolidate_metadata(self.tmp)
+            # the path may have changed since the start: the same rule again, just before replacing
+            check_output(self.path, KIND, overwrite=self.overwrite, protected=self.protected)
             if self.path.exists():
-                shutil.rmtree(self.path)
-            self.tmp.rename(self.path)
+                old = unique_tmp(self.path, "replaced-" + self.tmp.name.rsplit("-", 1)[-1])
+                self.path.rename(old)
+                self.tmp.rename(self.path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                self.tmp.rename(self.path)
             log.info("wrote forecast store %s", self.path)
         _barrier()
         return self.path
+
+    def abort(self) -> None:
+        """Rank 0 removes the temporary store (after a failure on any rank); never the target."""
+        if self.rank == 0:
+            shutil.rmtree(self.tmp, ignore_errors=True)

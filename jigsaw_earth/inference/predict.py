@@ -3,25 +3,37 @@
 Every rank reads only its tile of the initial conditions, runs the model on its tile (weights
 sharded as in training), and writes its tile of every forecast into one Zarr store
 (``ForecastWriter``). Data-parallel replicas take disjoint initialisation times. The forecast
-step is the trainer's (``Trainer.forward``: autocast and tendency scaling as configured), and the
-weights come from a sharded checkpoint written on any mesh.
+step is the trainer's (``training.step.model_step``: autocast and tendency scaling as configured),
+and the weights come from a sharded checkpoint written on any mesh.
+
+Inference is read-only on the run (``load.py``): no run-directory claim, no ``config.yaml`` or
+``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
+before any work (``data.outputs.check_output``): never the truth store, the checkpoints, or a
+path that is not predict's own; the temporary store is removed on any exit (SIGTERM included).
 """
 
 from __future__ import annotations
 
 import logging
+import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import latest_checkpoint
+from ..checkpoint import load_checkpoint, pinned
 from ..config.schema import TrainConfig
+from ..data.outputs import check_output
 from ..training.data import TrainData
-from ..training.loop import Trainer
 from ..training.runner import setup_mesh
-from .forecast_store import ForecastLayout, ForecastWriter
+from ..training.step import build_run_model, model_step
+from .forecast_store import KIND, ForecastLayout, ForecastWriter
+from .load import check_against_checkpoint, find_checkpoint, protected_paths
 
 __all__ = ["run_prediction", "select_inits"]
 
@@ -64,6 +76,35 @@ def _layout(cfg: TrainConfig, data: TrainData, inits: np.ndarray, steps: int) ->
     return layout
 
 
+def _check_options(out: str | Path, steps: int, every_hours: int, max_inits: int, batch_size: int) -> None:
+    for option, value, least in (
+        ("--steps", steps, 1), ("--every-hours", every_hours, 1), ("--batch-size", batch_size, 1),
+        ("--max-inits", max_inits, 0),
+    ):  # fmt: skip
+        if value < least:
+            what = "0 (all) or more" if least == 0 else f"at least {least}"
+            raise ValueError(f"{option} {value}: must be {what}; e.g. {option} {max(least, 1)}")
+    if not str(out).strip():
+        raise ValueError("--out '' is empty; give the forecast store to write, e.g. --out fc.zarr")
+
+
+@contextmanager
+def _sigterm_raises() -> Iterator[None]:
+    """SIGTERM (torchrun stopping the job after another rank failed) unwinds like an error."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @torch.no_grad()
 def run_prediction(
     cfg: TrainConfig,
@@ -79,45 +120,63 @@ def run_prediction(
     overwrite: bool = False,
 ) -> Path:
     """Forecast ``steps`` steps from every selected init and write ``out`` (collective)."""
-    if steps < 1:
-        raise ValueError(f"--steps must be at least 1, got {steps}")
-    cfg.checkpoint.resume = checkpoint or "auto"
-    if checkpoint is None and latest_checkpoint(cfg.run.dir) is None:
-        raise FileNotFoundError(
-            f"no checkpoint in run directory {cfg.run.dir!r}: train first (jigsaw-earth train) "
-            f"or pass --checkpoint"
-        )
+    _check_options(out, steps, every_hours, max_inits, batch_size)
+    ckpt = find_checkpoint(cfg, checkpoint)
+    protected = protected_paths(cfg, ckpt)
+    run_dir = (("run directory run.dir", cfg.run.dir),)
+    check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
+    check_against_checkpoint(cfg, ckpt)
     mesh = setup_mesh(cfg)
     try:
-        trainer = Trainer(cfg, mesh)
-        data = trainer.data
-        inits = select_inits(data, start, end, steps, every_hours, max_inits)
-        writer = ForecastWriter(
-            out, _layout(cfg, data, inits, steps), data.grid, mesh.rank, overwrite=overwrite
-        )
+        with _sigterm_raises():
+            return _predict(cfg, mesh, ckpt, out, protected, start, end, steps, every_hours, max_inits,
+                            batch_size, overwrite)  # fmt: skip
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _predict(
+    cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path, protected: Any, start: str, end: str,
+    steps: int, every_hours: int, max_inits: int, batch_size: int, overwrite: bool,
+) -> Path:  # fmt: skip
+    from ..training.sources import build_data
+
+    data = build_data(cfg, mesh, training=False)
+    inits = select_inits(data, start, end, steps, every_hours, max_inits)
+    model = build_run_model(cfg, mesh, data)
+    with pinned(ckpt):
+        step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
+    model.eval()
+    dev = mesh.device
+    tendency = data.tendency_std.to(dev) if cfg.loss.tendency_scaling else None
+    bf16 = cfg.training.precision == "bf16"
+    writer = ForecastWriter(
+        out, _layout(cfg, data, inits, steps), data.grid, mesh.rank, overwrite=overwrite, protected=protected
+    )
+    try:
         replicas, replica = mesh.axis("data").size, mesh.axis("data").index
         mine = np.arange(len(inits))[replica::replicas]
-        trainer.model.eval()
-        dev = mesh.device
+        reported = 0
         for k in range(0, len(mine), batch_size):
             chunk = mine[k : k + batch_size]
             batch = data._batch(inits[chunk], steps).to(dev)
             state = batch.inputs
             for lead in range(steps):
-                state = trainer.forward(state, batch.static, data.step_time_features(batch, lead).to(dev))
+                tf = data.step_time_features(batch, lead).to(dev)
+                state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency)
                 physical = data.denormalise(state.cpu()).numpy()
                 for b, init_index in enumerate(chunk):
                     writer.write(int(init_index), lead, physical[b], data.tile)
-            log.info("forecast %d/%d initialisations", min(k + batch_size, len(mine)), len(mine))
+            done = min(k + batch_size, len(mine))
+            if mesh.rank == 0 and (done == len(mine) or 10 * done // len(mine) > reported):
+                reported = 10 * done // len(mine)
+                log.info("forecast %d/%d initialisations", done, len(mine))
         path = writer.close()
-        log.info(
-            "wrote %d forecasts × %d steps from checkpoint step %d to %s",
-            len(inits),
-            steps,
-            trainer.step,
-            path,
-        )
-        return path
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
+    except BaseException:
+        writer.abort()
+        raise
+    if mesh.rank == 0:
+        log.info("wrote %d forecasts × %d steps from checkpoint %s (step %d) to %s",
+                 len(inits), steps, ckpt, step, path)  # fmt: skip
+    return path

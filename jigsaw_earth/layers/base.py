@@ -112,7 +112,9 @@ def sharded_parameter(
 ) -> nn.Parameter:
     """An uninitialised parameter holding ``[start, stop)`` of ``global_shape`` along ``dim``.
 
-    ``dim=None`` keeps the whole tensor (use only for what cannot be split, and say why).
+    ``dim=None`` keeps the whole tensor on every domain rank (use only for what cannot be split, and
+    say why): a replicated parameter, whose gradient the trainer sums over the domain ranks each
+    step (``distributed/grads.py``), so every copy stays the same.
     """
     shape, offsets = list(global_shape), [0] * len(global_shape)
     if dim is not None:
@@ -124,10 +126,9 @@ def sharded_parameter(
 
 
 def spec_of(p: torch.Tensor) -> ShardSpec:
+    """``p``'s block; a plain ``nn.Parameter`` is the whole tensor, replicated on every rank."""
     spec = getattr(p, "_jigsaw_spec", None)
-    if spec is None:
-        raise ValueError("parameter was not created with sharded_parameter(); it has no ShardSpec")
-    return spec
+    return spec if spec is not None else ShardSpec(tuple(p.shape), (0,) * p.dim())
 
 
 # ------------------------------------------------------------------ counter-based randomness
@@ -186,11 +187,24 @@ def fill_fan_in_(weight: torch.Tensor, bias: torch.Tensor | None, seed: int, key
 
 
 def init_model(model: nn.Module, seed: int) -> nn.Module:
-    """(Re)initialise every jigsaw layer with keys from its module path: mesh-invariant."""
+    """(Re)initialise every layer with keys from its module path: mesh-invariant.
+
+    A jigsaw layer fills its blocks from the counter-based generator; a plain torch layer holding
+    weights (replicated: every rank holds all of it) runs its own ``reset_parameters`` under a
+    generator seeded from ``(seed, path)``, so it too is the same on every rank and every mesh.
+    """
     for name, module in model.named_modules():
         reset = getattr(module, "reset_parameters", None)
-        if reset is not None and getattr(module, "jigsaw_layer", False):
-            reset(seed=seed, key=name or type(module).__name__)
+        if reset is None:
+            continue
+        key = name or type(module).__name__
+        if getattr(module, "jigsaw_layer", False):
+            reset(seed=seed, key=key)
+        elif own := list(module.parameters(recurse=False)):
+            cuda = sorted({p.device.index or 0 for p in own if p.device.type == "cuda"})
+            with torch.random.fork_rng(devices=cuda):
+                torch.manual_seed(_stream(seed, key) & ((1 << 63) - 1))
+                reset()
     return model
 
 

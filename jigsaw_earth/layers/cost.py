@@ -33,6 +33,7 @@ __all__ = [
     "model_cost",
     "priced_layers",
     "step_bytes",
+    "unpriced_layers",
     "window_bytes",
 ]
 
@@ -102,6 +103,23 @@ def priced_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:
     for path, module in model.named_modules():
         if callable(getattr(module, "cost", None)):
             yield path, module
+
+
+def unpriced_layers(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """Modules holding parameters that neither declare a ``cost`` nor sit inside a module that does.
+
+    Their FLOPs, activations and traffic would be missing from a plan; ``plan`` refuses them by
+    name. (A parameter-free torch op — a ``torch.mean`` in ``forward`` — is invisible here: it is
+    priced at zero, and ``validate --model`` is what finds a wrong one.)
+    """
+    priced = [path for path, _ in priced_layers(model)]
+    found = []
+    for path, module in model.named_modules():
+        if not any(True for _ in module.parameters(recurse=False)) or callable(getattr(module, "cost", None)):
+            continue
+        if not any(path.startswith(f"{p}.") or p == "" for p in priced):
+            found.append((path, module))
+    return found
 
 
 def model_cost(model: nn.Module, batch: int, elsize: int = 4, input_grad: bool = True) -> dict[str, Cost]:

@@ -22,7 +22,7 @@ from .grid import ForecastGrid
 from .regions import get_regions
 from .units import unit_of
 
-__all__ = ["DIM_ALIASES", "VAR_ALIASES", "evaluate", "normalise"]
+__all__ = ["DIM_ALIASES", "VAR_ALIASES", "check_times", "evaluate", "normalise"]
 
 SPACE = ("latitude", "longitude")
 
@@ -83,6 +83,65 @@ def _levels(ref: xr.DataArray, other: xr.DataArray, what: str) -> xr.DataArray:
     return other.sel(level=want)
 
 
+def check_times(times: np.ndarray, what: str) -> None:
+    """Refuse empty, duplicated or unsorted times (a duplicate would be scored twice), listing them."""
+    times = np.asarray(times)
+    if times.size == 0:
+        raise ValueError(f"{what}: none (an empty store?); score a forecast with at least one init time")
+    stamps = [str(np.datetime_as_string(t, unit="h")) if np.issubdtype(times.dtype, np.datetime64) else str(t)
+              for t in times]  # fmt: skip
+    values, counts = np.unique(times, return_counts=True)
+    if (counts > 1).any():
+        dup = [stamps[int(np.nonzero(times == v)[0][0])] for v in values[counts > 1]]
+        more = " …" if len(dup) > 10 else ""
+        raise ValueError(f"{what} repeat {dup[:10]}{more} ({len(dup)} duplicated): each would be counted "
+                         f"twice; write each init once (e.g. ds.drop_duplicates('time'))")
+    back = np.nonzero(times[1:] < times[:-1])[0]
+    if back.size:
+        k = int(back[0])
+        raise ValueError(f"{what} are not sorted: {stamps[k]} comes before {stamps[k + 1]}; sort them first "
+                         f"(ds.sortby('time'))")
+
+
+def _lacks(name: str, fc: xr.Dataset, other: xr.Dataset | None, what: str) -> str | None:
+    """Why ``other`` cannot verify forecast variable ``name`` (missing, or missing levels)."""
+    if other is None:
+        return None
+    if name not in other.data_vars:
+        return f"the {what} has no {name!r} (it has {sorted(map(str, other.data_vars))})"
+    if "level" in fc[name].dims and "level" in other[name].dims:
+        missing = np.setdiff1d(fc[name]["level"].values, other[name]["level"].values)
+        if missing.size:
+            return (f"the {what} has {name!r} without levels {missing.tolist()[:5]} of the forecast "
+                    f"(it has {other[name]['level'].values.tolist()})")
+    return None
+
+
+def _variables(
+    forecast: xr.Dataset, truth: xr.Dataset, clim: xr.Dataset | None, variables: Sequence[str] | None
+) -> list[str]:
+    """The variables to score: every forecast variable (all must be verifiable, or an error names
+    the first that is not), or those of ``variables`` (unverifiable ones skipped with a warning)."""
+    names = list(variables) if variables else [str(v) for v in forecast.data_vars]
+    absent = [v for v in names if v not in forecast.data_vars]
+    if absent:
+        have = sorted(map(str, forecast.data_vars))
+        raise ValueError(f"--variables {absent} not in the forecast; it has {have}")
+    kept = []
+    for name in names:
+        why = _lacks(name, forecast, truth, "truth store") or _lacks(name, forecast, clim, "climatology")
+        if why is None:
+            kept.append(name)
+        elif variables:
+            log.warning("skipped %s: %s", name, why)
+        else:
+            raise ValueError(f"forecast variable {name!r} cannot be scored: {why}; use a store that has "
+                             f"it, or score --variables without it")
+    if not kept:
+        raise ValueError(f"none of --variables {names} can be scored against this truth/climatology")
+    return kept
+
+
 def _rows(
     scores: dict[tuple[str, str, str], np.ndarray], fc: xr.DataArray, unit: str
 ) -> list[dict[str, Any]]:
@@ -131,26 +190,15 @@ def evaluate(
     stores is read once (``engine.score_variable``).
     """
     forecast, truth = normalise(forecast, "forecast"), normalise(truth, "truth")
-    names = list(variables) if variables else [v for v in forecast.data_vars if v in truth.data_vars]
-    lacking = [v for v in names if v not in forecast.data_vars or v not in truth.data_vars]
-    if not names or lacking:
-        raise ValueError(
-            f"variables {lacking or '(none in common)'} are not in both stores; forecast has "
-            f"{sorted(map(str, forecast.data_vars))}, truth has {sorted(map(str, truth.data_vars))}"
-        )
     for dim in ("time", "prediction_timedelta"):
         if dim not in forecast.dims:
             raise ValueError(f"forecast has no {dim!r} dimension: is it a forecast store (init, lead)?")
     if climatology is not None:
         climatology = normalise(climatology, "climatology")
-        lacking = [v for v in names if v not in climatology.data_vars]
-        if lacking:
-            raise ValueError(
-                f"climatology lacks {lacking}; it has {sorted(map(str, climatology.data_vars))}: "
-                f"score without --climatology or with --variables that it has"
-            )
-    forecast = forecast if forecast.indexes["time"].is_monotonic_increasing else forecast.sortby("time")
-    truth = truth if truth.indexes["time"].is_monotonic_increasing else truth.sortby("time")
+    names = _variables(forecast, truth, climatology, variables)
+    check_times(forecast["time"].values, "forecast init times")
+    if "time" in truth.dims:
+        check_times(truth["time"].values, "truth times")
     grid = ForecastGrid.match(forecast, truth)
     plans = plan_regions(get_regions(regions), grid, truth)
     rows: list[dict[str, Any]] = []

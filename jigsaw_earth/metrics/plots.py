@@ -108,22 +108,38 @@ def _headline(fields: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
 
 
 def _published(ax, pub: list[dict[str, Any]]) -> None:
-    """Published RMSEs as markers at their lead days; climatologies ('all' leads) as lines."""
+    """Published RMSEs as markers at their lead days; climatologies ('all' leads) as lines.
+
+    The axes stay those of the forecast's own leads and values: published numbers outside them are
+    listed in a note in the corner, not drawn (a 3- and 5-day point must not squeeze a 6–24 h curve).
+    """
+    (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
+    outside: list[str] = []
     by_model: dict[str, list[tuple[float, float]]] = defaultdict(list)
     for b in pub:
+        name, rmse = f"{b['benchmark']} {b['model']}", float(b["rmse"])
         if b["lead_days"] == "all":
-            ax.axhline(float(b["rmse"]), color="0.6", lw=0.8, ls="-.")
-            ax.annotate(
-                f"{b['benchmark']} {b['model']}", (0, float(b["rmse"])), xycoords=("axes fraction", "data"),
-                fontsize=6, color="0.4", va="bottom",
-            )  # fmt: skip
+            if not y0 <= rmse <= y1:
+                outside.append(f"{name} {rmse:.4g}")
+                continue
+            ax.axhline(rmse, color="0.6", lw=0.8, ls="-.")
+            where = ("axes fraction", "data")
+            ax.annotate(name, (0, rmse), xycoords=where, fontsize=6, color="0.4", va="bottom")
         else:
-            by_model[f"{b['benchmark']} {b['model']} ({b.get('eval_period', '')})"].append(
-                (float(b["lead_days"]), float(b["rmse"]))
-            )
+            day = float(b["lead_days"])
+            if not (x0 <= day <= x1 and y0 <= rmse <= y1):
+                outside.append(f"{name} {day:g} d: {rmse:.4g}")
+                continue
+            by_model[f"{name} ({b.get('eval_period', '')})"].append((day, rmse))
     for label, points in by_model.items():
         x, y = zip(*sorted(points))
         ax.plot(x, y, marker="x", ls="none", ms=5, label=label)
+    ax.set_xlim(x0, x1)
+    ax.set_ylim(y0, y1)
+    if outside:
+        more = f" (+{len(outside) - 4})" if len(outside) > 4 else ""
+        note = "published, outside these axes: " + "; ".join(outside[:4]) + more
+        ax.annotate(note, (0.01, 0.99), xycoords="axes fraction", fontsize=5, color="0.4", va="top")
 
 
 def _coastlines():

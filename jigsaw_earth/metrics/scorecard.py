@@ -16,6 +16,7 @@ __all__ = [
     "BASELINES",
     "format_scorecard",
     "grid_resolution",
+    "init_period",
     "published_for",
     "read_baselines",
     "read_scores",
@@ -26,6 +27,15 @@ WIDTH = 100
 BASELINES = "baselines_rmse.csv"  # package data of jigsaw_earth.metrics
 FIELDS = ["model", "metric", "region", "variable", "level", "lead_hours", "value", "unit"]
 _RESOLUTIONS = {1440: "0.25deg", 240: "1.5deg", 64: "5.625deg"}
+
+
+def init_period(times: Any) -> str:
+    """``"2020-01-01T00 … 2020-12-31T12, 732 inits"``: the header's period of a forecast's inits."""
+    import numpy as np
+
+    times = np.asarray(times)
+    first, last = (str(np.datetime_as_string(t, unit="h")) for t in (times.min(), times.max()))
+    return f"{first} … {last}, {times.size} inits"
 
 
 def grid_resolution(n_lon: int) -> str:
@@ -153,12 +163,28 @@ def write_scores(rows: list[dict[str, Any]], prefix: str | os.PathLike, info: di
 
 
 def read_scores(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]:
-    """Rows and run info of a ``PREFIX.json`` written by ``write_scores``."""
+    """Rows and run info of a ``PREFIX.json`` written by ``write_scores``.
+
+    Store paths in the info that are relative (files written before they were made absolute) are
+    taken relative to the JSON file's folder, so ``plot`` works from any directory.
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"score file {path} not found; write one with `jigsaw-earth score`")
-    data = json.loads(path.read_text())
-    if "scores" not in data:
+    fix = "write it again with `jigsaw-earth score`"
+    try:
+        data = json.loads(path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"score file {path} is not valid JSON ({err}); {fix}") from None
+    if not isinstance(data, dict) or not isinstance(data.get("scores"), list):
         raise ValueError(f"{path} has no 'scores' list: is it a PREFIX.json from `jigsaw-earth score`?")
     rows = data.pop("scores")
+    for k, row in enumerate(rows):
+        missing = [f for f in FIELDS if not isinstance(row, dict) or f not in row]
+        if missing:
+            raise ValueError(f"score file {path}: row {k} lacks {missing} (every row needs {FIELDS}); {fix}")
+    for key in ("forecast", "truth", "climatology"):
+        value = data.get(key)
+        if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():
+            data[key] = str(path.parent / value) if (path.parent / value).exists() else value
     return rows, data

@@ -26,7 +26,6 @@ import json
 import logging
 import math
 import time
-from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +37,19 @@ from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restor
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
 from ..distributed.comm import set_overlap
+from ..distributed.grads import replication
 from ..distributed.mesh import DomainMesh
-from ..layers.base import Domain, init_model
+from ..layers.base import init_model
 from .accounting import StepClock, device_peak_tflops, step_flops, summarize_steps
 from .data import TrainData
 from .evaluate import format_table, validate
 from .loss import channel_weights, global_value, weighted_sq_error
 from .monitor import Monitor, memory_mb
-from .optim import build_optimizer, clip_grad_norm, lr_at, replication_weights, sync_gradients
+from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
 from .rundir import claim_run_dir, config_hash, record_start
 from .signals import Preempted, StopSignals
+from .step import build_run_model, model_step
 
 __all__ = ["NonFiniteLossError", "Preempted", "Trainer", "config_hash"]
 
@@ -82,22 +83,13 @@ class Trainer:
 
             data = build_data(cfg, mesh)
         self.data = data
-        domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
         if model is None:
-            from ..models import build_model
-
-            model = build_model(
-                cfg.model.name,
-                domain,
-                len(data.channels),
-                data.n_static,
-                4,
-                cfg.model.preset,
-                **cfg.model.overrides,
-            )
-        self.model = init_model(model.to(mesh.device), cfg.run.seed)
+            self.model = build_run_model(cfg, mesh, data)
+        else:
+            self.model = init_model(model.to(mesh.device), cfg.run.seed)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
-        self.rep_weights = replication_weights(self.params, mesh)
+        self.holders = replication(self.model, mesh)  # domain ranks holding each parameter's block
+        self.rep_weights = [1.0 / n for n in self.holders]
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.ch_weights = channel_weights(data.channels, cfg.loss.variable_weights, cfg.loss.level_weights)
         self.tendency = data.tendency_std.to(mesh.device) if cfg.loss.tendency_scaling else None
@@ -159,22 +151,10 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ compute
-    def _autocast(self) -> Any:
-        if self.cfg.training.precision == "bf16":
-            return torch.autocast(self.mesh.device.type, dtype=torch.bfloat16)
-        return nullcontext()
-
     def forward(self, state: torch.Tensor, static: torch.Tensor, time_features: torch.Tensor) -> torch.Tensor:
-        """One model step (autocast as configured); output in float32.
-
-        With ``loss.tendency_scaling`` the model's residual ``Δ = model(x) − x`` is scaled per
-        channel by the one-step tendency std, so an output of order 1 is a typical 6-h change.
-        """
-        with self._autocast():
-            out = self.model(state, static, time_features).float()
-        if self.tendency is None:
-            return out
-        return state + (out - state) * self.tendency.view(1, -1, 1, 1)
+        """One model step as configured (``step.model_step``: autocast, tendency scaling); float32."""
+        bf16 = self.cfg.training.precision == "bf16"
+        return model_step(self.model, state, static, time_features, bf16=bf16, tendency=self.tendency)
 
     def _loss_local(self, batch: Batch) -> torch.Tensor:
         dev = self.mesh.device
@@ -202,7 +182,7 @@ class Trainer:
         with clock.phase("compute"):
             local = self._loss_local(batch)
             local.backward()
-            sync_gradients(self.params, self.mesh)
+            sync_gradients(self.params, self.mesh, self.holders)
         with clock.phase("other"):
             loss = float(global_value(local, self.mesh))
             norm = clip_grad_norm(self.params, self.rep_weights, self.cfg.optim.grad_clip, self.mesh)

@@ -5,7 +5,8 @@
 * **Data parallelism**: gradients are summed over the data axis in flat buckets (the loss is
   already divided by the global batch), which equals the gradient of the global batch. This is
   what DDP does, written out so the order of reduction is fixed and the sharded parameters need
-  no wrapper.
+  no wrapper. Parameters replicated on every domain rank are summed over the domain axis too
+  (``distributed/grads.py``), so their copies stay identical.
 * **Global norm**: the squared norm of each shard is summed over the domain axis, every
   element counted once: a parameter block held by several domain ranks (replicated, e.g. a
   ``dim=None`` parameter) is weighted by 1 / (number of holders), found once at set-up by
@@ -16,7 +17,6 @@
 from __future__ import annotations
 
 import math
-from collections import Counter
 
 import torch
 import torch.distributed as dist
@@ -24,6 +24,7 @@ from torch import nn
 
 from ..config.schema import OptimConfig
 from ..distributed.comm import blocking
+from ..distributed.grads import domain_holders, sum_gradients
 from ..distributed.mesh import DomainMesh
 
 __all__ = ["build_optimizer", "clip_grad_norm", "lr_at", "replication_weights", "sync_gradients"]
@@ -54,52 +55,22 @@ def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
     return cfg.min_lr + 0.5 * (cfg.lr - cfg.min_lr) * (1.0 + math.cos(math.pi * progress))
 
 
-def sync_gradients(params: list[nn.Parameter], mesh: DomainMesh, bucket_elems: int = 1 << 22) -> None:
-    """Sum gradients over the data axis (flat buckets, fixed order); missing grads count as 0."""
-    axis = mesh.axis("data")
-    if axis.size == 1:
-        return
-    for p in params:
-        if p.grad is None:
-            p.grad = torch.zeros_like(p)
-    bucket: list[nn.Parameter] = []
-    size = 0
-    for p in [*params, None]:
-        if p is not None:
-            bucket.append(p)
-            size += p.numel()
-        if bucket and (p is None or size >= bucket_elems):
-            flat = torch.cat([q.grad.reshape(-1) for q in bucket])
-            with blocking():
-                dist.all_reduce(flat, group=axis.group)
-            offset = 0
-            for q in bucket:
-                q.grad.copy_(flat[offset : offset + q.numel()].view_as(q.grad))
-                offset += q.numel()
-            bucket, size = [], 0
+def sync_gradients(
+    params: list[nn.Parameter],
+    mesh: DomainMesh,
+    holders: list[int] | None = None,
+    bucket_elems: int = 1 << 22,
+) -> None:
+    """Sum gradients over the data axis, and those of replicated parameters over the domain axis.
+
+    ``holders`` is ``distributed.grads.domain_holders(params, mesh)``; the rule lives there.
+    """
+    sum_gradients(params, mesh, holders, bucket_elems)
 
 
 def replication_weights(params: list[nn.Parameter], mesh: DomainMesh) -> list[float]:
     """1 / (number of domain ranks holding the same block) for each parameter (collective)."""
-    keys = []
-    for p in params:
-        spec = getattr(p, "_jigsaw_spec", None)
-        offsets = tuple(spec.offsets) if spec is not None else (0,) * p.dim()
-        keys.append((offsets, tuple(p.shape)))
-    axis = mesh.domain
-    if axis.size == 1:
-        return [1.0] * len(params)
-    everyone: list = [None] * axis.size
-    dist.all_gather_object(everyone, keys, group=axis.group)
-    if any(len(k) != len(keys) for k in everyone):
-        raise ValueError(
-            "domain ranks hold different numbers of parameters; the model must be built identically"
-        )
-    weights = []
-    for i, key in enumerate(keys):
-        holders = Counter(k[i] for k in everyone)[key]
-        weights.append(1.0 / holders)
-    return weights
+    return [1.0 / n for n in domain_holders(params, mesh)]
 
 
 def clip_grad_norm(

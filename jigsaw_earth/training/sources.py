@@ -132,8 +132,9 @@ def _warn_over_read(source: StoreSource, grid: TileGrid, mesh: DomainMesh) -> No
         )
 
 
-def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
-    """Open the store of ``cfg.data`` and return this rank's ``TrainData``."""
+def build_data(cfg: TrainConfig, mesh: DomainMesh, *, training: bool = True) -> TrainData:
+    """Open the store of ``cfg.data`` and return this rank's ``TrainData`` (``training``: say how
+    batches are read ahead; inference reads no training batches)."""
     d = cfg.data
     problems = store_preflight(cfg)
     if problems:
@@ -162,7 +163,7 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh) -> TrainData:
         allow_gaps=d.allow_gaps,
         prefetch=d.prefetch,
     )
-    if mesh.rank == 0:
+    if mesh.rank == 0 and training:
         log.info("data: %d read thread(s), %d batch(es) read ahead; batches take %.1f MiB of host "
                  "memory per rank", d.read_threads, d.prefetch, (d.prefetch + 1) * data.batch_bytes() / 2**20)
     return data

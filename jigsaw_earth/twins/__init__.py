@@ -10,12 +10,11 @@ from .attention import GlobalAttention, LocalAttention
 from .conv import Conv2d, ConvTranspose2d, Downsample, PatchEmbed, PatchRecovery, Upsample
 from .dense import MLP, GroupNorm, InstanceNorm, LayerNorm, Linear, TokenMixing
 from .load import canonical_parameters, load_jigsaw
-from .models import TWINS, PlainForecaster, PlainUNet, PlainViT, PlainWeatherMixer, build_twin
+from .models import PlainForecaster, PlainUNet, PlainViT, PlainWeatherMixer, build_twin
 from .pad import sphere_pad
 
 __all__ = [
     "MLP",
-    "TWINS",
     "Conv2d",
     "ConvTranspose2d",
     "Downsample",

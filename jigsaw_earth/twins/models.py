@@ -17,13 +17,14 @@ from torch import nn
 from ..layers.base import local_domain
 from ..layers.mlp import get_activation
 from ..models.common import assemble_inputs, coordinate_channels, position_encoding
-from ..models.presets import UNetConfig, ViTConfig, WeatherMixerConfig, make_config
+from ..models.presets import UNetConfig, ViTConfig, WeatherMixerConfig
+from ..models.registry import model_entry
 from ..models.weathermixer import hidden_sizes
 from .attention import GlobalAttention, LocalAttention
 from .conv import Conv2d, Downsample, PatchEmbed, PatchRecovery, Upsample
 from .dense import MLP, GroupNorm, LayerNorm, Linear, TokenMixing
 
-__all__ = ["TWINS", "PlainForecaster", "PlainUNet", "PlainViT", "PlainWeatherMixer", "build_twin"]
+__all__ = ["PlainForecaster", "PlainUNet", "PlainViT", "PlainWeatherMixer", "build_twin"]
 
 
 class PlainForecaster(nn.Module):
@@ -217,12 +218,6 @@ class PlainWeatherMixer(PlainForecaster):
         return self.out(self.norm_joined(joined)).movedim(-1, 1)
 
 
-TWINS: dict[str, type[PlainForecaster]] = {
-    "vit": PlainViT,
-    "unet": PlainUNet,
-    "weathermixer": PlainWeatherMixer,
-}
-
 
 def build_twin(
     name: str,
@@ -233,6 +228,12 @@ def build_twin(
     preset: str = "tiny",
     **overrides,
 ) -> PlainForecaster:
-    """The plain twin of ``build_model(name, ...)`` on the global ``grid`` (same config rules)."""
-    cfg = make_config(name, preset, **overrides)
-    return TWINS[name](grid, n_state, n_static, n_time, cfg)
+    """The plain twin of ``build_model(name, ...)`` on the global ``grid`` (same config rules).
+
+    The model registry names each model's twin (``register_model(..., twin=...)``).
+    """
+    entry = model_entry(name)
+    twin = entry.twin_cls()
+    if twin is None:
+        raise ValueError(f"model {name} has no plain-torch twin; compare it with its serial self instead")
+    return twin(grid, n_state, n_static, n_time, entry.config(preset, **overrides))

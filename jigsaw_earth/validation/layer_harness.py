@@ -6,7 +6,8 @@ module, holding the canonical full parameters) and on the mesh — and compares:
 * initial parameters: every shard equals its block of the serial parameter (mesh-invariant init);
 * outputs: the rank's output tile against ``reference(serial_module, x_global)``, which should be
   written in plain torch (``None`` uses the serial module itself, for composite models);
-* input gradients and every parameter gradient, for a random cotangent;
+* input gradients and every parameter gradient, for a random cotangent (a parameter replicated
+  over the domain summed over it first, as the trainer does: ``distributed/grads.py``);
 * each against the serial result in float32 and in float64 (the serial module and input cast
   to double), judged by the registry's one rule (``registry.judge``);
 * communication: bytes sent over all ranks (against ``expected_bytes`` when given);
@@ -23,6 +24,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..distributed.comm import ledger
+from ..distributed.grads import domain_holders, reduce_gradients
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import TileGrid
 from ..layers.base import Domain, init_model, local_domain, parameter_bytes, spec_of
@@ -133,6 +135,11 @@ def check_module(
     y = sharded(x_local)
     fwd_bytes = ledger.bytes_sent
     y.backward(tile(cot(y32.shape), out_grid, out_layout))
+    sent = ledger.bytes_sent  # the layers' own traffic; the trainer's gradient sums are not theirs
+    params = list(sharded.parameters())
+    holders = domain_holders(params, mesh)
+    replicated = [p for p, n in zip(params, holders, strict=True) if n == mesh.domain.size > 1]
+    reduce_gradients(replicated, mesh.domain, op="grad.replicated")  # as the trainer does each step
     fwd.append(compare(y, tile(y64, out_grid, out_layout), tile(y32, out_grid, out_layout)))
     bwd.append(compare(x_local.grad, tile(gx64, in_grid, layout), tile(gx32, in_grid, layout)))
     for name, p in sharded.named_parameters():
@@ -151,7 +158,7 @@ def check_module(
     record = Record(
         op, f"{mesh.shape.lat}x{mesh.shape.lon}", shape, tolerance=tolerance, expected_bytes=expected_bytes
     )
-    record = measure(record, fwd, bwd, ledger.bytes_sent, labels)
+    record = measure(record, fwd, bwd, sent, labels)
     mine = parameter_bytes(sharded)
     bound = parameter_bytes(serial) / mesh.domain.size + sum(
         _slice_allowance(p) for p in sharded.parameters()

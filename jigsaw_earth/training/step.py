@@ -1,0 +1,51 @@
+"""The model of a config and one forecast step with it: shared by training and inference.
+
+``build_run_model`` builds (and initialises) the configured model on this rank's domain;
+``model_step`` is one autoregressive step (bf16 autocast as configured; with
+``loss.tendency_scaling`` the residual ``Δ = model(x) − x`` is scaled per channel by the
+one-step tendency std, so an output of order 1 is a typical 6-h change). The trainer and
+``predict`` both call these, so a forecast is the step the model was trained with.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from torch import nn
+
+from ..config.schema import TrainConfig
+from ..distributed.mesh import DomainMesh
+from ..layers.base import Domain, init_model
+from .data import TrainData
+
+__all__ = ["build_run_model", "model_step"]
+
+
+def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.Module:
+    """The configured model on this rank's tile of the data's grid, initialised (mesh-invariant)."""
+    from ..models import (
+        model_from_config,  # the model registry: built-ins, entry points, package.module:Class
+    )
+
+    domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
+    model = model_from_config(cfg.model, domain, len(data.channels), data.n_static, 4)
+    return init_model(model.to(mesh.device), cfg.run.seed)
+
+
+def model_step(
+    model: nn.Module,
+    state: torch.Tensor,
+    static: torch.Tensor,
+    time_features: torch.Tensor,
+    *,
+    bf16: bool,
+    tendency: torch.Tensor | None,
+) -> torch.Tensor:
+    """One model step from ``state`` ``(B, C, h, w)``; output float32, same shape."""
+    autocast = torch.autocast(state.device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
+    with autocast:
+        out = model(state, static, time_features).float()
+    if tendency is None:
+        return out
+    return state + (out - state) * tendency.view(1, -1, 1, 1)
