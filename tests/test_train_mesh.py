@@ -1,4 +1,4 @@
-"""Mesh invariance of training, and checkpoints that resume on another mesh.
+"""Mesh invariance of training, checkpoints that resume on another mesh, and the step accounting.
 
 One spawn per mesh. On every mesh the same seed and global batch must give the same 20-step
 loss and grad-norm trajectory as one process (within 1e-4 relative). The 2×2 run saves a
@@ -36,6 +36,8 @@ def _train(mesh: DomainMesh, run_dir: str, resume: str, sections: dict) -> dict:
         "loss": [h["loss"] for h in trainer.history],
         "grad_norm": [h["grad_norm"] for h in trainer.history],
         "val": {k: v for k, v in summary["validation"].items() if k.endswith("/model")},
+        "steps": [{k: v for k, v in h.items() if k.endswith("_s") or k == "tflops"} for h in trainer.history],
+        "breakdown": summary["step_breakdown"],
     }
 
 
@@ -96,3 +98,29 @@ def test_report_trajectory_differences(runs: dict, capsys: pytest.CaptureFixture
         for name in MESHES:
             diff = max(_rel(r["fresh"]["loss"], ref) for r in runs[name])
             print(f"\nmesh {name}: max relative loss difference vs 1x1x1 over 20 steps = {diff:.2e}")
+
+
+PARTS = ("compute_s", "comm_s", "data_s", "other_s")
+
+
+@pytest.mark.parametrize("name", MESHES)
+def test_step_parts_sum_to_step_time(runs: dict, name: str) -> None:
+    """The measured compute, exposed communication, data wait and other add up to the step time
+    within 10 % on every rank (over the run's steps: a step of a few ms here can lose a whole
+    scheduler slice of a loaded machine between two phases); ranks of a multi-rank mesh block on
+    communication, one rank never."""
+    for rank, result in enumerate(runs[name]):
+        steps = result["fresh"]["steps"]
+        assert len(steps) == 20
+        for i, h in enumerate(steps):
+            assert min(h[k] for k in PARTS) >= 0, (name, rank, i, h)
+            assert h["tflops"] > 0
+        parts = sum(h[k] for h in steps for k in PARTS)
+        total = sum(h["step_time_s"] for h in steps)
+        assert abs(parts - total) <= 0.1 * total, (name, rank, parts, total)
+        comm = sum(h["comm_s"] for h in steps)
+        assert (comm > 0) if name != "1x1x1" else (comm == 0), (name, rank, comm)
+        b = result["fresh"]["breakdown"]
+        assert b["steps"] == 19  # the first step is the warm-up
+        shares = sum(b[f"{k}_fraction"] for k in ("compute", "comm", "data", "other", "unaccounted"))
+        assert abs(shares - 1) < 1e-9

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -128,7 +129,8 @@ def test_rollout_bf16_and_checkpointing_options_run(tmp_path: Path) -> None:
     summary = trainer.fit()
     assert math.isfinite(summary["final_loss"])
     rows = (tmp_path / "metrics.jsonl").read_text().splitlines()
-    assert len(rows) == 5  # 4 steps + 1 validation
+    kinds = [json.loads(r)["kind"] for r in rows]
+    assert kinds == ["train"] * 4 + ["step_summary", "val"]  # 4 steps, the step accounting, validation
 
 
 BAD = [

@@ -57,7 +57,8 @@ def load_results(path: Path) -> dict:
         raise ValueError(
             f"bench report: {path} is not JSON ({err}); write it with bench ... --json"
         ) from None
-    if not isinstance(data, dict) or "meta" not in data or "results" not in data:
+    held = "result" if isinstance(data, dict) and data.get("kind") == "scaling" else "results"
+    if not isinstance(data, dict) or "meta" not in data or held not in data:
         raise ValueError(f"bench report: {path} holds no bench results (keys 'meta' and 'results' missing)")
     return data
 
@@ -107,6 +108,11 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
     for path, data in runs:
         if data.get("kind") == "strategies":
             out += strategies_markdown(path, data)
+            continue
+        if data.get("kind") == "scaling":
+            from ..commands.bench_scaling import scaling_markdown
+
+            out += scaling_markdown(path, data)
             continue
         meta = data["meta"]
         load = _load(meta.get("load_average", []))

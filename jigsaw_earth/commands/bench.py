@@ -7,6 +7,8 @@
 * ``bench matmul``: time and bytes of each distributed-matmul strategy on a mesh.
 * ``bench strategies CONFIG --world-size N``: jigsaw against DDP, FSDP2 and tensor parallelism
   (``commands/bench_strategies.py``).
+* ``bench scaling CONFIG --world-size N``: strong scaling of the trainer on 1 and N ranks, with the
+  step breakdown and plan's prediction (``commands/bench_scaling.py``).
 * ``bench io STORE --mesh LATxLON``: one training sample per rank through the tile reader against
   raw reads of the same bytes, tensorstore and zarr (``commands/bench_io.py``).
 """
@@ -47,7 +49,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="jigsaw vs plain-PyTorch twins; distributed-matmul micro-benchmark")
     p.add_argument(
         "what",
-        choices=["layers", "models", "all", "report", "matmul", "strategies", "io"],
+        choices=["layers", "models", "all", "report", "matmul", "strategies", "scaling", "io"],
         help="what to benchmark",
     )
     p.add_argument(
@@ -55,7 +57,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="*",
         type=Path,
         metavar="JSON",
-        help="report: the bench JSON files; strategies: CONFIG; io: STORE",
+        help="report: the bench JSON files; strategies, scaling: CONFIG; io: STORE",
     )
     p.add_argument(
         "--only", action="append", metavar="NAME[,NAME]", help="layers/models: cases (or prefixes)"
@@ -88,14 +90,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--grid", metavar="NLATxNLON", help="matmul: global token grid (64x128); strategies: the data grid"
     )
-    p.add_argument("--world-size", type=int, default=4, help="strategies: ranks (default 4)")
+    p.add_argument("--world-size", type=int, default=4, help="strategies, scaling: ranks (default 4)")
+    p.add_argument("--steps", type=int, default=5, help="scaling: measured steps per run (default 5)")
+    p.add_argument("--warmup", type=int, default=2, help="scaling: warm-up steps per run (default 2)")
     p.add_argument(
         "--strategies", default="jigsaw,ddp,fsdp2,tp,jigsaw_ddp", help="strategies: which to run (comma list)"
     )
     p.add_argument(
         "--variant", action="append", metavar="NAME:KEY=VALUE,...", help="strategies: also this model variant"
     )
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategies: config override")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategies, scaling: config override")
     p.add_argument("--memory-budget", metavar="SIZE", help="strategies: largest grid within SIZE per rank")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--cin", type=int, default=256)
@@ -171,6 +175,10 @@ def run(args: argparse.Namespace) -> int:
         from .bench_strategies import run_strategies
 
         return run_strategies(args)
+    if args.what == "scaling":
+        from .bench_scaling import run_bench_scaling
+
+        return run_bench_scaling(args)
     if args.what == "io":
         from .bench_io import run_io
 

@@ -30,15 +30,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="run.dir holds another run: move it aside to RUN_DIR.old-K (printed) and start a new run",
     )
+    p.add_argument(
+        "--peak-tflops",
+        type=float,
+        metavar="T",
+        help="peak dense TFLOP/s of one rank, for the utilisation in the step line (= logging.peak_tflops)",
+    )
     p.set_defaults(run=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from ..training import NonFiniteLossError, run_training
+    from ..training.accounting import format_breakdown
     from ..training.runner import world_size_from_env
     from ..training.signals import Preempted
 
-    cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
+    overrides = list(args.overrides)
+    if args.peak_tflops is not None:
+        overrides.append(f"logging.peak_tflops={args.peak_tflops}")
+    cfg = load_config(args.config, overrides, world_size=world_size_from_env())
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
@@ -60,6 +70,8 @@ def run(args: argparse.Namespace) -> int:
             f"({summary['steps_this_run']} this run, {summary['train_wall_s']:.1f} s, "
             f"{summary['samples_per_s']:.2f} samples/s); final loss {summary['final_loss']:.6f}"
         )
+        if summary["step_breakdown"]:
+            print(f"step time (rank 0): {format_breakdown(summary['step_breakdown'])}")
         print(f"validation at step {summary['steps']} ({int(summary['validation']['n_inits'])} inits, RMSE):")
         print(summary["table"])
         print(f"run directory: {cfg.run.dir} (metrics.jsonl, validation.txt, summary.json, checkpoints/)")

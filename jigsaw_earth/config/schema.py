@@ -192,6 +192,12 @@ class LoggingConfig(Section):
     every: int = doc("log one line per N steps on rank 0 (and to metrics.jsonl)", 1, gt=0)
     progress: bool = doc("tqdm progress bar on rank 0 (off automatically when not a terminal)", True)
     wandb: WandbConfig = doc("Weights & Biases logging", factory=WandbConfig)
+    peak_tflops: float | None = doc(
+        "peak dense TFLOP/s of one rank for the utilisation in the step line (default: the known "
+        "devices table for A100/H100/H200/V100, none on CPU)",
+        None,
+        gt=0,
+    )
 
 
 class DistributedConfig(Section):
@@ -200,6 +206,11 @@ class DistributedConfig(Section):
     )
     timeout_s: float = doc(
         "collective timeout: a peer that never arrives raises after this many seconds", 300.0, gt=0
+    )
+    overlap: Literal["on", "off"] = doc(
+        "transfers in flight while the rank computes (on), or waited for at once (off: the same "
+        "messages and numbers; faster only on a CPU host loaded beyond its cores, docs/scaling.md)",
+        "on",
     )
 
 

@@ -4,11 +4,22 @@ Every byte that a jigsaw collective moves goes through ``exchange`` (P2P) or ``a
 here, and is recorded in the process-wide ``ledger`` under the current call site. Tests and
 benchmarks read the ledger to assert volumes against analytical figures. The transport is
 ``torch.distributed.batch_isend_irecv``, which runs unchanged on gloo (CPU) and NCCL (GPU).
+
+``set_overlap(False)`` makes every exchange wait for its transfers as soon as they are posted
+(the same messages in the same order, so the same numbers): on a CPU host loaded far beyond its
+cores, where gloo's transport thread waits for a core, that was faster; on a lightly loaded one
+overlap is (docs/scaling.md). The trainer's ``distributed.overlap`` sets it (default on).
+
+The ledger also keeps ``wait_s``: the seconds this rank spent blocked in communication
+(``Pending.wait``, the all-reduces, and any call made inside ``blocking()``): the exposed
+communication of the trainer's step accounting. Two clock reads per blocking call, so it stays on.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import time
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -18,7 +29,17 @@ import torch.distributed as dist
 
 from .mesh import Axis
 
-__all__ = ["CommLedger", "Pending", "all_reduce_", "comm_site", "exchange", "ledger"]
+__all__ = [
+    "CommLedger",
+    "Pending",
+    "all_reduce_",
+    "blocking",
+    "comm_site",
+    "exchange",
+    "ledger",
+    "overlap_enabled",
+    "set_overlap",
+]
 
 
 @dataclass
@@ -30,10 +51,12 @@ class SiteStats:
 
 @dataclass
 class CommLedger:
-    """Bytes sent and received by this rank, per call site."""
+    """Bytes sent and received by this rank, per call site; seconds blocked in communication."""
 
     sites: dict[str, SiteStats] = field(default_factory=lambda: defaultdict(SiteStats))
+    wait_s: float = 0.0  # never reset: readers take differences
     _stack: list[str] = field(default_factory=list)
+    _blocked: int = 0  # depth of nested ``blocking`` blocks (only the outermost is timed)
 
     @property
     def current_site(self) -> str:
@@ -61,6 +84,18 @@ class CommLedger:
 
 
 ledger = CommLedger()
+# whether exchanges return before their transfers complete (set_overlap; JIGSAW_OVERLAP=off
+# sets the default of processes that build no Trainer: the validator, benchmarks, tests)
+_overlap = [os.environ.get("JIGSAW_OVERLAP", "on").lower() != "off"]
+
+
+def set_overlap(enabled: bool) -> None:
+    """Post transfers and return (``True``, the default), or wait for them at once (``False``)."""
+    _overlap[0] = bool(enabled)
+
+
+def overlap_enabled() -> bool:
+    return _overlap[0]
 
 
 @contextlib.contextmanager
@@ -71,6 +106,20 @@ def comm_site(name: str) -> Iterator[None]:
         yield
     finally:
         ledger._stack.pop()
+
+
+@contextlib.contextmanager
+def blocking() -> Iterator[None]:
+    """Count the time spent inside the block as this rank blocked on communication
+    (``ledger.wait_s``); wrap every wait on a collective or a transfer in it."""
+    ledger._blocked += 1
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        ledger._blocked -= 1
+        if not ledger._blocked:
+            ledger.wait_s += time.perf_counter() - t0
 
 
 def _nbytes(t: torch.Tensor) -> int:
@@ -85,8 +134,10 @@ class Pending:
         self._received = received
 
     def wait(self) -> list[torch.Tensor]:
-        for w in self._works:
-            w.wait()
+        if self._works:
+            with blocking():
+                for w in self._works:
+                    w.wait()
         self._works = []
         return self._received
 
@@ -123,7 +174,10 @@ def exchange(
             sent_bytes += _nbytes(tensor)
     ledger.record(op, sent_bytes, recv_bytes)
     works = dist.batch_isend_irecv(ops) if ops else []
-    return Pending(works, received)
+    pending = Pending(works, received)
+    if not _overlap[0]:
+        pending.wait()
+    return pending
 
 
 def all_reduce_(tensor: torch.Tensor, axis: Axis, *, op: str = "all_reduce") -> torch.Tensor:
@@ -131,5 +185,6 @@ def all_reduce_(tensor: torch.Tensor, axis: Axis, *, op: str = "all_reduce") -> 
     if axis.size > 1:
         moved = 2 * (axis.size - 1) * _nbytes(tensor) // axis.size
         ledger.record(op, moved, moved)
-        dist.all_reduce(tensor, group=axis.group)
+        with blocking():
+            dist.all_reduce(tensor, group=axis.group)
     return tensor

@@ -35,9 +35,12 @@ from torch.utils.checkpoint import checkpoint as recompute
 
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from ..config.schema import TrainConfig
+from ..data.batch import Batch
+from ..distributed.comm import set_overlap
 from ..distributed.grads import replication
 from ..distributed.mesh import DomainMesh
 from ..layers.base import init_model
+from .accounting import StepClock, device_peak_tflops, step_flops, summarize_steps
 from .data import TrainData
 from .evaluate import format_table, validate
 from .loss import channel_weights, global_value, weighted_sq_error
@@ -70,6 +73,7 @@ class Trainer:
     ):
         self.cfg, self.mesh = cfg, mesh
         self.run_dir = Path(cfg.run.dir)
+        set_overlap(cfg.distributed.overlap == "on")
         # nothing is written to run.dir before these checks pass (collective: rank 0 decides)
         moved = on_rank0(mesh, lambda: claim_run_dir(cfg, new_run))
         if mesh.is_distributed and torch.distributed.is_initialized():
@@ -105,6 +109,11 @@ class Trainer:
         )
         resumed = self._resume()
         on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
+        # step accounting (``accounting.py``): phases of every step, declared FLOPs, the peak
+        self.clock = StepClock(mesh.device)
+        replica_batch = cfg.training.batch_size // mesh.shape.data
+        self.flops = step_flops(self.model, replica_batch, cfg.training.rollout_steps)
+        self.peak_tflops = device_peak_tflops(mesh.device, cfg.training.precision, cfg.logging.peak_tflops)
 
     # ------------------------------------------------------------------ checkpoints
     def _resume(self) -> Path | None:
@@ -147,9 +156,8 @@ class Trainer:
         bf16 = self.cfg.training.precision == "bf16"
         return model_step(self.model, state, static, time_features, bf16=bf16, tendency=self.tendency)
 
-    def _loss_local(self, step: int) -> torch.Tensor:
+    def _loss_local(self, batch: Batch) -> torch.Tensor:
         dev = self.mesh.device
-        batch = self.data.train_batch(step - 1).to(dev, non_blocking=True)
         state, static = batch.inputs, batch.static
         lat_w, ch_w = self.data.lat_weights.to(dev), self.ch_weights.to(dev)
         total = torch.zeros((), device=dev)
@@ -163,15 +171,22 @@ class Trainer:
         return total / self.count
 
     def train_step(self, step: int) -> dict[str, float]:
-        """Run optimizer step ``step`` (1-based) and return its metrics (same on every rank)."""
-        t0 = time.perf_counter()
-        self.optimizer.zero_grad(set_to_none=True)
-        local = self._loss_local(step)
-        local.backward()
-        loss = float(global_value(local, self.mesh))
-        sync_gradients(self.params, self.mesh, self.holders)
-        norm = clip_grad_norm(self.params, self.rep_weights, self.cfg.optim.grad_clip, self.mesh)
-        lr = lr_at(step - 1, self.cfg.optim, self.cfg.training.steps)
+        """Run optimizer step ``step`` (1-based) and return its metrics (loss, norm and lr the same
+        on every rank; the step accounting this rank's)."""
+        clock = self.clock
+        clock.start()
+        with clock.phase("other"):
+            self.optimizer.zero_grad(set_to_none=True)
+        with clock.phase("data"):  # the data wait: blocked until this step's batch is here
+            batch = self.data.train_batch(step - 1).to(self.mesh.device, non_blocking=True)
+        with clock.phase("compute"):
+            local = self._loss_local(batch)
+            local.backward()
+            sync_gradients(self.params, self.mesh, self.holders)
+        with clock.phase("other"):
+            loss = float(global_value(local, self.mesh))
+            norm = clip_grad_norm(self.params, self.rep_weights, self.cfg.optim.grad_clip, self.mesh)
+            lr = lr_at(step - 1, self.cfg.optim, self.cfg.training.steps)
         finite = math.isfinite(loss) and math.isfinite(norm)
         if not finite:
             what = f"loss {loss} / grad norm {norm} at step {step}"
@@ -191,14 +206,20 @@ class Trainer:
         else:
             for group in self.optimizer.param_groups:
                 group["lr"] = lr
-            self.optimizer.step()
-        dt = time.perf_counter() - t0
+            with clock.phase("compute"):
+                self.optimizer.step()
+        parts = clock.stop()
+        dt = parts["step_time_s"]
+        rates = {"tflops": self.flops / dt / 1e12}
+        if self.peak_tflops:
+            rates["utilization"] = rates["tflops"] / self.peak_tflops
         return {
             "loss": loss,
             "grad_norm": norm,
             "lr": lr,
-            "step_time_s": dt,
+            **parts,
             "samples_per_s": self.cfg.training.batch_size / dt,
+            **rates,
             "memory_mb": memory_mb(),
             "skipped": float(not finite),
         }
@@ -233,10 +254,13 @@ class Trainer:
                             f"saved {ckpt}; run the same command again (sbatch --requeue does) to resume"
                         )
             wall = time.perf_counter() - t_start
+            done = self.step - start_step
+            steps = [h for h in self.history if h["step"] > start_step + (1 if done > 1 else 0)]  # warm
+            breakdown = summarize_steps(steps, self.flops, self.peak_tflops)
+            monitor.summary(self.step, breakdown)
             result = self.run_validation()
             monitor.record("val", self.step, result)
             table = format_table(result, cfg.validation.variables, cfg.validation.lead_hours)
-            done = self.step - start_step
             summary = {
                 "steps": self.step,
                 "steps_this_run": done,
@@ -244,6 +268,7 @@ class Trainer:
                 "samples_per_s": done * cfg.training.batch_size / wall if done else float("nan"),
                 "final_loss": self.history[-1]["loss"] if self.history else float("nan"),
                 "skipped_steps": self.skipped,
+                "step_breakdown": breakdown,
                 "validation": result,
                 "mesh": str(self.mesh.shape),
             }

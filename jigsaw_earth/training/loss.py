@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
+from ..distributed.comm import blocking
 from ..distributed.mesh import DomainMesh
 
 __all__ = ["channel_weights", "global_value", "weighted_sq_error"]
@@ -64,5 +65,6 @@ def global_value(local: torch.Tensor, mesh: DomainMesh) -> torch.Tensor:
     """Sum of a detached per-rank scalar over every rank (domain and data axes)."""
     value = local.detach().double().clone()
     if mesh.is_distributed and dist.is_initialized():
-        dist.all_reduce(value)
+        with blocking():
+            dist.all_reduce(value)
     return value

@@ -1,5 +1,8 @@
 """Rank-0 reporting: one fixed-format line per step, a tqdm bar, JSON lines and wandb.
 
+The step line ends with the step accounting (``accounting.py``): each part's share of the step
+(compute, exposed communication, data wait, other) and the achieved TFLOP/s of this rank.
+
 * ``metrics.jsonl`` in the run directory gets one JSON object per logged step and per
   validation (appended, so a resumed run continues the same file; rows past the step a run
   resumes from are dropped first, so no step appears twice).
@@ -22,6 +25,7 @@ from tqdm import tqdm
 
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
+from .accounting import format_breakdown, format_step
 from .rundir import truncate_metrics
 
 __all__ = ["Monitor", "memory_mb"]
@@ -108,13 +112,25 @@ class Monitor:
             line = (
                 f"step {step:>6}/{self.cfg.training.steps} loss {values['loss']:.6f} "
                 f"grad_norm {values['grad_norm']:.4f} lr {values['lr']:.3e} "
-                f"samples/s {values['samples_per_s']:.2f} mem {values['memory_mb']:.0f} MiB"
+                f"samples/s {values['samples_per_s']:.2f} mem {values['memory_mb']:.0f} MiB | "
+                f"{format_step(values)}"
             )
             if self.bar is not None:
                 self.bar.write(line)
             else:
                 log.info(line)
             self.record("train", step, values)
+
+    def summary(self, step: int, breakdown: dict[str, float]) -> None:
+        """The run's step accounting: one line, a ``step_summary`` row and wandb's summary."""
+        if not self.enabled or not breakdown:
+            return
+        line = f"step time (rank 0): {format_breakdown(breakdown)}"
+        if self.bar is not None:
+            self.bar.write(line)
+        else:
+            log.info(line)
+        self.record("step_summary", step, breakdown)
 
     def close(self) -> None:
         if not self.enabled:

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..config.schema import OptimConfig
+from ..distributed.comm import blocking
 from ..distributed.grads import domain_holders, sum_gradients
 from ..distributed.mesh import DomainMesh
 
@@ -84,7 +85,8 @@ def clip_grad_norm(
         if p.grad is not None:
             total += w * p.grad.detach().double().square().sum()
     if mesh.domain.size > 1:
-        dist.all_reduce(total, group=mesh.domain.group)
+        with blocking():
+            dist.all_reduce(total, group=mesh.domain.group)
     norm = float(total.sqrt())
     if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
         scale = max_norm / (norm + 1e-6)
