@@ -28,7 +28,10 @@ from ..config.schema import TrainConfig
 from .accounting import format_breakdown, format_step
 from .rundir import truncate_metrics
 
-__all__ = ["Monitor", "memory_mb"]
+__all__ = ["DATA_WAIT_WARNING", "Monitor", "memory_mb"]
+
+#: a logged step that waited for data longer than this share of it gets one warning naming the fixes
+DATA_WAIT_WARNING = 0.10
 
 log = logging.getLogger(__name__)
 
@@ -120,6 +123,22 @@ class Monitor:
             else:
                 log.info(line)
             self.record("train", step, values)
+            self._check_data_wait(step, values)
+
+    def _check_data_wait(self, step: int, values: dict[str, float]) -> None:
+        """Warn once when a logged step (past the first) waited for data for over 10 % of it."""
+        share = values.get("data_s", 0.0) / values["step_time_s"] if values.get("step_time_s") else 0.0
+        if step <= 1 or share <= DATA_WAIT_WARNING or getattr(self, "_data_warned", False):
+            return
+        self._data_warned = True
+        mesh = f"{self.cfg.mesh.lat}x{self.cfg.mesh.lon}"
+        log.warning(
+            "step %d waited %.0f ms for its batch (%.0f%% of the step): reading is slower than the step. "
+            "Raise data.read_threads or data.prefetch, write the store for this mesh (jigsaw-earth data "
+            "prepare SRC --out DST --for-mesh %s --compression none), and compare jigsaw-earth bench io "
+            "%s --mesh %s with the step time", step, 1e3 * values["data_s"], 100 * share, mesh,
+            self.cfg.data.store, mesh,
+        )
 
     def summary(self, step: int, breakdown: dict[str, float]) -> None:
         """The run's step accounting: one line, a ``step_summary`` row and wandb's summary."""
