@@ -81,3 +81,26 @@ def test_bench_io_refuses_bad_input(store):
     with pytest.raises(ValueError, match="--ranks"):
         bench_io(store, SPEC, (2, 2), ranks="7", halo=Halo())
     assert main(["bench", "io", store, "--lead-steps", "0"]) == 2
+
+
+def test_a_step_waiting_for_data_is_warned_once(tmp_path, caplog):
+    """Over 10 % of a logged step spent waiting for data: one warning naming the fixes."""
+    import logging
+
+    from jigsaw_earth.training.monitor import Monitor
+
+    from .train_helpers import tiny_config
+
+    cfg = tiny_config(str(tmp_path), (1, 1, 1), logging={"every": 1, "wandb": {"mode": "disabled"}})
+    monitor = Monitor(cfg, tmp_path, 0, 0)
+    values = {"loss": 1.0, "grad_norm": 1.0, "lr": 1e-3, "samples_per_s": 1.0, "memory_mb": 1.0,
+              "tflops": 0.0, "step_time_s": 1.0, "compute_s": 0.95, "comm_s": 0.0, "data_s": 0.02,
+              "other_s": 0.03}
+    with caplog.at_level(logging.WARNING):
+        monitor.step(2, values)
+        assert not caplog.records
+        for step in (3, 4):
+            monitor.step(step, {**values, "compute_s": 0.5, "data_s": 0.47})
+    monitor.close()
+    warned = [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
+    assert len(warned) == 1 and "data.read_threads" in warned[0] and "bench io" in warned[0]
