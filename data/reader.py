@@ -266,14 +266,19 @@ class TileReader:
         for fut in [self._pool.submit(j) for j in jobs]:
             fut.result()
 
-    def read_batch(self, inits: np.ndarray, targets: np.ndarray, norm: Normalisation | None = None
-                   ) -> tuple[np.ndarray, np.ndarray]:
+    def read_batch(self, inits: np.ndarray, targets: np.ndarray, norm: Normalisation | None = None,
+                   out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Inputs ``(B, C, H, W)`` at times ``inits`` and targets ``(B, L, C, h, w)`` at
-        ``targets`` ``(B, L)``, every field of every sample read in parallel."""
+        ``targets`` ``(B, L)``, every field of every sample read in parallel; into ``out`` when
+        given (reused buffers skip the page faults of fresh memory: ~10 % of a read here)."""
         inits, targets = np.asarray(inits, np.int64), np.asarray(targets, np.int64).reshape(len(inits), -1)
         c, (h, w) = self.spec.n_channels, self.tile.shape
-        x = np.empty((len(inits), c, *self.padded_shape), np.float32)
-        y = np.empty((*targets.shape, c, h, w), np.float32)
+        shapes = ((len(inits), c, *self.padded_shape), (*targets.shape, c, h, w))
+        fits = out is not None and all(a.shape == s and a.dtype == np.float32 for a, s in zip(out, shapes))
+        if fits:
+            x, y = out
+        else:
+            x, y = (np.empty(s, np.float32) for s in shapes)
         jobs = []
         for i, t in enumerate(inits):
             jobs += self._jobs(np.array([t]), self._padded_plans, x[i : i + 1], norm)

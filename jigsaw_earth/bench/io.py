@@ -3,7 +3,8 @@
 For each rank of a ``lat × lon`` mesh, one sample (inputs with halo at ``t``, targets at the next
 ``lead_steps`` times, tile only) is read, interleaved over repeats, by:
 
-- ``reader``: the project's ``TileReader`` (what training and predict use);
+- ``reader``: the project's ``TileReader`` (what training and predict use), into preallocated
+  output as training's ring of batch buffers;
 - ``raw``: the same byte ranges of the same files (the reader's own trace) read with plain
   ``os.preadv`` into one preallocated buffer, the limit of the storage (local stores only);
 - ``tensorstore``: Google's C++ array store reading the same lat × lon boxes (if installed);
@@ -75,8 +76,9 @@ class _Methods:
         self.ranges, src.trace = list(src.trace), None
         self.files = sorted({f for f, _, _ in self.ranges})
         self.bytes = sum(b - a for _, a, b in self.ranges)  # as stored (compressed or not)
-        x, y = self.reader.read_sample(*self.samples[0])
-        self.delivered = x.nbytes + y.nbytes  # float32 values the reader returns
+        t, ts = self.samples[0]
+        self.out = self.reader.read_batch(np.array([t]), np.asarray(ts)[None])  # reused, as training's ring
+        self.delivered = sum(a.nbytes for a in self.out)  # float32 values the reader returns
         self.buffer = np.empty(max(1, self.bytes), np.uint8)
         self.group = view.group
         self.path = path
@@ -122,8 +124,8 @@ class _Methods:
 
     def run(self, method: str) -> None:
         t, ts = self.samples[0]
-        if method == "reader":
-            self.reader.read_sample(t, ts)
+        if method == "reader":  # into preallocated output, as raw reads into a preallocated buffer
+            self.reader.read_batch(np.array([t]), np.asarray(ts)[None], out=self.out)
         elif method == "raw":
             mv, k, fds = memoryview(self.buffer), 0, {}
             try:

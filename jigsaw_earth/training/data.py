@@ -12,6 +12,7 @@ normalised with the store's statistics; a ``MemorySource`` holds small global ar
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Iterator
@@ -46,7 +47,8 @@ class Source(Protocol):
     def targets(self, ts: np.ndarray) -> np.ndarray: ...  # (L, C, h, w)
     def static(self) -> np.ndarray: ...  # (S, h, w), already normalised
     def climatology(self, times: np.ndarray) -> np.ndarray | None: ...  # (N, C, h, w) or None
-    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray
+    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray,
+              out: tuple[np.ndarray, np.ndarray] | None = None,
               ) -> tuple[np.ndarray, np.ndarray]: ...  # normalised (B, C, h, w), (B, L, C, h, w)
 
 
@@ -77,8 +79,8 @@ class MemorySource:
     def static(self) -> np.ndarray:
         return self._cut(self.static_fields)
 
-    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
+    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray,
+              out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         x = np.stack([(self.inputs(int(t)) - mean) / std for t in inits])
         y = np.stack([(self.targets(ts) - mean) / std for ts in targets])
         return x.astype(np.float32), y.astype(np.float32)
@@ -132,6 +134,7 @@ class TrainData:
         self._pool: ThreadPoolExecutor | None = None
         self._ahead: dict[int, Future] = {}
         self.prefetch = prefetch
+        self._buffers: dict[int, tuple[np.ndarray, np.ndarray]] = {}
         #: seconds the last ``train_batch`` call blocked waiting for its batch (the step's data wait)
         self.last_wait_s = 0.0
         self.step_hours = step_hours
@@ -196,9 +199,13 @@ class TrainData:
             out.append(self.train_index[self._epoch_perm(j // n)[j % n]])
         return np.asarray(out)
 
-    def _batch(self, inits: np.ndarray, lead_steps: int) -> Batch:
+    def _batch(self, inits: np.ndarray, lead_steps: int, slot: int | None = None) -> Batch:
+        """Batch of ``inits``; training batches (``slot``) reuse a ring of host buffers."""
         targets = self.target_indices(inits, lead_steps)
-        x, y = self.source.batch(np.asarray(inits), targets, self.mean, self.std)
+        out = self._buffers.get(slot) if slot is not None else None
+        x, y = self.source.batch(np.asarray(inits), targets, self.mean, self.std, out)
+        if slot is not None:
+            self._buffers[slot] = (x, y)
         times = self.times[inits]
         return Batch(
             inputs=torch.from_numpy(x),
@@ -216,7 +223,9 @@ class TrainData:
     def _read_train_batch(self, step: int) -> Batch:
         idx = self.global_indices(step)
         mine = idx[self.replica * self.local_batch : (self.replica + 1) * self.local_batch]
-        batch = self._batch(mine, self.rollout_steps)
+        # slot of a ring of prefetch + 2 buffers: step s's is refilled for step s + prefetch + 2,
+        # which is queued only once step s + 1 has begun (pinned copies on CUDA are separate)
+        batch = self._batch(mine, self.rollout_steps, slot=step % (self.prefetch + 2))
         return batch.pin_memory() if self.mesh.device.type == "cuda" else batch
 
     def batch_bytes(self) -> int:
@@ -235,8 +244,10 @@ class TrainData:
         t0 = time.perf_counter()
         ahead = self._ahead.pop(step, None)
         if ahead is None:  # first step, a jump (resume, validation) or prefetch 0
-            for fut in self._ahead.values():
-                fut.cancel()
+            for fut in self._ahead.values():  # reads in flight finish first: they fill ring slots
+                if not fut.cancel():
+                    with contextlib.suppress(Exception):
+                        fut.result()
             self._ahead = {}
         batch = ahead.result() if ahead is not None else self._read_train_batch(step)
         self.last_wait_s = time.perf_counter() - t0

@@ -65,11 +65,11 @@ class StoreSource:
     def targets(self, ts: np.ndarray) -> np.ndarray:
         return self.reader.read_targets(np.asarray(ts))
 
-    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray
-              ) -> tuple[np.ndarray, np.ndarray]:
+    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray,
+              out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Normalised inputs ``(B, C, h, w)`` and targets ``(B, L, C, h, w)``, every field of every
-        sample read in parallel and normalised as it lands."""
-        return self.reader.read_batch(inits, targets, Normalisation(mean.reshape(-1), std.reshape(-1)))
+        sample read in parallel and normalised as it lands (into ``out`` when it fits)."""
+        return self.reader.read_batch(inits, targets, Normalisation(mean.reshape(-1), std.reshape(-1)), out)
 
     def static(self) -> np.ndarray:
         return self._static
