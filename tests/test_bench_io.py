@@ -84,7 +84,7 @@ def test_bench_io_refuses_bad_input(store):
 
 
 def test_a_step_waiting_for_data_is_warned_once(tmp_path, caplog):
-    """Over 10 % of a logged step spent waiting for data: one warning naming the fixes."""
+    """Steps since the last log point that waited for data over 10 % of their time: one warning."""
     import logging
 
     from jigsaw_earth.training.monitor import Monitor

@@ -56,6 +56,7 @@ class Monitor:
 
     def __init__(self, cfg: TrainConfig, run_dir: Path, rank: int, start_step: int):
         self.cfg, self.run_dir, self.enabled = cfg, run_dir, rank == 0
+        self._waited, self._data_warned = [0.0, 0.0, 0], False  # data wait, step time, steps since a log
         self.bar: tqdm | None = None
         self.wandb: Any = None
         self._last = time.perf_counter()
@@ -111,6 +112,10 @@ class Monitor:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(loss=f"{values['loss']:.4g}", refresh=False)
+        if step > 1:  # the first step waits for the first batch by design
+            self._waited[0] += values.get("data_s", 0.0)
+            self._waited[1] += values.get("step_time_s", 0.0)
+            self._waited[2] += 1
         if step % self.cfg.logging.every == 0 or step == self.cfg.training.steps:
             line = (
                 f"step {step:>6}/{self.cfg.training.steps} loss {values['loss']:.6f} "
@@ -126,18 +131,21 @@ class Monitor:
             self._check_data_wait(step, values)
 
     def _check_data_wait(self, step: int, values: dict[str, float]) -> None:
-        """Warn once when a logged step (past the first) waited for data for over 10 % of it."""
-        share = values.get("data_s", 0.0) / values["step_time_s"] if values.get("step_time_s") else 0.0
-        if step <= 1 or share <= DATA_WAIT_WARNING or getattr(self, "_data_warned", False):
+        """Warn once when the steps since the last log point waited for data over 10 % of their time."""
+        waited, total, steps = self._waited
+        self._waited = [0.0, 0.0, 0]
+        share = waited / total if total else 0.0
+        if share <= DATA_WAIT_WARNING or self._data_warned:
             return
         self._data_warned = True
         mesh = f"{self.cfg.mesh.lat}x{self.cfg.mesh.lon}"
         log.warning(
-            "step %d waited %.0f ms for its batch (%.0f%% of the step): reading is slower than the step. "
+            "steps up to %d waited %.0f ms per step for their batches (%.0f%% of the time): reading is "
+            "slower than the step. "
             "Raise data.read_threads or data.prefetch, write the store for this mesh (jigsaw-earth data "
             "prepare SRC --out DST --for-mesh %s --compression none), and compare jigsaw-earth bench io "
-            "%s --mesh %s with the step time", step, 1e3 * values["data_s"], 100 * share, mesh,
-            self.cfg.data.store, mesh,
+            "%s --mesh %s with the step time",
+            step, 1e3 * waited / max(steps, 1), 100 * share, mesh, self.cfg.data.store, mesh,
         )
 
     def summary(self, step: int, breakdown: dict[str, float]) -> None:
