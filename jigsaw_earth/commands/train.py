@@ -41,7 +41,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..training import NonFiniteLossError, run_training
-    from ..training.accounting import format_breakdown
     from ..training.runner import world_size_from_env
     from ..training.signals import Preempted
 
@@ -70,8 +69,6 @@ def run(args: argparse.Namespace) -> int:
             f"({summary['steps_this_run']} this run, {summary['train_wall_s']:.1f} s, "
             f"{summary['samples_per_s']:.2f} samples/s); final loss {summary['final_loss']:.6f}"
         )
-        if summary["step_breakdown"]:
-            print(f"step time (rank 0): {format_breakdown(summary['step_breakdown'])}")
         print(f"validation at step {summary['steps']} ({int(summary['validation']['n_inits'])} inits, RMSE):")
         print(summary["table"])
         print(f"run directory: {cfg.run.dir} (metrics.jsonl, validation.txt, summary.json, checkpoints/)")

@@ -275,7 +275,8 @@ class Trainer:
             if self.mesh.rank == 0:
                 (self.run_dir / "validation.txt").write_text(table + "\n")
                 (self.run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-                log.info("validation at step %d (%d inits):\n%s", self.step, int(result["n_inits"]), table)
+                # the train command prints the table once; a Trainer used from Python logs it at debug
+                log.debug("validation at step %d (%d inits):\n%s", self.step, int(result["n_inits"]), table)
             summary["table"] = table
             return summary
         finally:
