@@ -176,9 +176,7 @@ class TileReader:
                 if rows.runs and cols.runs:
                     self._place(fmt, array, plans_, dims, dst)
                 self._fill(out, pos, rows, cols)
-        except ValueError as err:
-            raise ValueError(self._unreadable(name, times, err)) from err
-        except OSError as err:
+        except (ValueError, OSError) as err:
             raise ValueError(self._unreadable(name, times, err)) from err
 
     def _place(self, fmt: ChunkFormat, array: Any, plans: list[AxisPlan], dims: tuple[str, ...],
