@@ -34,6 +34,7 @@ import torch
 from ..data.batch import VariableSpec
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import TileGrid
+from ..sphere import grid_latitudes
 from ..training.accounting import PARTS
 from ..training.data import MemorySource, TrainData
 
@@ -96,7 +97,7 @@ def memory_data(raw: dict[str, Any], mesh: DomainMesh, grid: tuple[int, int], ti
         fields,
         static,
         stamps,
-        np.linspace(90, -90, n_lat),
+        grid_latitudes(n_lat),
         list(spec.channels),
         [f"static{i}" for i in range(n_static)],
         tiles.tile_of(mesh.domain.index),
