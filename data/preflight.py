@@ -30,8 +30,13 @@ __all__ = ["default_climatology_path", "store_preflight"]
 log = logging.getLogger(__name__)
 
 
-def default_climatology_path(store: str) -> Path:
-    """``<store stem>-climatology.zarr`` beside the store (what ``data synth`` writes)."""
+def default_climatology_path(store: str | Path) -> str | Path:
+    """``<store stem>-climatology.zarr`` beside the store (what ``data synth`` writes); a URL for a
+    store given as a URL (``Path`` would fold its ``//``)."""
+    text = str(store).rstrip("/")
+    if "://" in text:
+        head, _, name = text.rpartition("/")
+        return f"{head}/{name.removesuffix('.zarr')}-climatology.zarr"
     p = Path(store)
     stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
     return p.with_name(f"{stem}-climatology.zarr")

@@ -9,7 +9,6 @@ mean and std. The WB2-layout climatology store (``<store>-climatology.zarr`` as 
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -17,7 +16,7 @@ import xarray as xr
 
 from ..config.schema import TrainConfig
 from ..data.batch import VariableSpec
-from ..data.climatology import check_same_grid
+from ..data.climatology import open_climatology
 from ..data.preflight import default_climatology_path, store_preflight
 from ..data.reader import Normalisation, TileReader
 from ..data.report import OVER_READ_WARNING, planned_fraction
@@ -75,20 +74,12 @@ class StoreSource:
         return self._static
 
     def _open_climatology(self, path: str | Path | None) -> xr.Dataset | None:
-        if path is None or not Path(path).exists():
+        if path is None or ("://" not in str(path) and not Path(path).exists()):
             log.warning("no climatology store at %s: validation skips the climatology baseline", path)
             return None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ds = xr.open_zarr(str(path), chunks=None, consolidated=False)
-        lat = np.asarray(ds["latitude"].values)
-        lon = np.asarray(ds["longitude"].values)
-        check_same_grid(self.view, lat, lon, f"data.climatology {str(path)!r}")
-        order = np.argsort(-lat, kind="stable")
         t = self.tile
-        rows = order[t.lat_start : t.lat_stop]
-        cols = np.argsort(lon, kind="stable")[t.lon_start : t.lon_stop]
-        return ds.isel(latitude=rows, longitude=cols)
+        ds = open_climatology(path, self.view)  # checks the WB2 layout and the grid
+        return ds.isel(latitude=slice(t.lat_start, t.lat_stop), longitude=slice(t.lon_start, t.lon_stop))
 
     def climatology(self, times: np.ndarray) -> np.ndarray | None:
         """``(N, C, h, w)`` climatology at the valid times (WB2: hour and dayofyear)."""
