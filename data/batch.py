@@ -25,6 +25,8 @@ __all__ = [
     "DEFAULT_STATIC",
     "DEFAULT_SURFACE",
     "DEFAULT_UPPER_AIR",
+    "N_GEOMETRY_CHANNELS",
+    "STATIC_GEOMETRY",
     "TRAIN_SURFACE",
     "TRAIN_UPPER_AIR",
     "Batch",
@@ -48,8 +50,9 @@ DEFAULT_STATIC = STATIC_VARIABLES
 # ... and the smaller default a training config trains on (``data.upper_air``, ``data.surface``)
 TRAIN_UPPER_AIR = ("geopotential", "temperature")
 TRAIN_SURFACE = ("2m_temperature",)
+# the reader's geometry channels (``sphere.coordinate_channels`` of the store's own coordinates)
 STATIC_GEOMETRY = ("cos_latitude", "sin_latitude", "cos_longitude", "sin_longitude")
-TIME_FEATURES = ("sin_hour", "cos_hour", "sin_dayofyear", "cos_dayofyear")
+N_GEOMETRY_CHANNELS = len(STATIC_GEOMETRY)
 
 
 def channel_names(
@@ -105,7 +108,7 @@ class Batch:
       ``pad_reference`` applied to the global field).
     - ``targets``: ``(B, lead_steps, C, h, w)`` float32, normalised, no halo.
     - ``static``: ``(C_static, H, W)`` float32, with the halo (same for every sample).
-    - ``time_features``: ``(B, F)`` float32 (``TIME_FEATURES``) at the input time.
+    - ``time_features``: ``(B, F)`` float32 (``times.TIME_FEATURES``) at the input time.
     - ``times``: ``B`` input (initialisation) times; ``target_times``: ``(B, lead_steps)``.
     """
 

@@ -23,7 +23,7 @@ import numpy as np
 
 from .batch import VariableSpec
 from .store import StoreView
-from .times import TimeAxis, sample_index
+from .times import TimeAxis, period_mask, sample_index
 
 __all__ = ["default_climatology_path", "store_preflight"]
 
@@ -100,9 +100,7 @@ def _check_times(view: StoreView, cfg: Any) -> list[str]:
             ("data.train_period", d.train_period, cfg.training.rollout_steps, "training",
              cfg.training.batch_size),
             ("data.val_period", d.val_period, leads, "validation", 1)):
-        mask = np.ones(len(t), dtype=bool)
-        if period:
-            mask = (t >= np.datetime64(period[0], "s")) & (t <= np.datetime64(period[1], "s"))
+        mask = period_mask(t, period, unit="s")
         if not mask.any():
             problems.append(f"{key} {period} holds no time of store {view.path!r} ({t[0]} .. {t[-1]}); "
                             f"choose a period inside it")

@@ -36,6 +36,7 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
+from ..data.times import N_TIME_FEATURES
 from ..distributed.comm import ledger
 from ..distributed.mesh import DomainMesh, MeshShape
 from ..layers.base import Domain, init_model, local_domain
@@ -50,7 +51,7 @@ from .comm_count import CommCount, CountFunctional, count_c10d, ddp_counting_hoo
 __all__ = ["STRATEGIES", "Problem", "Runner", "build_runner", "domain_shape"]
 
 STRATEGIES = ("jigsaw", "ddp", "fsdp2", "tp", "jigsaw_ddp")
-N_TIME = 4
+N_TIME = N_TIME_FEATURES  # the trainer's time inputs
 
 
 @dataclass(frozen=True)

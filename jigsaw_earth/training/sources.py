@@ -15,13 +15,14 @@ import numpy as np
 import xarray as xr
 
 from ..config.schema import TrainConfig
-from ..data.batch import VariableSpec
+from ..data.batch import N_GEOMETRY_CHANNELS, VariableSpec
 from ..data.climatology import open_climatology
 from ..data.preflight import default_climatology_path, store_preflight
 from ..data.reader import Normalisation, TileReader
 from ..data.report import OVER_READ_WARNING, planned_fraction
 from ..data.stats import Normalizer, read_statistics
 from ..data.store import StoreView
+from ..data.times import hour_dayofyear
 from ..distributed.halo import Halo
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import TileGrid
@@ -85,10 +86,7 @@ class StoreSource:
         """``(N, C, h, w)`` climatology at the valid times (WB2: hour and dayofyear)."""
         if self._clim is None:
             return None
-        t = np.asarray(times).astype("datetime64[h]")
-        day = t.astype("datetime64[D]")
-        hours = (t - day).astype(int)
-        doy = (day - day.astype("datetime64[Y]").astype("datetime64[D]")).astype(int) + 1
+        hours, doy = hour_dayofyear(times)
         out = []
         for h, d in zip(hours, doy):
             sel = self._clim.sel(hour=int(h), dayofyear=int(d))
@@ -134,7 +132,7 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh, *, training: bool = True) -> 
     spec = VariableSpec(tuple(d.upper_air), tuple(d.levels), tuple(d.surface), tuple(d.static))
     view = StoreView.open(d.store)
     grid = TileGrid(*view.grid_shape, mesh.shape.lat, mesh.shape.lon)
-    normalizer = Normalizer.from_stats(read_statistics(d.store), spec, view, n_geometry=4)
+    normalizer = Normalizer.from_stats(read_statistics(d.store), spec, view, n_geometry=N_GEOMETRY_CHANNELS)
     clim = d.climatology or default_climatology_path(d.store)
     source = StoreSource(view, spec, grid, mesh.domain.index, normalizer, clim, d.read_threads)
     _warn_over_read(source, grid, mesh)
