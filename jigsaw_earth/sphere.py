@@ -31,6 +31,7 @@ __all__ = [
     "coordinate_channels",
     "cos_latitude_weights",
     "grid_latitudes",
+    "grid_longitudes",
     "latitude_weights",
     "row_latitudes",
     "row_source",
@@ -63,6 +64,11 @@ def grid_latitudes(n_lat: int, centred: bool = False) -> np.ndarray:
     if centred:
         return 90.0 - (r + 0.5) * 180.0 / n_lat
     return np.linspace(90.0, -90.0, n_lat)
+
+
+def grid_longitudes(n_lon: int) -> np.ndarray:
+    """Longitudes in degrees, ascending from 0, of an ``n_lon``-column grid."""
+    return np.arange(n_lon, dtype=np.float64) * 360.0 / n_lon
 
 
 def _as_lat(lat: np.ndarray) -> np.ndarray:
