@@ -29,6 +29,7 @@ import torch.distributed as dist
 from ..checkpoint import load_checkpoint, pinned
 from ..config.schema import TrainConfig
 from ..data.outputs import check_output
+from ..data.times import hour_dayofyear, period_mask
 from ..training.data import TrainData
 from ..training.runner import setup_mesh
 from ..training.step import build_run_model, model_step
@@ -46,9 +47,8 @@ def select_inits(
     """Store time indices of initialisation times in ``[start, end]`` at multiples of
     ``every_hours`` whose ``steps`` targets exist (so the forecast can be scored); every rank agrees."""
     times = np.asarray(data.times).astype("datetime64[h]")
-    lo, hi = np.datetime64(start, "h"), np.datetime64(end, "h")
-    hours = (times - times.astype("datetime64[D]")).astype(int)
-    idx = np.nonzero((times >= lo) & (times <= hi) & (hours % every_hours == 0))[0]
+    hours, _ = hour_dayofyear(times)
+    idx = np.nonzero(period_mask(times, (start, end), unit="h") & (hours % every_hours == 0))[0]
     idx = data.valid_inits(idx, steps)
     if len(idx) == 0:
         raise ValueError(
