@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..argtypes import parse_ints
+
 __all__ = ["Axis", "DomainMesh", "MeshShape", "init_mesh", "parse_mesh", "slurm_environment"]
 
 log = logging.getLogger(__name__)
@@ -51,11 +53,10 @@ class MeshShape:
 
 def parse_mesh(text: str) -> MeshShape:
     """Parse ``"2x2"`` (lat × lon) or ``"2x2x2"`` (data × lat × lon)."""
-    parts = text.lower().replace("×", "x").split("x")
     try:
-        sizes = [int(p) for p in parts]
+        sizes = parse_ints(text, "mesh", minimum=0)  # 0 reaches MeshShape, whose error names the axis
     except ValueError:
-        sizes = []
+        sizes = ()
     if len(sizes) == 2:
         return MeshShape(1, sizes[0], sizes[1])
     if len(sizes) == 3:
