@@ -24,6 +24,7 @@ import numpy as np
 import zarr
 from zarr.codecs import BloscCodec, BloscShuffle, ZstdCodec
 
+from jigsaw_earth.argtypes import parse_grid
 from jigsaw_earth.distributed.mesh import MeshShape
 from jigsaw_earth.distributed.tiles import TileGrid
 
@@ -64,14 +65,8 @@ class ChunkLayout:
 
     @classmethod
     def parse(cls, chunk: str | None, shard: str | None, time_shard: int = 1) -> ChunkLayout:
-        def pair(text: str | None, what: str) -> tuple[int, int]:
-            if not text:
-                return 0, 0
-            try:
-                a, b = (int(x) for x in text.lower().split("x"))
-            except ValueError:
-                raise ValueError(f"{what} {text!r}: write LATxLON, e.g. 8x16") from None
-            return a, b
+        def pair(text: str | None, what: str) -> tuple[int, int]:  # 0: the whole axis
+            return parse_grid(text, what, example="8x16", minimum=0) if text else (0, 0)
 
         return cls(*pair(chunk, "--chunk"), *pair(shard, "--shard"), time_shard=time_shard)
 

@@ -11,12 +11,13 @@ import pytest
 from jigsaw_earth.data.batch import VariableSpec
 from jigsaw_earth.models.summary import summarize
 
+from jigsaw_earth.argtypes import parse_bytes
 from jigsaw_earth.bench.comm_count import ring_bytes
 from jigsaw_earth.bench.strategies import STRATEGIES, Problem, domain_shape
 from jigsaw_earth.bench.strategy_bench import read_bytes
 from jigsaw_earth.bench.strategy_run import strategies_worker
 from jigsaw_earth.cli import main
-from jigsaw_earth.commands.bench_strategies import parse_bytes, parse_variant
+from jigsaw_earth.commands.bench_strategies import parse_variant
 from jigsaw_earth.distributed.mesh import MeshShape
 from jigsaw_earth.distributed.spawn import spawn
 
@@ -86,9 +87,10 @@ def test_helpers():
     assert ring_bytes("all_gather", 400, 4) == ring_bytes("reduce_scatter", 400, 4) == 300
     assert ring_bytes("all_reduce", 400, 1) == 0
     assert domain_shape(4) == (2, 2) and domain_shape(8) == (2, 4) and domain_shape(2) == (1, 2)
-    assert parse_bytes("64MiB") == 64 * 2**20 and parse_bytes("1000") == 1000
+    assert parse_bytes("64MiB", "--memory-budget") == 64 * 2**20
+    assert parse_bytes("1000", "--memory-budget") == 1000
     assert parse_variant("wide:embed_dim=384,patch=2") == ("wide", {"embed_dim": 384, "patch": 2})
-    assert math.isclose(parse_bytes("1.5GiB"), 1.5 * 2**30)
+    assert math.isclose(parse_bytes("1.5GiB", "--memory-budget"), 1.5 * 2**30)
 
 
 @pytest.mark.parametrize(

@@ -143,6 +143,17 @@ def test_replicated_gradients_are_counted_in_the_ledger(runs: dict) -> None:
     assert runs["2x1x2"][0]["fresh"]["ledger"]["gradients:grad.data"]["calls"] == STEPS
 
 
+def test_loss_and_grad_norm_sums_are_counted_in_the_ledger(runs: dict) -> None:
+    """The trainer's own all-reduces go through the core: a float64 scalar a step each."""
+    for name, world, domain in (("1x2x2", 4, 4), ("2x1x2", 4, 2)):
+        sites = runs[name][0]["fresh"]["ledger"]
+        loss = [v for k, v in sites.items() if k.endswith(":loss.value")]
+        norm = [v for k, v in sites.items() if k.endswith(":grad_norm")]
+        assert [s["calls"] for s in loss] == [STEPS] and [s["calls"] for s in norm] == [STEPS], sorted(sites)
+        assert loss[0]["bytes_sent"] == STEPS * 2 * (world - 1) * 8 // world
+        assert norm[0]["bytes_sent"] == STEPS * 2 * (domain - 1) * 8 // domain
+
+
 def test_replicated_parameters_resume_on_one_rank(runs: dict) -> None:
     ref = runs["1x2x2"][0]["fresh"]
     got = runs["resumed"][0]

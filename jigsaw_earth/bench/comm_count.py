@@ -26,15 +26,9 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from ..distributed.comm import ring_bytes
+
 __all__ = ["CommCount", "CountFunctional", "count_c10d", "ddp_counting_hook", "ring_bytes"]
-
-
-def ring_bytes(kind: str, nbytes: int, ranks: int) -> int:
-    """Bytes one rank sends in a ring ``kind`` (all_reduce, all_gather, reduce_scatter) of ``nbytes``."""
-    if ranks <= 1:
-        return 0
-    factor = 2 if kind == "all_reduce" else 1
-    return factor * (ranks - 1) * nbytes // ranks
 
 
 @dataclass

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ..argtypes import parse_grid
+
 __all__ = ["strategies_markdown"]
 
 HOLDS = {  # {n}: world size
@@ -122,9 +124,8 @@ def _verdict(rows: list[dict]) -> list[str]:
 def _next_up(f: dict) -> str:
     """The smallest grid run above the largest that fits, with its peak (it exceeded the budget)."""
     rows = int(f["grid"][0])
-    above = sorted(
-        (int(g.split("x")[0]), g, p) for g, p in f.get("tried", {}).items() if int(g.split("x")[0]) > rows
-    )
+    tried = [(parse_grid(g, "tried grid")[0], g, p) for g, p in f.get("tried", {}).items()]
+    above = sorted(t for t in tried if t[0] > rows)
     return f"{above[0][1]}: {above[0][2] / 2**20:.2f} MiB" if above else "-"
 
 

@@ -43,6 +43,7 @@ import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint.api import CheckpointException
 
+from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh
 from ..fs_errors import os_error_in
 from .planner import Block, BlockLoadPlanner, BlockSavePlanner, SafeFileSystemReader
@@ -206,7 +207,7 @@ def _agree(mesh: DomainMesh, failure: BaseException | None, tmp: Path, step: int
     """Collective: if any rank failed, rank 0 removes ``tmp`` and every rank raises."""
     failed = torch.tensor([0.0 if failure is None else 1.0], device=mesh.device)
     if dist.is_initialized():
-        dist.all_reduce(failed, op=dist.ReduceOp.MAX)
+        all_reduce_(failed, mesh.world, op="checkpoint.agree", reduce=dist.ReduceOp.MAX)
     if not failed.item():
         return
     if _rank() == 0:

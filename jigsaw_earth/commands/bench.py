@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from ..argtypes import parse_grid, parse_list
+from ..bench.cases import SIZES
 from ..distributed.comm import ledger
 from ..distributed.matmul import (
     channel_bytes,
@@ -37,76 +39,96 @@ from ..distributed.matmul import (
 from ..distributed.mesh import DomainMesh, parse_mesh
 from ..distributed.spawn import spawn
 from ..layers.base import Domain
+from .output import write_json
 
 log = logging.getLogger(__name__)
 
 
-def _names(values: list[str] | None) -> list[str]:
-    return [n for v in values or [] for n in v.split(",") if n]
+def _json(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
+
+
+def _cases_parser(kinds: argparse._SubParsersAction, name: str, help: str) -> None:
+    p = kinds.add_parser(name, help=help)
+    p.add_argument("--only", action="append", metavar="NAME[,NAME]", help="cases (or name prefixes) to run")
+    p.add_argument("--quick", action="store_true", help="small sizes (CI smoke); = --size quick")
+    p.add_argument(
+        "--size",
+        choices=SIZES,
+        default="default",
+        help="case sizes: quick (CI smoke), default (layers on a 64x128 grid with 64 channels, models "
+        "on 64x128 to 128x256 grids at small widths: a CPU run), large (256x512 grids, wider: a GPU)",
+    )
+    p.add_argument(
+        "--meshes", default="2x2,1x4", help="meshes for per-rank memory (default 2x2,1x4); 'none' skips"
+    )
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="default cpu")
+    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast (default fp32)")
+    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    p.add_argument("--tolerance", type=float, default=1e-4, help="largest fp32 twin error accepted (1e-4)")
+    p.add_argument("--repeats", type=int, help="timed repeats (default: layers 7, models 5)")
+    _json(p)
+    p.set_defaults(inputs=[])
+
+
+def _config_flags(p: argparse.ArgumentParser) -> None:
+    """Flags of the runs that train a config's model: strategies, scaling."""
+    p.add_argument("inputs", nargs="*", type=Path, metavar="CONFIG", help="the training config")
+    p.add_argument("--world-size", type=int, default=4, help="ranks (default 4)")
+    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
+    p.add_argument("--grid", metavar="NLATxNLON", help="the data grid (default: the config's store's)")
+    _json(p)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("bench", help="jigsaw vs plain-PyTorch twins; distributed-matmul micro-benchmark")
-    p.add_argument(
-        "what",
-        choices=["layers", "models", "all", "report", "matmul", "strategies", "scaling", "io"],
-        help="what to benchmark",
+    kinds = p.add_subparsers(dest="what", required=True, metavar="WHAT")
+    _cases_parser(kinds, "layers", "each jigsaw layer against its plain-PyTorch twin")
+    _cases_parser(kinds, "models", "each model against its plain-PyTorch twin")
+    _cases_parser(kinds, "all", "layers, then models")
+
+    r = kinds.add_parser("report", help="markdown tables from bench JSON files")
+    r.add_argument("inputs", nargs="*", type=Path, metavar="JSON", help="the bench JSON files")
+    r.add_argument("--out", type=Path, help="markdown file to write (default: print)")
+
+    m = kinds.add_parser("matmul", help="time and bytes of each distributed-matmul strategy on a mesh")
+    m.add_argument("--mesh", default="2x2", metavar="LATxLON", help="the mesh (default 2x2)")
+    m.add_argument("--grid", default="64x128", metavar="NLATxNLON", help="global token grid (default 64x128)")
+    m.add_argument("--batch", type=int, default=1, help="samples (default 1)")
+    m.add_argument("--cin", type=int, default=256, help="input channels (default 256)")
+    m.add_argument("--cout", type=int, default=256, help="output channels (default 256)")
+    m.add_argument("--repeats", type=int, default=5, help="timed repeats (default 5)")
+    _json(m)
+    m.set_defaults(inputs=[])
+
+    st = kinds.add_parser("strategies", help="jigsaw against DDP, FSDP2 and tensor parallelism")
+    _config_flags(st)
+    st.add_argument("--strategies", default="jigsaw,ddp,fsdp2,tp,jigsaw_ddp", help="comma list (default all)")
+    st.add_argument(
+        "--variant", action="append", metavar="NAME:KEY=VALUE,...", help="also this model variant"
     )
-    p.add_argument(
-        "inputs",
-        nargs="*",
-        type=Path,
-        metavar="JSON",
-        help="report: the bench JSON files; strategies, scaling: CONFIG; io: STORE",
-    )
-    p.add_argument(
-        "--only", action="append", metavar="NAME[,NAME]", help="layers/models: cases (or prefixes)"
-    )
-    p.add_argument(
-        "--quick", action="store_true", help="layers/models: small sizes (CI smoke); = --size quick"
-    )
-    p.add_argument(
-        "--size",
-        choices=["quick", "default", "large"],
-        default="default",
-        help="layers/models: case sizes (default: issue 9's; large: for a GPU)",
-    )
-    p.add_argument(
-        "--meshes", default="2x2,1x4", help="layers/models: meshes for per-rank memory; 'none' skips"
-    )
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32", help="bf16: autocast")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
-    p.add_argument("--tolerance", type=float, default=1e-4, help="largest fp32 twin error accepted")
-    p.add_argument("--out", type=Path, help="report: markdown file to write")
-    p.add_argument("--mesh", default="2x2", metavar="LATxLON", help="matmul, io: the mesh")
-    p.add_argument("--ranks", default="0", help="io: 'all' (one process each, reading at once) or ranks "
-                   "measured alone, e.g. 0,3 (default 0)")
-    p.add_argument("--lead-steps", type=int, default=1, help="io: target steps per sample (default 1)")
-    p.add_argument("--halo", type=int, default=0,
-                   help="io: halo width read around each tile, across the pole (default 0: as training)")
-    p.add_argument("--read-threads", type=int, default=2, help="io: the reader's threads (default 2)")
-    p.add_argument("--cache", choices=["warm", "cold", "both"], default="both",
-                   help="io: page cache warm, dropped before each read, or both (default)")
-    p.add_argument(
-        "--grid", metavar="NLATxNLON", help="matmul: global token grid (64x128); strategies: the data grid"
-    )
-    p.add_argument("--world-size", type=int, default=4, help="strategies, scaling: ranks (default 4)")
-    p.add_argument("--steps", type=int, default=5, help="scaling: measured steps per run (default 5)")
-    p.add_argument("--warmup", type=int, default=2, help="scaling: warm-up steps per run (default 2)")
-    p.add_argument(
-        "--strategies", default="jigsaw,ddp,fsdp2,tp,jigsaw_ddp", help="strategies: which to run (comma list)"
-    )
-    p.add_argument(
-        "--variant", action="append", metavar="NAME:KEY=VALUE,...", help="strategies: also this model variant"
-    )
-    p.add_argument("--set", action="append", metavar="KEY=VALUE", help="strategies, scaling: config override")
-    p.add_argument("--memory-budget", metavar="SIZE", help="strategies: largest grid within SIZE per rank")
-    p.add_argument("--batch", type=int, default=1)
-    p.add_argument("--cin", type=int, default=256)
-    p.add_argument("--cout", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=None, help="timed repeats (layers 7, models 5, matmul 5)")
-    p.add_argument("--json", type=Path, metavar="PATH")
+    st.add_argument("--memory-budget", metavar="SIZE", help="largest grid within SIZE per rank, e.g. 64MiB")
+    st.add_argument("--repeats", type=int, help="timed steps per strategy (default 5; 0: none)")
+
+    sc = kinds.add_parser("scaling", help="strong scaling of the trainer on 1 and N ranks")
+    _config_flags(sc)
+    sc.add_argument("--steps", type=int, default=5, help="measured steps per run (default 5)")
+    sc.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
+    sc.add_argument("--repeats", type=int, help="interleaved repeats (default 3)")
+
+    io = kinds.add_parser("io", help="a training sample per rank through the tile reader, against raw reads")
+    io.add_argument("inputs", nargs="*", type=Path, metavar="STORE", help="the Zarr store")
+    io.add_argument("--mesh", default="2x2", metavar="LATxLON", help="the mesh (default 2x2)")
+    io.add_argument("--ranks", default="0", help="'all' (one process each, reading at once) or ranks "
+                    "measured alone, e.g. 0,3 (default 0)")
+    io.add_argument("--lead-steps", type=int, default=1, help="target steps per sample (default 1)")
+    io.add_argument("--halo", type=int, default=0,
+                    help="halo width read around each tile, across the pole (default 0: as training)")
+    io.add_argument("--read-threads", type=int, default=2, help="the reader's threads (default 2)")
+    io.add_argument("--cache", choices=["warm", "cold", "both"], default="both",
+                    help="page cache warm, dropped before each read, or both (default)")
+    io.add_argument("--repeats", type=int, help="timed repeats (default 5)")
+    _json(io)
     p.set_defaults(run=run)
 
 
@@ -186,11 +208,10 @@ def run(args: argparse.Namespace) -> int:
         return run_io(args)
     if args.inputs:
         raise ValueError(f"bench {args.what} takes no positional files, got {[str(p) for p in args.inputs]}")
-    args.repeats = args.repeats or 5
+    if args.repeats < 1:
+        raise ValueError(f"--repeats {args.repeats}: use 1 or more")
     shape = parse_mesh(args.mesh)
-    grid = tuple(int(v) for v in (args.grid or "64x128").lower().split("x"))
-    if len(grid) != 2:
-        raise ValueError(f"--grid {args.grid!r}: write NLATxNLON, e.g. 64x128")
+    grid = parse_grid(args.grid, example="64x128")
     out = spawn(shape, _bench, grid, args.batch, args.cin, args.cout, args.repeats)[0]
     for form in ("channels", "tokens"):
         for strategy in ("weights", "activations"):
@@ -217,7 +238,7 @@ def _run_cases(args: argparse.Namespace) -> int:
         raise ValueError("--device cuda: no CUDA device is available here; use --device cpu")
     if args.threads < 1:
         raise ValueError(f"--threads {args.threads}: use 1 or more")
-    meshes = [] if args.meshes == "none" else [m for m in args.meshes.split(",") if m]
+    meshes = [] if args.meshes == "none" else parse_list(args.meshes)
     for m in meshes:
         parse_mesh(m)  # fails early on a bad shape
     if args.what == "all" and args.only:
@@ -231,18 +252,14 @@ def _run_cases(args: argparse.Namespace) -> int:
     for kind in ("layers", "models") if args.what == "all" else (args.what,):
         repeats = args.repeats or (7 if kind == "layers" else 5)
         for r in run_cases(
-            kind, size, _names(args.only), repeats, args.device, args.dtype, meshes, args.tolerance
+            kind, size, parse_list(args.only), repeats, args.device, args.dtype, meshes, args.tolerance
         ):
             results.append({"kind": kind, **r})
     meta["load_average_end"] = list(os.getloadavg())
     print(format_table(results))
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
         data = {"kind": args.what, "quick": size == "quick", "size": size, "meta": meta, "results": results}
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(data, indent=1))
-        tmp.replace(args.json)
-        log.info("wrote %s", args.json)
+        write_json(args.json, data)
     return 0
 
 

@@ -10,13 +10,13 @@ summed over ranks, plan's predicted step) and writes ``--json PATH`` (``bench re
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 from pathlib import Path
 
 from ..bench.scaling import run_scaling
 from ..training.accounting import PARTS
+from .output import write_json
 
 __all__ = ["format_scaling", "run_bench_scaling", "scaling_markdown"]
 
@@ -106,9 +106,5 @@ def run_bench_scaling(args: argparse.Namespace) -> int:
         f"global batch {result['global_batch']}, {args.world_size} ranks\n{format_scaling(result)}"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps({"kind": "scaling", "meta": meta, "result": result}, indent=1))
-        tmp.replace(args.json)
-        log.info("wrote %s", args.json)
+        write_json(args.json, {"kind": "scaling", "meta": meta, "result": result})
     return 0

@@ -12,27 +12,17 @@ import argparse
 import json
 import logging
 import os
-import re
 from pathlib import Path
 
 import torch
 
+from ..argtypes import parse_bytes, parse_grid, parse_list
 from ..bench.strategies import STRATEGIES
+from .output import write_json
 
-__all__ = ["parse_bytes", "run_strategies"]
+__all__ = ["parse_variant", "run_strategies"]
 
 log = logging.getLogger(__name__)
-
-_UNITS = {"": 1, "b": 1, "kib": 2**10, "mib": 2**20, "gib": 2**30, "kb": 10**3, "mb": 10**6, "gb": 10**9}
-
-
-def parse_bytes(text: str) -> int:
-    """``64MiB``, ``1.5GiB``, ``2000000`` → bytes."""
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([a-zA-Z]*)\s*", text)
-    if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"--memory-budget {text!r}: write a size such as 64MiB, 2GiB or 500000")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-
 
 def _value(text: str) -> object:
     try:
@@ -52,10 +42,7 @@ def parse_variant(text: str) -> tuple[str, dict]:
 
 def _grid(args: argparse.Namespace, cfg) -> tuple[int, int]:
     if args.grid:
-        parts = args.grid.lower().split("x")
-        if len(parts) != 2 or not all(p.isdigit() and int(p) > 0 for p in parts):
-            raise ValueError(f"--grid {args.grid!r}: write NLATxNLON, e.g. 32x64")
-        return int(parts[0]), int(parts[1])
+        return parse_grid(args.grid)
     store = Path(cfg.data.store)
     if store.exists():
         from ..data.store import StoreView
@@ -74,7 +61,7 @@ def _check(args: argparse.Namespace) -> list[str]:
         raise ValueError(
             f"--world-size {args.world_size}: use an even number >= 2 (jigsaw x DDP needs 2 replicas)"
         )
-    names = [n for v in args.strategies.split(",") for n in [v.strip()] if n]
+    names = parse_list(args.strategies)
     bad = [n for n in names if n not in STRATEGIES]
     if bad or not names:
         raise ValueError(f"--strategies {args.strategies!r}: use names from {', '.join(STRATEGIES)}")
@@ -113,7 +100,9 @@ def run_strategies(args: argparse.Namespace) -> int:
     from ..config import load_config
 
     names = _check(args)
-    budget = parse_bytes(args.memory_budget) if args.memory_budget else None
+    budget = None
+    if args.memory_budget:
+        budget = parse_bytes(args.memory_budget, "--memory-budget", "64MiB, 2GiB or 500000")
     variants = [parse_variant(v) for v in args.variant or []]
     cfg = load_config(args.inputs[0], list(args.set or []))
     grid = _grid(args, cfg)
@@ -146,9 +135,5 @@ def run_strategies(args: argparse.Namespace) -> int:
             )
     meta["load_average_end"] = list(os.getloadavg())
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps({"kind": "strategies", "meta": meta, "results": runs}, indent=1))
-        tmp.replace(args.json)
-        log.info("wrote %s", args.json)
+        write_json(args.json, {"kind": "strategies", "meta": meta, "results": runs})
     return 0

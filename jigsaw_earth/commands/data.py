@@ -3,25 +3,18 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
 
+from ..argtypes import parse_grid, parse_list
 from ..distributed.halo import Halo
 from ..distributed.mesh import parse_mesh
+from .output import write_json
 
 log = logging.getLogger(__name__)
 
 __all__ = ["add_parser", "run"]
-
-
-def _pair(text: str, what: str) -> tuple[int, int]:
-    try:
-        a, b = (int(x) for x in text.lower().split("x"))
-    except ValueError:
-        raise ValueError(f"{what} {text!r}: write AxB, e.g. 32x64") from None
-    return a, b
 
 
 def _names(items: list[str] | None) -> dict[str, str]:
@@ -34,10 +27,8 @@ def _names(items: list[str] | None) -> dict[str, str]:
     return out
 
 
-def _csv(text: str | None, cast=str) -> list | None:
-    return None if text is None else [cast(x) for x in text.split(",") if x]
-
-
+def _csv(text: str | None, what: str, cast=str) -> list | None:
+    return None if text is None else parse_list(text, what, cast, example="500,850")
 def _variables(p: argparse.ArgumentParser) -> None:
     p.add_argument("--upper-air", help="comma-separated upper-air variables (WB2 names); default: every "
                    "known one in the store; '' = none")
@@ -144,13 +135,13 @@ def _spec(args: argparse.Namespace, view):
     from jigsaw_earth.data.batch import DEFAULT_LEVELS, VariableSpec
 
     store_upper, store_surface, _ = view.known_variables()
-    upper = store_upper if args.upper_air is None else _csv(args.upper_air)
-    surface = store_surface if args.surface is None else _csv(args.surface)
+    upper = store_upper if args.upper_air is None else _csv(args.upper_air, "--upper-air")
+    surface = store_surface if args.surface is None else _csv(args.surface, "--surface")
     store_levels = [] if view.levels is None else [int(x) for x in view.levels]
     if args.levels == "all" or (args.levels is None and not set(DEFAULT_LEVELS) <= set(store_levels)):
         levels = store_levels
     else:
-        levels = _csv(args.levels, int) if args.levels is not None else list(DEFAULT_LEVELS)
+        levels = _csv(args.levels, "--levels", int) if args.levels is not None else list(DEFAULT_LEVELS)
     return VariableSpec(tuple(upper), tuple(levels if upper else ()), tuple(surface), static=())
 
 
@@ -172,10 +163,7 @@ def _layout(args: argparse.Namespace, grid: tuple[int, int] | None, default_time
 
 def _write_json(path: Path | None, obj) -> None:
     if path:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(path.suffix + ".tmp")
-        tmp.write_text(json.dumps(obj, indent=1, default=str))
-        tmp.replace(path)
+        write_json(path, obj)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -188,8 +176,8 @@ def _synth(args: argparse.Namespace) -> int:
 
     from jigsaw_earth.data.synth import WB2_LEVELS, SynthConfig, synth_store
 
-    n_lat, n_lon = _pair(args.grid, "--grid")
-    levels = WB2_LEVELS if args.levels == "all" else tuple(_csv(args.levels, int) or ())
+    n_lat, n_lon = parse_grid(args.grid)
+    levels = WB2_LEVELS if args.levels == "all" else tuple(_csv(args.levels, "--levels", int) or ())
     cfg = SynthConfig(n_lat=n_lat, n_lon=n_lon, start=args.start, end=args.end, levels=levels, seed=args.seed)
     if args.chunk or args.shard or args.for_mesh or args.time_shard or args.compression:
         layout = _layout(args, (n_lat, n_lon), cfg.layout.time_shard)
@@ -215,14 +203,14 @@ def _prepare(args: argparse.Namespace) -> int:
     if period:
         period = (period[0] or "1900-01-01", period[1] or "2200-01-01")
     stats = (args.stats_start, args.stats_end) if args.stats_start and args.stats_end else None
-    levels = None if args.levels in (None, "all") else _csv(args.levels, int)
+    levels = None if args.levels in (None, "all") else _csv(args.levels, "--levels", int)
     t0 = time.perf_counter()
     info = prepare_store(
         args.src,
         args.out,
-        upper_air=_csv(args.upper_air),
+        upper_air=_csv(args.upper_air, "--upper-air"),
         levels=levels,
-        surface=_csv(args.surface),
+        surface=_csv(args.surface, "--surface"),
         time=TimeOptions(
             period=period,
             step_hours=args.step_hours,

@@ -17,6 +17,7 @@ from typing import Any
 
 import yaml
 
+from ..argtypes import parse_grid, parse_ints
 from ..distributed.mesh import parse_mesh
 from ..models import MODELS, model_entry
 from ..models.summary import ModelSummary, summarize
@@ -51,16 +52,6 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--batch", type=int, default=1, help="samples per domain group per step (default 1)")
     s.add_argument("--json", type=Path, metavar="PATH", help="write the summaries as JSON")
     s.set_defaults(run=run)
-
-
-def _pair(text: str, what: str, sep: str = "x", minimum: int = 1) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.lower().split(sep))
-    except ValueError:
-        values = ()
-    if not values or min(values) < minimum:
-        raise ValueError(f"--{what} {text!r}: write integers ≥ {minimum} separated by {sep!r}")
-    return values
 
 
 def _config_channels(doc: dict) -> str | None:
@@ -142,13 +133,9 @@ def _print(s: ModelSummary) -> None:
 
 def run(args: argparse.Namespace) -> int:
     shape = parse_mesh(args.mesh)
-    grid = _pair(args.grid, "grid")
+    grid = parse_grid(args.grid, example="721x1440")
     specs = model_spec(args)
-    chans = _pair(args.channels or "69,2,4", "channels", ",", minimum=0)
-    if len(grid) != 2 or len(chans) != 3:
-        raise ValueError(
-            f"--grid {args.grid!r} needs NLATxNLON and --channels {args.channels!r} STATE,STATIC,TIME"
-        )
+    chans = parse_ints(args.channels or "69,2,4", "--channels", 3, sep=",", minimum=0, example="69,2,4")
     if args.batch < 1:
         raise ValueError(f"--batch {args.batch}: use a positive number of samples")
     out = []

@@ -11,18 +11,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import statistics
 from pathlib import Path
 
+from ..argtypes import parse_bytes, parse_grid, parse_ints
 from ..models import make_config, model_entry
 from ..models.plan import Hardware, MeshPlan, plan_meshes, recommend
 
-__all__ = ["add_parser", "parse_bytes", "run"]
-
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
-
+__all__ = ["add_parser", "run"]
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="rank the data × lat × lon meshes of a world size for a model")
@@ -65,26 +61,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def parse_bytes(text: str) -> int:
-    """``80GB``, ``80 GiB``, ``8e10`` → bytes."""
-    m = re.fullmatch(r"\s*([0-9.]+(?:e[0-9]+)?)\s*([KMGT]?I?B?)\s*", text, re.IGNORECASE)
-    if not m or m.group(2).upper() not in _UNITS or float(m.group(1)) <= 0:
-        raise ValueError(f"--gpu-memory {text!r}: write a size such as 80GB or 80GiB")
-    size = int(float(m.group(1)) * _UNITS[m.group(2).upper()])
+def _gpu_memory(text: str) -> int:
+    """``--gpu-memory``: ``80GB``, ``80 GiB``, ``8e10`` → bytes, at least 256 MiB."""
+    size = parse_bytes(text, "--gpu-memory", "80GB or 80GiB")
     if size < 2**28:  # 256 MiB: smaller than any accelerator's memory, so a missing unit or a typo
         raise ValueError(f"--gpu-memory {text!r} is {size} bytes, less than any GPU holds; write the memory "
                          f"of one GPU with its unit, such as 80GB or 80GiB")
     return size
-
-
-def _ints(text: str, sep: str, what: str, n: int, minimum: int) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.lower().split(sep))
-    except ValueError:
-        values = ()
-    if len(values) != n or min(values) < minimum:
-        raise ValueError(f"--{what} {text!r}: write {n} integers ≥ {minimum} separated by {sep!r}")
-    return values
 
 
 def _hardware(args: argparse.Namespace) -> Hardware:
@@ -112,7 +95,7 @@ def _hardware(args: argparse.Namespace) -> Hardware:
     if nodes < 1 or args.world_size % nodes:
         raise ValueError(f"--nodes {nodes}: use a positive divisor of --world-size {args.world_size}")
     return Hardware(
-        memory=parse_bytes(args.gpu_memory),
+        memory=_gpu_memory(args.gpu_memory),
         tflops=args.gpu_tflops,
         efficiency=args.efficiency,
         intra_gbps=args.link_gbps,
@@ -225,8 +208,8 @@ def _print(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan]) -> Non
 
 
 def run(args: argparse.Namespace) -> int:
-    grid = _ints(args.grid, "x", "grid", 2, 1)
-    channels = _ints(args.channels, ",", "channels", 3, 0)
+    grid = parse_grid(args.grid, example="721x1440")
+    channels = parse_ints(args.channels, "--channels", 3, sep=",", minimum=0, example="69,2,4")
     if channels[0] < 1:
         raise ValueError(f"--channels {args.channels!r}: the state needs at least 1 channel")
     args.preset = args.preset or model_entry(args.model).default_preset

@@ -10,7 +10,6 @@ status 1 on any failure.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
@@ -19,6 +18,7 @@ from ..distributed.mesh import parse_mesh
 from ..distributed.spawn import spawn
 from ..validation.registry import checks, run_checks
 from ..validation.user_model import check_user_model
+from .output import write_json
 
 log = logging.getLogger(__name__)
 DEFAULT_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3", "2x3", "3x2"]
@@ -107,8 +107,5 @@ def run(args: argparse.Namespace) -> int:
         f"({len(meshes)} meshes, {time.perf_counter() - start:.1f} s)"
     )
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(records, indent=1))
-        tmp.replace(args.json)
+        write_json(args.json, records)
     return 1 if failed or not records else 0

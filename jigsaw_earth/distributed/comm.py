@@ -40,6 +40,7 @@ __all__ = [
     "exchange",
     "ledger",
     "overlap_enabled",
+    "ring_bytes",
     "set_overlap",
     "set_transport",
 ]
@@ -206,11 +207,22 @@ def _exchange_shm(shm, sends, recvs, *, op: str, dtype: torch.dtype, tag: int) -
     return pending
 
 
-def all_reduce_(tensor: torch.Tensor, axis: Axis, *, op: str = "all_reduce") -> torch.Tensor:
-    """In-place sum over the axis. Records the ring all-reduce volume 2(P-1)/P of the tensor."""
+def ring_bytes(kind: str, nbytes: int, ranks: int) -> int:
+    """Bytes one rank sends in a ring ``kind`` (``all_reduce``, ``all_gather``, ``reduce_scatter``) of
+    ``nbytes`` per rank: ``2(P-1)/P`` of it for an all-reduce, ``(P-1)/P`` for the others."""
+    if ranks <= 1:
+        return 0
+    factor = 2 if kind == "all_reduce" else 1
+    return factor * (ranks - 1) * nbytes // ranks
+
+
+def all_reduce_(
+    tensor: torch.Tensor, axis: Axis, *, op: str = "all_reduce", reduce: dist.ReduceOp = dist.ReduceOp.SUM
+) -> torch.Tensor:
+    """In-place reduction (a sum unless ``reduce``) over the axis; records its ring volume."""
     if axis.size > 1:
-        moved = 2 * (axis.size - 1) * _nbytes(tensor) // axis.size
+        moved = ring_bytes("all_reduce", _nbytes(tensor), axis.size)
         ledger.record(op, moved, moved)
         with blocking():
-            dist.all_reduce(tensor, group=axis.group)
+            dist.all_reduce(tensor, op=reduce, group=axis.group)
     return tensor

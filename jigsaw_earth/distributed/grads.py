@@ -83,8 +83,8 @@ def check_replicas(
         return
     flat = torch.cat([p.detach().reshape(-1).double() for p, _ in picked])
     low, high = flat.clone(), flat.clone()
-    dist.all_reduce(low, op=dist.ReduceOp.MIN, group=axis.group)
-    dist.all_reduce(high, op=dist.ReduceOp.MAX, group=axis.group)
+    all_reduce_(low, axis, op="replicas.min", reduce=dist.ReduceOp.MIN)
+    all_reduce_(high, axis, op="replicas.max", reduce=dist.ReduceOp.MAX)
     differs = (low != high) & ~(flat.isnan())
     if bool(differs.any()):
         at, offset = int(differs.nonzero()[0]), 0

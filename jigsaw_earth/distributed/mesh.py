@@ -17,6 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ..argtypes import parse_ints
+
 __all__ = ["Axis", "DomainMesh", "MeshShape", "init_mesh", "parse_mesh", "slurm_environment"]
 
 log = logging.getLogger(__name__)
@@ -51,11 +53,10 @@ class MeshShape:
 
 def parse_mesh(text: str) -> MeshShape:
     """Parse ``"2x2"`` (lat × lon) or ``"2x2x2"`` (data × lat × lon)."""
-    parts = text.lower().replace("×", "x").split("x")
     try:
-        sizes = [int(p) for p in parts]
+        sizes = parse_ints(text, "mesh", minimum=0)  # 0 reaches MeshShape, whose error names the axis
     except ValueError:
-        sizes = []
+        sizes = ()
     if len(sizes) == 2:
         return MeshShape(1, sizes[0], sizes[1])
     if len(sizes) == 3:
@@ -108,6 +109,8 @@ class DomainMesh:
                 [self.global_rank(d, a, b) for a in range(shape.lat) for b in range(shape.lon)],
                 i * shape.lon + j,
             ),
+            # every rank: the loss value and other whole-job sums (torch's default group)
+            "world": self._axis("world", list(range(shape.world_size)), rank),
         }
 
     @staticmethod
@@ -118,7 +121,7 @@ class DomainMesh:
         return (data * self.shape.lat + lat) * self.shape.lon + lon
 
     def axis(self, name: str) -> Axis:
-        """``"data"``, ``"lat"``, ``"lon"`` or ``"domain"`` (lat × lon, lat-major)."""
+        """``"data"``, ``"lat"``, ``"lon"``, ``"domain"`` (lat × lon, lat-major) or ``"world"``."""
         try:
             return self._axes[name]
         except KeyError:
@@ -127,6 +130,10 @@ class DomainMesh:
     @property
     def domain(self) -> Axis:
         return self._axes["domain"]
+
+    @property
+    def world(self) -> Axis:
+        return self._axes["world"]
 
     @property
     def lat_index(self) -> int:
@@ -157,6 +164,9 @@ class DomainMesh:
             if d == self.coord[0]:
                 axis = self._axes["domain"]
                 self._axes["domain"] = Axis("domain", axis.ranks, axis.index, group)
+        if shape.world_size > 1:
+            axis = self._axes["world"]
+            self._axes["world"] = Axis("world", axis.ranks, axis.index, dist.group.WORLD)
         # NCCL requires every rank of a group in its first batch_isend_irecv; a halo exchange
         # need not involve all of them, so open each group with a collective. Every rank visits
         # its groups in the same axis order, so this cannot deadlock.

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from torch import nn
 
+from ..distributed.comm import ring_bytes
 from ..distributed.halo import Window
 from ..distributed.halo import _receive_plan as receive_plan  # the plan the exchange itself uses
 from ..distributed.matmul import channel_bytes, channel_strategy
@@ -94,8 +95,8 @@ def gather_bytes(sizes: Sequence[int], n: int, elsize: int) -> Bytes:
 
 
 def all_reduce_bytes(ranks: int, nbytes: int) -> int:
-    """A ring all-reduce of ``nbytes`` per rank: ``2(P-1)/P`` of it sent by each rank."""
-    return ranks * (2 * (ranks - 1) * nbytes // ranks)
+    """A ring all-reduce of ``nbytes`` per rank: all ``ranks`` together (``comm.ring_bytes`` each)."""
+    return ranks * ring_bytes("all_reduce", nbytes, ranks)
 
 
 def priced_layers(model: nn.Module) -> Iterator[tuple[str, nn.Module]]:

@@ -16,16 +16,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-import torch.distributed as dist
 
+from ..distributed.comm import all_reduce_
 from ..distributed.mesh import Axis
 
 __all__ = ["MetricAccumulator"]
 
 
 def _all_reduce(t: torch.Tensor, axis: Axis | None) -> torch.Tensor:
-    if axis is not None and axis.group is not None and axis.size > 1:
-        dist.all_reduce(t, group=axis.group)
+    if axis is not None and axis.group is not None:
+        all_reduce_(t, axis, op="metrics")
     return t
 
 

@@ -24,7 +24,7 @@ from collections.abc import Sequence
 import torch
 import torch.distributed as dist
 
-from ..distributed.comm import blocking
+from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh
 
 __all__ = ["channel_weights", "global_value", "weighted_sq_error"]
@@ -65,6 +65,5 @@ def global_value(local: torch.Tensor, mesh: DomainMesh) -> torch.Tensor:
     """Sum of a detached per-rank scalar over every rank (domain and data axes)."""
     value = local.detach().double().clone()
     if mesh.is_distributed and dist.is_initialized():
-        with blocking():
-            dist.all_reduce(value)
+        all_reduce_(value, mesh.world, op="loss.value")
     return value

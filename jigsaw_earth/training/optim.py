@@ -19,11 +19,10 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from ..config.schema import OptimConfig
-from ..distributed.comm import blocking
+from ..distributed.comm import all_reduce_
 from ..distributed.grads import domain_holders, sum_gradients
 from ..distributed.mesh import DomainMesh
 
@@ -84,9 +83,7 @@ def clip_grad_norm(
     for p, w in zip(params, weights, strict=True):
         if p.grad is not None:
             total += w * p.grad.detach().double().square().sum()
-    if mesh.domain.size > 1:
-        with blocking():
-            dist.all_reduce(total, group=mesh.domain.group)
+    all_reduce_(total, mesh.domain, op="grad_norm")
     norm = float(total.sqrt())
     if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
         scale = max_norm / (norm + 1e-6)

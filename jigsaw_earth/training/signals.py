@@ -18,6 +18,7 @@ from types import FrameType, TracebackType
 import torch
 import torch.distributed as dist
 
+from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh
 
 __all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "Preempted", "StopSignals"]
@@ -62,7 +63,7 @@ class StopSignals:
         """Collective: ``True`` on every rank when any rank received a stop signal."""
         flag = torch.tensor([1.0 if self.received else 0.0], device=self.mesh.device)
         if self.mesh.is_distributed and dist.is_initialized():
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            all_reduce_(flag, self.mesh.world, op="stop_flag", reduce=dist.ReduceOp.MAX)
         if flag.item() and self.received is None:
             self.received = "a signal to another rank"
         return bool(flag.item())

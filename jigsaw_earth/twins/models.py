@@ -1,9 +1,11 @@
-"""ViT, U-Net and WeatherMixer written with torch.nn only, mirroring ``models/*.py``.
+"""ViT, U-Net and WeatherMixer on the plain-torch twin layers, mirroring ``models/*.py``.
 
 Same configs (``models.presets``), same module paths and parameter names as the jigsaw models
-(``load_jigsaw`` copies a one-rank jigsaw model in); no mesh, no domain: constructed from the
-global grid. ``forward(state (B, n_state, H, W), static (n_static, H, W), time (B, n_time))``.
-Coordinate channels and position encodings are computed once, from the same formulas.
+(``load_jigsaw`` copies a one-rank jigsaw model in); no mesh: constructed from the global grid.
+``forward(state (B, n_state, H, W), static (n_static, H, W), time (B, n_time))``. Only the
+constructors are written here (which layers, in which order): every block's ``forward`` and every
+model's ``predict`` *is* the model's own (plain torch over the layers), so a change to a model's
+computation reaches its twin; a new layer or module path shows as a ``load_jigsaw`` mismatch.
 """
 
 from __future__ import annotations
@@ -16,7 +18,8 @@ from torch import nn
 
 from ..layers.base import local_domain
 from ..layers.mlp import get_activation
-from ..models.common import assemble_inputs, coordinate_channels, position_encoding
+from ..models import unet, vit, weathermixer
+from ..models.common import assemble_inputs, coordinate_channels
 from ..models.presets import UNetConfig, ViTConfig, WeatherMixerConfig
 from ..models.registry import model_entry
 from ..models.weathermixer import hidden_sizes
@@ -63,12 +66,7 @@ class TransformerBlock(nn.Module):
         self.norm2 = LayerNorm(dim)
         self.mlp = MLP(dim, int(dim * cfg.mlp_ratio), dropout=cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        a = self.attn(self.norm1(x))
-        if self.drop is not None:
-            a = self.drop(a)
-        x = x + a
-        return x + self.mlp(self.norm2(x))
+    forward = vit.TransformerBlock.forward
 
 
 class PlainViT(PlainForecaster):
@@ -77,15 +75,13 @@ class PlainViT(PlainForecaster):
     ):
         cfg = cfg or ViTConfig()
         super().__init__(grid, n_state, n_static, n_time, cfg.residual, cfg.coord_channels)
+        self.cfg = cfg
         stride = cfg.stride or cfg.patch
         self.embed = PatchEmbed(
             grid, self.in_channels, cfg.embed_dim, cfg.patch, stride, lat_mode=cfg.lat_mode
         )
         tokens = self.embed.tokens
-        pos = position_encoding(
-            local_domain(*tokens), cfg.embed_dim, cfg.pos_encoding, torch.float32, torch.device("cpu")
-        )
-        self.register_buffer("pos", pos, persistent=False)
+        self.tokens = local_domain(*tokens)  # the whole token grid, for ViT.predict's position encoding
         every = cfg.local_every
         self.blocks = nn.ModuleList(
             TransformerBlock(tokens, cfg, local=every > 0 and (i + 1) % every == 0) for i in range(cfg.depth)
@@ -94,13 +90,7 @@ class PlainViT(PlainForecaster):
         overlap = "mean" if stride < cfg.patch else "sum"
         self.recover = PatchRecovery(cfg.embed_dim, n_state, cfg.patch, stride, grid, overlap)
 
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        t = self.embed(x)
-        if self.pos is not None:
-            t = t + self.pos.to(t.dtype)
-        for block in self.blocks:
-            t = block(t)
-        return self.recover(self.norm(t))
+    predict = vit.ViT.predict
 
 
 class ConvBlock(nn.Module):
@@ -113,10 +103,7 @@ class ConvBlock(nn.Module):
         )
         self.norms = nn.ModuleList(GroupNorm(cfg.groups, out_ch) for _ in range(cfg.convs_per_block))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for conv, norm in zip(self.convs, self.norms):
-            x = self.act(norm(conv(x)))
-        return x
+    forward = unet.ConvBlock.forward
 
 
 class PlainUNet(PlainForecaster):
@@ -149,14 +136,7 @@ class PlainUNet(PlainForecaster):
             self.decoder.append(ConvBlock(2 * chans[level], chans[level], cfg))
         self.head = Conv2d(chans[0], n_state, 1)
 
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        skips = [self.encoder[0](x)]
-        for down, block in zip(self.down, self.encoder[1:]):
-            skips.append(block(down(skips[-1])))
-        y = skips.pop()
-        for up, block in zip(self.up, self.decoder):
-            y = block(torch.cat([up(y), skips.pop()], dim=1))
-        return self.head(y)
+    predict = unet.UNet.predict
 
 
 class MixerBlock(nn.Module):
@@ -169,12 +149,7 @@ class MixerBlock(nn.Module):
         self.norm_channels = LayerNorm(dim)
         self.channel_mixing = MLP(dim, cfg.channel_hidden, activation=cfg.activation, dropout=cfg.dropout)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        mixed = self.token_mixing(self.norm_tokens(x))
-        if self.drop is not None:
-            mixed = self.drop(mixed)
-        x = x + mixed
-        return x + self.channel_mixing(self.norm_channels(x))
+    forward = weathermixer.MixerBlock.forward
 
 
 class PlainWeatherMixer(PlainForecaster):
@@ -205,17 +180,7 @@ class PlainWeatherMixer(PlainForecaster):
             self.norm_joined = LayerNorm(2 * n_state)
             self.out = Linear(2 * n_state, n_state)
 
-    def predict(self, x: torch.Tensor) -> torch.Tensor:
-        t0 = t = self.embed(x)
-        for block in self.blocks:
-            t = block(t)
-        if self.norm is not None:
-            t = self.norm(t)
-        y = self.recover(torch.cat([t, t0], dim=-1) if self.cfg.concat else t)
-        if not self.cfg.linear_residual:
-            return y
-        joined = torch.cat([self.norm_recovered(y.movedim(1, -1)), x[:, : self.n_state].movedim(1, -1)], -1)
-        return self.out(self.norm_joined(joined)).movedim(-1, 1)
+    predict = weathermixer.WeatherMixer.predict
 
 
 
