@@ -155,6 +155,8 @@ def run_prediction(
                        lead_every=lead_every)  # fmt: skip
     ckpt = find_checkpoint(cfg, checkpoint)
     protected = protected_paths(cfg, ckpt)
+    if score is not None:
+        protected += (("--truth store", score.truth), ("--climatology", score.climatology))
     run_dir = (("run directory run.dir", cfg.run.dir),)
     if out is not None:
         check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
