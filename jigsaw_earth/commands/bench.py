@@ -83,7 +83,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ranks", default="0", help="io: 'all' (one process each, reading at once) or ranks "
                    "measured alone, e.g. 0,3 (default 0)")
     p.add_argument("--lead-steps", type=int, default=1, help="io: target steps per sample (default 1)")
-    p.add_argument("--halo", type=int, default=1, help="io: input halo width (default 1, across the pole)")
+    p.add_argument("--halo", type=int, default=0,
+                   help="io: halo width read around each tile, across the pole (default 0: as training)")
     p.add_argument("--read-threads", type=int, default=2, help="io: the reader's threads (default 2)")
     p.add_argument("--cache", choices=["warm", "cold", "both"], default="both",
                    help="io: page cache warm, dropped before each read, or both (default)")

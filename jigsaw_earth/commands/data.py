@@ -121,7 +121,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o = dsub.add_parser("io-report", help="bytes each rank of a mesh reads for one sample")
     o.add_argument("path", help="store to read one sample from")
     o.add_argument("--mesh", action="append", metavar="LATxLON", help="repeatable; default 2x2")
-    o.add_argument("--halo", type=int, default=1, help="halo width (default 1)")
+    o.add_argument("--halo", type=int, default=0,
+                   help="halo rows/columns read around each tile (default 0: training reads tiles; layers "
+                        "exchange halos over the network)")
     o.add_argument("--pole", default="zeros", choices=["zeros", "replicate", "pole"])
     o.add_argument("--lead-steps", type=int, default=1, help="target steps per sample")
     o.add_argument("--time-index", type=int, default=0, help="which time to read")
