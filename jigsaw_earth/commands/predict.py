@@ -33,7 +33,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--lead-every", type=int, metavar="K", help="only every K-th step's lead")
     p.add_argument("--every-hours", type=int, default=12, help="initialise at multiples of this hour")
     p.add_argument("--max-inits", type=int, default=0, help="at most this many inits, evenly spaced")
-    p.add_argument("--batch-size", type=int, default=2, help="initialisations per forward")
+    p.add_argument(
+        "--batch-size", type=int, help="inits per forward (default: what half the free memory holds)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out store")
     g = p.add_argument_group("scoring while forecasting (--score)")
     g.add_argument("--score", action="store_true", help="WB2 RMSE/bias/ACC as the rollout runs, as `score`")
@@ -72,7 +74,10 @@ def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
 
 def _report(args: argparse.Namespace, result: Prediction) -> None:
     """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
-    print(f"forecast {result.init_times.size} inits × {result.steps} steps: {result.steps_per_s:.2f} steps/s")
+    r = result
+    print(f"forecast {r.init_times.size} inits × {r.steps} steps, batch {r.batch_size}: {r.steps_per_s:.2f} "
+          f"model steps/s; the training forward on this mesh: {r.training_steps_per_s:.2f} steps/s "
+          f"({r.steps_per_s / r.training_steps_per_s:.2f}×)")  # fmt: skip
     if result.rows is not None:
         from ..metrics.scorecard import (
             format_scorecard,

@@ -21,6 +21,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
+from .throughput import Pipeline, auto_batch, training_forward_rate
 
 __all__ = ["Prediction", "run_prediction", "select_inits"]
 
@@ -81,10 +83,11 @@ def _layout(data: TrainData, inits: np.ndarray, selection: Selection) -> Forecas
     return layout
 
 
-def _check_options(out: str | Path | None, every_hours: int, max_inits: int, batch_size: int,
+def _check_options(out: str | Path | None, every_hours: int, max_inits: int, batch_size: int | None,
                    score: ScoreRequest | None) -> None:  # fmt: skip
     for option, value, least in (
-        ("--every-hours", every_hours, 1), ("--batch-size", batch_size, 1), ("--max-inits", max_inits, 0),
+        ("--every-hours", every_hours, 1), ("--max-inits", max_inits, 0),
+        ("--batch-size", 1 if batch_size is None else batch_size, 1),
     ):  # fmt: skip
         if value < least:
             what = "0 (all) or more" if least == 0 else f"at least {least}"
@@ -99,8 +102,8 @@ def _check_options(out: str | Path | None, every_hours: int, max_inits: int, bat
 @dataclass
 class Prediction:
     """What ``run_prediction`` did: the store written (or None), ``score``'s rows (or None), the
-    init times, model steps, longitudes of the grid, and the forecast rate (model steps × inits per
-    second of the rollout, all replicas together)."""
+    init times, model steps, longitudes of the grid, the forecast rate (model steps × inits per
+    second of the rollout, all replicas together), the batch, and the training forward's rate."""
 
     path: Path | None
     rows: list[dict[str, Any]] | None
@@ -108,6 +111,8 @@ class Prediction:
     steps: int
     n_lon: int
     steps_per_s: float
+    batch_size: int
+    training_steps_per_s: float  # the training forward (autograd on, training batch), same mesh
 
 
 @contextmanager
@@ -138,7 +143,7 @@ def run_prediction(
     steps: int | None = None,
     every_hours: int = 12,
     max_inits: int = 0,
-    batch_size: int = 2,
+    batch_size: int | None = None,
     overwrite: bool = False,
     variables: list[str] | None = None,
     levels: list[int] | None = None,
@@ -174,9 +179,22 @@ def run_prediction(
             dist.destroy_process_group()
 
 
+def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bool,
+                   tendency: torch.Tensor | None) -> float:  # fmt: skip
+    """Model steps per second of the training forward on this mesh (the last batch's inputs, cycled
+    to the training batch)."""
+    take = torch.arange(data.local_batch) % batch.inputs.shape[0]
+    x, tf = batch.inputs[take], batch.time_features[take].to(batch.inputs.device)
+
+    def forward() -> torch.Tensor:
+        return model_step(model, x, batch.static, tf, bf16=bf16, tendency=tendency)
+
+    return training_forward_rate(model, forward, data.local_batch * data.mesh.axis("data").size)
+
+
 def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
-    selection: Selection, every_hours: int, max_inits: int, batch_size: int, overwrite: bool,
+    selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
     score: ScoreRequest | None,
 ) -> Prediction:  # fmt: skip
     from ..training.sources import build_data
@@ -195,46 +213,60 @@ def _predict(
     bf16 = cfg.training.precision == "bf16"
     chans = torch.tensor(selection.channel_index(data.channels))
     lead_of = {s: i for i, s in enumerate(selection.lead_steps)}
+    replicas, replica = mesh.axis("data").size, mesh.axis("data").index
+    mine = np.arange(len(inits))[replica::replicas]
+    if batch_size is None:
+        batch_size = auto_batch(model, data, max(1, len(mine)), 2 if bf16 else 4, dev)
     writer = None
     if out is not None:
         writer = ForecastWriter(out, layout, data.grid, mesh.rank, overwrite=overwrite, protected=protected)
+
+    def emit(chunk: np.ndarray, lead_index: int, state: torch.Tensor) -> None:
+        physical = data.denormalise(state)[:, chans]
+        if writer is not None:
+            fields = physical.numpy()
+            for b, init_index in enumerate(chunk):
+                writer.write(int(init_index), lead_index, fields[b], data.tile)
+        if scorer is not None:
+            scorer.update(lead_index, physical)
+
+    pipe = Pipeline()
     try:
-        replicas, replica = mesh.axis("data").size, mesh.axis("data").index
-        mine = np.arange(len(inits))[replica::replicas]
+        chunks = [mine[k : k + batch_size] for k in range(0, len(mine), batch_size)]
+        ahead = pipe.read(partial(data._batch, inits[chunks[0]], 0)) if chunks else None  # inputs only
         reported, t0 = 0, time.perf_counter()
-        for k in range(0, len(mine), batch_size):
-            chunk = mine[k : k + batch_size]
-            batch = data._batch(inits[chunk], 0).to(dev)  # inputs only: predict reads no targets
+        for i, chunk in enumerate(chunks):
+            batch = ahead.result().to(dev)
+            if i + 1 < len(chunks):  # the next inputs are read while this batch runs
+                ahead = pipe.read(partial(data._batch, inits[chunks[i + 1]], 0))
             if scorer is not None:
-                scorer.begin(chunk)
+                pipe.sink(partial(scorer.begin, chunk))
             state = batch.inputs
             for lead in range(steps):
                 tf = data.step_time_features(batch, lead).to(dev)
                 state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency)
-                if lead + 1 not in lead_of:
-                    continue
-                physical = data.denormalise(state.cpu())[:, chans]
-                if writer is not None:
-                    fields = physical.numpy()
-                    for b, init_index in enumerate(chunk):
-                        writer.write(int(init_index), lead_of[lead + 1], fields[b], data.tile)
-                if scorer is not None:
-                    scorer.update(lead_of[lead + 1], physical)
+                if lead + 1 in lead_of:  # written and scored on the sink thread, in order
+                    pipe.sink(partial(emit, chunk, lead_of[lead + 1], state.cpu()))
             if scorer is not None:
-                scorer.end()
-            done = min(k + batch_size, len(mine))
+                pipe.sink(scorer.end)
+            done = sum(len(c) for c in chunks[: i + 1])
             if mesh.rank == 0 and (done == len(mine) or 10 * done // len(mine) > reported):
                 reported = 10 * done // len(mine)
                 log.info("forecast %d/%d initialisations", done, len(mine))
+        pipe.drain()
         elapsed = time.perf_counter() - t0
+        train_rate = _training_rate(model, data, batch, bf16, tendency) if chunks else float("nan")
         rows = scorer.finish() if scorer is not None else None
         path = writer.close() if writer is not None else None
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
+    finally:
+        pipe.close()
     rate = len(inits) * steps / max(elapsed, 1e-9)  # every replica ran its share in the same time
     if mesh.rank == 0:
-        log.info("forecast %d inits × %d steps from checkpoint %s (step %d): %.2f steps/s%s",
-                 len(inits), steps, ckpt, step, rate, f"; wrote {path}" if path else "")  # fmt: skip
-    return Prediction(path, rows, layout.init_times, steps, data.grid.n_lon, rate)
+        log.info("forecast %d inits × %d steps from checkpoint %s (step %d), batch %d: %.2f steps/s; the "
+                 "training forward on this mesh: %.2f steps/s%s", len(inits), steps, ckpt, step, batch_size,
+                 rate, train_rate, f"; wrote {path}" if path else "")  # fmt: skip
+    return Prediction(path, rows, layout.init_times, steps, data.grid.n_lon, rate, batch_size, train_rate)
