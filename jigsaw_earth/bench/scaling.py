@@ -216,24 +216,25 @@ def summarize_run(ranks: list[dict], global_batch: int) -> dict[str, float]:
 
 
 def link_worker(mesh: DomainMesh, nbytes: int, repeats: int) -> float:
-    """Bytes/s one rank sends while receiving as much (two ranks, both directions at once)."""
+    """Bytes/s one rank sends while receiving as much (two ranks, both directions at once), through
+    the distributed core's transport (shared memory or gloo, as training's messages)."""
     import torch.distributed as dist
 
-    buf, got = torch.ones(nbytes // 4), torch.empty(nbytes // 4)
-    peer = 1 - mesh.rank
+    from ..distributed.comm import exchange
+
+    buf, axis = torch.ones(nbytes // 4), mesh.axis("lon")
     times = []
     for _ in range(repeats + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        works = dist.batch_isend_irecv([dist.P2POp(dist.isend, buf, peer), dist.P2POp(dist.irecv, got, peer)])
-        for w in works:
-            w.wait()
+        exchange(axis, [(axis.peer(1), buf)], [(axis.peer(-1), buf.shape)], op="bench.link", dtype=buf.dtype,
+                 device=buf.device).wait()
         times.append(time.perf_counter() - t0)
     return nbytes / statistics.median(times[1:])
 
 
 def link_rate(nbytes: int = 8 << 20, repeats: int = 7) -> float:
-    """gloo's measured rate between two local processes, bytes/s (``link_worker``)."""
+    """The measured rate between two local processes, bytes/s (``link_worker``)."""
     from ..distributed.mesh import MeshShape
     from ..distributed.spawn import spawn
 

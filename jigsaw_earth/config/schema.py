@@ -212,6 +212,11 @@ class DistributedConfig(Section):
         "messages and numbers; faster only on a CPU host loaded beyond its cores, docs/scaling.md)",
         "on",
     )
+    transport: Literal["auto", "backend"] = doc(
+        "CPU point-to-point messages between ranks of one host: auto = shared-memory rings (no "
+        "socket, no transport thread; docs/scaling.md), backend = the process group's (gloo)",
+        "auto",
+    )
 
 
 class TrainConfig(Section):

@@ -3,7 +3,9 @@
 Every byte that a jigsaw collective moves goes through ``exchange`` (P2P) or ``all_reduce_``
 here, and is recorded in the process-wide ``ledger`` under the current call site. Tests and
 benchmarks read the ledger to assert volumes against analytical figures. The transport is
-``torch.distributed.batch_isend_irecv``, which runs unchanged on gloo (CPU) and NCCL (GPU).
+``torch.distributed.batch_isend_irecv``, which runs unchanged on gloo (CPU) and NCCL (GPU), or,
+for CPU tensors between ranks of one host, shared-memory rings (``shm.py``, ``set_transport``):
+the same messages in the same order, without gloo's socket and transport thread.
 
 ``set_overlap(False)`` makes every exchange wait for its transfers as soon as they are posted
 (the same messages in the same order, so the same numbers): on a CPU host loaded far beyond its
@@ -39,6 +41,7 @@ __all__ = [
     "ledger",
     "overlap_enabled",
     "set_overlap",
+    "set_transport",
 ]
 
 
@@ -87,6 +90,14 @@ ledger = CommLedger()
 # whether exchanges return before their transfers complete (set_overlap; JIGSAW_OVERLAP=off
 # sets the default of processes that build no Trainer: the validator, benchmarks, tests)
 _overlap = [os.environ.get("JIGSAW_OVERLAP", "on").lower() != "off"]
+
+
+_transport: list = [None]  # a shm.SharedMemoryTransport carrying CPU messages, or None
+
+
+def set_transport(transport: object | None) -> None:
+    """Carry CPU point-to-point messages through ``transport`` (None: the process group)."""
+    _transport[0] = transport
 
 
 def set_overlap(enabled: bool) -> None:
@@ -159,6 +170,9 @@ def exchange(
     sizes are global knowledge, so sender and receiver agree. Messages between one pair with
     one ``tag`` are matched in the order they were posted on both sides.
     """
+    shm = _transport[0] if device.type == "cpu" else None
+    if shm is not None:
+        return _exchange_shm(shm, sends, recvs, op=op, dtype=dtype, tag=tag)
     ops: list[dist.P2POp] = []
     received: list[torch.Tensor] = []
     sent_bytes = recv_bytes = 0
@@ -175,6 +189,18 @@ def exchange(
     ledger.record(op, sent_bytes, recv_bytes)
     works = dist.batch_isend_irecv(ops) if ops else []
     pending = Pending(works, received)
+    if not _overlap[0]:
+        pending.wait()
+    return pending
+
+
+def _exchange_shm(shm, sends, recvs, *, op: str, dtype: torch.dtype, tag: int) -> Pending:
+    """``exchange`` through the shared-memory rings (the same skipping of empty tensors)."""
+    received = [torch.empty(shape, dtype=dtype) for _, shape in recvs]
+    posted_recvs = [(peer, buf) for (peer, _), buf in zip(recvs, received) if buf.numel()]
+    posted_sends = [(peer, t.contiguous()) for peer, t in sends if t.numel()]
+    ledger.record(op, sum(_nbytes(t) for _, t in posted_sends), sum(_nbytes(b) for _, b in posted_recvs))
+    pending = Pending([shm.post(posted_sends, posted_recvs, tag)], received)
     if not _overlap[0]:
         pending.wait()
     return pending

@@ -219,11 +219,15 @@ def init_mesh(
     *,
     backend: str | None = None,
     timeout_s: float = 600.0,
+    transport: str | None = None,
 ) -> DomainMesh:
     """Build the mesh for this process: single process, torchrun, or Slurm srun.
 
     With no launcher variables and a world size of 1 no process group is created. ``shape``
-    defaults to ``1 × 1 × world_size`` (all ranks split longitude).
+    defaults to ``1 × 1 × world_size`` (all ranks split longitude). ``transport`` (default: the
+    ``JIGSAW_TRANSPORT`` environment variable, else ``auto``): ``auto`` carries CPU point-to-point
+    messages between ranks of one host through shared memory (``shm.py``), ``backend`` through
+    the process group.
     """
     os.environ.update(slurm_environment())
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -250,5 +254,16 @@ def init_mesh(
         )
     _check_world(shape, dist.get_world_size())
     mesh._build_groups()
+    _connect_transport(transport or os.environ.get("JIGSAW_TRANSPORT", "auto"), device, timeout_s)
     log.debug("rank %d: %r", rank, mesh)
     return mesh
+
+
+def _connect_transport(transport: str, device: torch.device, timeout_s: float) -> None:
+    from . import comm, shm
+
+    if transport not in ("auto", "backend"):
+        raise ValueError(f"transport {transport!r}: use auto (shared memory between CPU ranks of one host) "
+                         f"or backend (the process group's own)")
+    use = transport == "auto" and device.type == "cpu"
+    comm.set_transport(shm.connect(timeout_s) if use else None)

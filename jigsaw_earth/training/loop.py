@@ -36,7 +36,7 @@ from torch.utils.checkpoint import checkpoint as recompute
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
-from ..distributed.comm import set_overlap
+from ..distributed.comm import set_overlap, set_transport
 from ..distributed.grads import replication
 from ..distributed.mesh import DomainMesh
 from ..layers.base import init_model
@@ -74,6 +74,8 @@ class Trainer:
         self.cfg, self.mesh = cfg, mesh
         self.run_dir = Path(cfg.run.dir)
         set_overlap(cfg.distributed.overlap == "on")
+        if cfg.distributed.transport == "backend":
+            set_transport(None)  # the mesh may have connected shared memory (init_mesh's default)
         # nothing is written to run.dir before these checks pass (collective: rank 0 decides)
         moved = on_rank0(mesh, lambda: claim_run_dir(cfg, new_run))
         if mesh.is_distributed and torch.distributed.is_initialized():
