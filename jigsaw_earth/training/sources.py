@@ -25,10 +25,10 @@ from ..data.store import StoreView
 from ..data.times import hour_dayofyear
 from ..distributed.halo import Halo
 from ..distributed.mesh import DomainMesh
-from ..distributed.tiles import TileGrid
+from ..distributed.tiles import Tile, TileGrid
 from .data import TrainData
 
-__all__ = ["StoreSource", "build_data", "default_climatology_path"]
+__all__ = ["StoreSource", "TileClimatology", "build_data", "default_climatology_path"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class StoreSource:
         smean = normalizer.static_mean.reshape(-1, 1, 1)
         sstd = normalizer.static_std.reshape(-1, 1, 1)
         self._static = ((static - smean) / sstd).astype(np.float32)
-        self._clim = self._open_climatology(climatology)
+        self._clim = TileClimatology.open(climatology, view, spec, self.tile)
 
     def inputs(self, t: int) -> np.ndarray:
         return self.reader.read_inputs(t)
@@ -74,22 +74,35 @@ class StoreSource:
     def static(self) -> np.ndarray:
         return self._static
 
-    def _open_climatology(self, path: str | Path | None) -> xr.Dataset | None:
-        if path is None or ("://" not in str(path) and not Path(path).exists()):
-            log.warning("no climatology store at %s: validation skips the climatology baseline", path)
-            return None
-        t = self.tile
-        ds = open_climatology(path, self.view)  # checks the WB2 layout and the grid
-        return ds.isel(latitude=slice(t.lat_start, t.lat_stop), longitude=slice(t.lon_start, t.lon_stop))
-
     def climatology(self, times: np.ndarray) -> np.ndarray | None:
-        """``(N, C, h, w)`` climatology at the valid times (WB2: hour and dayofyear)."""
-        if self._clim is None:
+        """``(N, C, h, w)`` climatology at the valid times (WB2: hour and dayofyear), or None."""
+        return None if self._clim is None else self._clim.at(times)
+
+
+class TileClimatology:
+    """One tile of a WB2-layout climatology store, the fields of ``spec``, physical units."""
+
+    def __init__(self, ds: xr.Dataset, spec: VariableSpec, tile: Tile):
+        self.ds = ds.isel(latitude=slice(tile.lat_start, tile.lat_stop),
+                          longitude=slice(tile.lon_start, tile.lon_stop))
+        self.spec = spec
+
+    @classmethod
+    def open(cls, path: str | Path | None, view: StoreView, spec: VariableSpec, tile: Tile,
+             what: str = "data.climatology") -> TileClimatology | None:  # fmt: skip
+        """The store at ``path`` (local or URL) on ``view``'s grid, or None (a warning) when there
+        is none; ``open_climatology`` checks the WB2 layout and the grid."""
+        if path is None or ("://" not in str(path) and not Path(path).exists()):
+            log.warning("no climatology store at %s (%s): the climatology baseline is skipped", path, what)
             return None
+        return cls(open_climatology(path, view), spec, tile)
+
+    def at(self, times: np.ndarray) -> np.ndarray:
+        """``(N, C, h, w)`` at the valid ``times``: WB2's hour and dayofyear of each."""
         hours, doy = hour_dayofyear(times)
         out = []
         for h, d in zip(hours, doy):
-            sel = self._clim.sel(hour=int(h), dayofyear=int(d))
+            sel = self.ds.sel(hour=int(h), dayofyear=int(d))
             parts = []
             for v in self.spec.upper_air:
                 parts.append(sel[v].sel(level=list(self.spec.levels)).values)
