@@ -23,6 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..data.times import N_TIME_FEATURES
 from ..models.plan_eval import inference_memory
 
 __all__ = ["MEMORY_FRACTION", "QUEUED", "Pipeline", "auto_batch", "free_memory", "training_forward_rate"]
@@ -50,7 +51,7 @@ def auto_batch(model: torch.nn.Module, data: Any, n_local: int, elsize: int, dev
     """Inits per forward: as many as fit in ``MEMORY_FRACTION`` of the free memory (at most
     ``n_local``, this replica's inits), the same on every rank (collective)."""
     h, w = data.tile.shape
-    channels = (len(data.channels), data.n_static, 4)
+    channels = (len(data.channels), data.n_static, N_TIME_FEATURES)
     one = inference_memory(model, 1, elsize, h * w, channels)
     per = max(1, one["total"] - one["parameters"])
     budget = int(free_memory(device) * MEMORY_FRACTION)
