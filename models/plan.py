@@ -66,6 +66,10 @@ class Hardware:
     rate_curve: tuple[tuple[float, float], ...] = ()
     # GB/s that one rank's tile reader delivers (``jigsaw-earth bench io``); 0: reading not priced
     read_gbps: float = 0.0
+    # whether transfers run beside compute (a GPU's copy engines, NCCL, gloo's thread); False where
+    # the computing thread copies the bytes itself (the CPU shared-memory transport): then a
+    # layer's transfers add to its compute instead of hiding under it
+    overlap: bool = True
 
     def seconds(self, flops: float) -> float:
         return flops / (self.tflops * 1e12 * self.efficiency)
@@ -248,7 +252,7 @@ def _time(plan: MeshPlan, model, costs, shape: MeshShape, hw: Hardware, params: 
             comm[op] += round(per_rank)
             t = hw.transfer(per_rank, inter_domain)
             hidden, exposed = (hidden + t, exposed) if op in c.overlap else (hidden, exposed + t)
-        step = max(compute, hidden) + exposed
+        step = (max(compute, hidden) if hw.overlap else compute + hidden) + exposed
         k = kinds[type(modules[path]).__name__]
         k["compute_s"] += compute
         k["comm_s"] += hidden + exposed

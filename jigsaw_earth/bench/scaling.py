@@ -249,8 +249,9 @@ def predicted(raw: dict, run: Run, grid: tuple[int, int], gemm_tflops: float, li
 
     m, d = raw["model"], raw["data"]
     spec = VariableSpec(tuple(d["upper_air"]), tuple(d["levels"]), tuple(d["surface"]), tuple(d["static"]))
+    shared_memory = raw["distributed"].get("transport", "auto") == "auto"  # the copying thread computes too
     hw = Hardware(tflops=gemm_tflops, efficiency=1.0, intra_gbps=link_bps * 8 / 1e9, link_efficiency=1.0,
-                  gpus_per_node=max(2, run.world))  # fmt: skip
+                  gpus_per_node=max(2, run.world), overlap=not shared_memory)  # fmt: skip
     chans = (spec.n_channels, len(spec.static) + N_GEOMETRY_CHANNELS, N_TIME_FEATURES)
     batch = raw["training"]["batch_size"] // run.mesh[0]
     elsize = 2 if raw["training"]["precision"] == "bf16" else 4
