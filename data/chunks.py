@@ -51,6 +51,10 @@ class Block:
     origin: tuple[int, ...]
     chunks: np.ndarray
     grid: np.ndarray
+    #: where ``chunks`` is a memory map of an uncompressed local file: that file and the byte offset
+    #: of ``chunks[0]`` in it (``placement`` then reads long runs straight into place with ``preadv``)
+    file: str | None = None
+    offset: int = 0
 
 
 def _bytes_decoder(codec: Any) -> Callable[[Any, Any], Any] | None:
@@ -303,27 +307,29 @@ class ChunkSource:
             hi = [min(b, o + s) - o for (_, b), o, s in zip(box, origin, obj)]
             k0 = tuple(x // c for x, c in zip(lo, fmt.chunk))
             k1 = tuple((x - 1) // c + 1 for x, c in zip(hi, fmt.chunk))
-            chunks, grid = self._object(fmt, fmt.key(oc), k0, k1)
-            yield Block(tuple(o + k * c for o, k, c in zip(origin, k0, fmt.chunk)), chunks, grid)
+            chunks, grid, file, offset = self._object(fmt, fmt.key(oc), k0, k1)
+            origin_cell = tuple(o + k * c for o, k, c in zip(origin, k0, fmt.chunk))
+            yield Block(origin_cell, chunks, grid, file, offset)
 
     def _object(self, fmt: ChunkFormat, key: str, k0: tuple[int, ...], k1: tuple[int, ...]
-                ) -> tuple[np.ndarray, np.ndarray]:
-        """Chunks ``[k0, k1)`` of one storage object: ``(chunks, grid)`` as in ``Block``."""
+                ) -> tuple[np.ndarray, np.ndarray, str | None, int]:
+        """Chunks ``[k0, k1)`` of one storage object: ``(chunks, grid, file, offset)`` as in ``Block``."""
         n_grid = tuple(b - a for a, b in zip(k0, k1))
         dense = np.arange(int(np.prod(n_grid))).reshape(n_grid)
         if fmt.shard is None:  # one chunk per object
             got = self._get(key, None)
-            return self._decode_into(fmt, [None if got is None else got[0]], key), dense
+            return self._decode_into(fmt, [None if got is None else got[0]], key), dense, None, 0
         index = self._shard_index(fmt, key)
         if index is None:
-            return self._decode_into(fmt, [None] * dense.size, key), dense
+            return self._decode_into(fmt, [None] * dense.size, key), dense, None, 0
         sub = index[tuple(slice(a, b) for a, b in zip(k0, k1))].reshape(-1, 2)
         if not fmt.decoders and fmt.order == "C" and self.root is not None:
             mapped = self._mapped(fmt, key, sub)
             if mapped is not None:
                 chunks, first = mapped
-                return chunks, ((sub[:, 0] - first) // fmt.chunk_bytes).astype(np.int64).reshape(n_grid)
-        return self._decode_into(fmt, self._chunk_bytes(key, sub), key), dense
+                grid = ((sub[:, 0] - first) // fmt.chunk_bytes).astype(np.int64).reshape(n_grid)
+                return chunks, grid, self._file(key), first
+        return self._decode_into(fmt, self._chunk_bytes(key, sub), key), dense, None, 0
 
     def _chunk_bytes(self, key: str, sub: np.ndarray) -> list[Any]:
         """Stored bytes of the shard chunks ``sub`` (offset, length rows; None where never written),
