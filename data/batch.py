@@ -18,10 +18,17 @@ import torch
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.tiles import Tile
 
+from .store import STATIC_VARIABLES
+
 __all__ = [
     "DEFAULT_LEVELS",
+    "DEFAULT_STATIC",
     "DEFAULT_SURFACE",
     "DEFAULT_UPPER_AIR",
+    "N_GEOMETRY_CHANNELS",
+    "STATIC_GEOMETRY",
+    "TRAIN_SURFACE",
+    "TRAIN_UPPER_AIR",
     "Batch",
     "VariableSpec",
     "channel_names",
@@ -29,6 +36,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
+# The default variables, named once. What ``data synth`` writes and a ``VariableSpec`` reads:
 DEFAULT_UPPER_AIR = (
     "geopotential", "temperature", "u_component_of_wind", "v_component_of_wind",
     "specific_humidity",
@@ -38,8 +46,13 @@ DEFAULT_SURFACE = (
     "2m_temperature", "10m_u_component_of_wind", "10m_v_component_of_wind",
     "mean_sea_level_pressure",
 )
+DEFAULT_STATIC = STATIC_VARIABLES
+# ... and the smaller default a training config trains on (``data.upper_air``, ``data.surface``)
+TRAIN_UPPER_AIR = ("geopotential", "temperature")
+TRAIN_SURFACE = ("2m_temperature",)
+# the reader's geometry channels (``sphere.coordinate_channels`` of the store's own coordinates)
 STATIC_GEOMETRY = ("cos_latitude", "sin_latitude", "cos_longitude", "sin_longitude")
-TIME_FEATURES = ("sin_hour", "cos_hour", "sin_dayofyear", "cos_dayofyear")
+N_GEOMETRY_CHANNELS = len(STATIC_GEOMETRY)
 
 
 def channel_names(
@@ -59,7 +72,7 @@ class VariableSpec:
     upper_air: tuple[str, ...] = DEFAULT_UPPER_AIR
     levels: tuple[int, ...] = DEFAULT_LEVELS
     surface: tuple[str, ...] = DEFAULT_SURFACE
-    static: tuple[str, ...] = ("land_sea_mask", "geopotential_at_surface")
+    static: tuple[str, ...] = DEFAULT_STATIC
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "upper_air", tuple(self.upper_air))
@@ -95,7 +108,7 @@ class Batch:
       ``pad_reference`` applied to the global field).
     - ``targets``: ``(B, lead_steps, C, h, w)`` float32, normalised, no halo.
     - ``static``: ``(C_static, H, W)`` float32, with the halo (same for every sample).
-    - ``time_features``: ``(B, F)`` float32 (``TIME_FEATURES``) at the input time.
+    - ``time_features``: ``(B, F)`` float32 (``times.TIME_FEATURES``) at the input time.
     - ``times``: ``B`` input (initialisation) times; ``target_times``: ``(B, lead_steps)``.
     """
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
-from .store import StoreView, open_store
+from .store import StoreView, open_dataset
 
 __all__ = ["check_same_grid", "open_climatology"]
 
@@ -30,10 +29,9 @@ def check_same_grid(view: StoreView, lat: np.ndarray, lon: np.ndarray, what: str
 
 
 def open_climatology(path: str | Path, view: StoreView) -> xr.Dataset:
-    """A WB2-layout climatology (hour, dayofyear, [level], lat, lon) on ``view``'s normalised grid."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        ds = xr.open_zarr(open_store(path), chunks=None, consolidated=None)
+    """A WB2-layout climatology (hour, dayofyear, [level], latitude, longitude) on ``view``'s normalised
+    grid (latitude descending, longitude ascending), from a local path or a URL."""
+    ds = open_dataset(path)
     clim = StoreView.from_dataset(ds.assign_coords(time=[np.datetime64("2000-01-01", "ns")])
                                   if "time" not in ds.variables else ds, path)
     missing = [d for d in ("hour", "dayofyear") if d not in ds.dims]
@@ -42,4 +40,5 @@ def open_climatology(path: str | Path, view: StoreView) -> xr.Dataset:
                          f"have (hour, dayofyear, [level], latitude, longitude)")
     check_same_grid(view, clim.lat, clim.lon, f"climatology {str(path)!r}")
     lat_dim, lon_dim = clim.coord_names["latitude"], clim.coord_names["longitude"]
-    return ds.isel({lat_dim: clim.lat_storage, lon_dim: clim.lon_storage})
+    ds = ds.isel({lat_dim: clim.lat_storage, lon_dim: clim.lon_storage})
+    return ds.rename({k: v for k, v in ((lat_dim, "latitude"), (lon_dim, "longitude")) if k != v})

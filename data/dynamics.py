@@ -6,6 +6,8 @@ import logging
 
 import numpy as np
 
+from jigsaw_earth.sphere import grid_latitudes, grid_longitudes
+
 __all__ = ["Dynamics"]
 
 log = logging.getLogger(__name__)
@@ -35,8 +37,8 @@ class Dynamics:
     """Synthetic fields on a ``n_lat × n_lon`` grid (latitude descending, cell-centred)."""
 
     def __init__(self, n_lat: int, n_lon: int, seed: int = 0):
-        self.lat_deg = 90.0 - (np.arange(n_lat) + 0.5) * 180.0 / n_lat
-        self.lon_deg = np.arange(n_lon) * 360.0 / n_lon
+        self.lat_deg = grid_latitudes(n_lat, centred=True)
+        self.lon_deg = grid_longitudes(n_lon)
         self.phi = np.deg2rad(self.lat_deg)[:, None]
         self.lam = np.deg2rad(self.lon_deg)[None, :]
         rng = np.random.default_rng(seed)

@@ -23,15 +23,20 @@ import numpy as np
 
 from .batch import VariableSpec
 from .store import StoreView
-from .times import TimeAxis, sample_index
+from .times import TimeAxis, period_mask, sample_index
 
 __all__ = ["default_climatology_path", "store_preflight"]
 
 log = logging.getLogger(__name__)
 
 
-def default_climatology_path(store: str) -> Path:
-    """``<store stem>-climatology.zarr`` beside the store (what ``data synth`` writes)."""
+def default_climatology_path(store: str | Path) -> str | Path:
+    """``<store stem>-climatology.zarr`` beside the store (what ``data synth`` writes); a URL for a
+    store given as a URL (``Path`` would fold its ``//``)."""
+    text = str(store).rstrip("/")
+    if "://" in text:
+        head, _, name = text.rpartition("/")
+        return f"{head}/{name.removesuffix('.zarr')}-climatology.zarr"
     p = Path(store)
     stem = p.name[: -len(".zarr")] if p.name.endswith(".zarr") else p.name
     return p.with_name(f"{stem}-climatology.zarr")
@@ -95,9 +100,7 @@ def _check_times(view: StoreView, cfg: Any) -> list[str]:
             ("data.train_period", d.train_period, cfg.training.rollout_steps, "training",
              cfg.training.batch_size),
             ("data.val_period", d.val_period, leads, "validation", 1)):
-        mask = np.ones(len(t), dtype=bool)
-        if period:
-            mask = (t >= np.datetime64(period[0], "s")) & (t <= np.datetime64(period[1], "s"))
+        mask = period_mask(t, period, unit="s")
         if not mask.any():
             problems.append(f"{key} {period} holds no time of store {view.path!r} ({t[0]} .. {t[-1]}); "
                             f"choose a period inside it")

@@ -1,7 +1,7 @@
 """Read one rank's tile (plus halo) of a sample straight from the store, at the storage's speed.
 
 A padded tile is described row by row and column by column in *normalised* coordinates
-(``geometry.halo_rows`` / ``halo_cols``, the definition of ``pad_reference``). Rows are grouped by
+(``sphere.row_sources`` / ``col_sources``, the definition of ``pad_reference``). Rows are grouped by
 whether they lie across a pole (their columns are shifted by 180°). For each group the storage
 rows and columns become runs (``placement.axis_plan``); each run × run box is read as blocks of
 decoded chunks (``chunks.ChunkSource``: a memory map of an uncompressed shard, else fetched and
@@ -26,10 +26,10 @@ import numpy as np
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.tiles import Tile, TileGrid
+from jigsaw_earth.sphere import col_sources, coordinate_channels, row_sources
 
 from .batch import STATIC_GEOMETRY, VariableSpec
 from .chunks import ChunkFormat, ChunkSource
-from .geometry import halo_cols, halo_rows
 from .placement import AxisPlan, axis_plan, place
 from .store import StoreView
 
@@ -97,12 +97,15 @@ class TileReader:
             self._fields.append(_Field(canonical, name, levels, slice(c, c + n)))
             c += n
         self._formats: dict[str, ChunkFormat] = {}
-        rows = halo_rows(grid, tile, halo)
+        row_lo, row_hi = tile.lat_start - halo.lat[0], tile.lat_stop + halo.lat[1]
+        rows = row_sources(grid.n_lat, row_lo, row_hi, halo.lat_mode)
+        col_lo, col_hi = tile.lon_start - halo.lon[0], tile.lon_stop + halo.lon[1]
         self._groups = []  # (padded row positions, source rows, source cols) per pole flag
         for flip in sorted({f for _, f in rows}):
             pos = np.array([p for p, (_, f) in enumerate(rows) if f == flip])
             src = np.array([rows[p][0] for p in pos])
-            self._groups.append((pos, src, np.array(halo_cols(grid, tile, halo, flip))))
+            cols = col_sources(grid.n_lon, col_lo, col_hi, halo.lon_mode, across_pole=flip)
+            self._groups.append((pos, src, np.array(cols)))
         self.padded_shape = (tile.shape[0] + sum(halo.lat), tile.shape[1] + sum(halo.lon))
         self._padded_plans = self._plans(self._groups)
         self._tile_plans = self._plans([(np.arange(tile.shape[0]), np.arange(tile.lat_start, tile.lat_stop),
@@ -314,9 +317,9 @@ class TileReader:
             self._finish(f, None, x[0], None)
             parts.append(x[0, 0])
             names.append(v)
-        lat = np.deg2rad(self.view.lat)[:, None] * np.ones((1, len(self.view.lon)))
-        lon = np.ones((len(self.view.lat), 1)) * np.deg2rad(self.view.lon)[None, :]
-        geo = np.stack([np.cos(lat), np.sin(lat), np.cos(lon), np.sin(lon)]).astype(np.float32)
+        # from the store's own latitudes and longitudes, in STATIC_GEOMETRY's order (cos before sin)
+        geo = coordinate_channels(np.deg2rad(self.view.lat), np.deg2rad(self.view.lon))
+        geo = geo[[1, 0, 3, 2]].astype(np.float32)
         padded = np.zeros((4, *self.padded_shape), dtype=np.float32)
         for pos, src, cols in self._groups:
             block = geo[:, np.maximum(src, 0)][:, :, np.maximum(cols, 0)]

@@ -37,6 +37,7 @@ __all__ = [
     "CountingStore",
     "StoreView",
     "canonical_dataset",
+    "open_dataset",
     "open_store",
 ]
 
@@ -80,7 +81,9 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "latitude": ("lat", "nav_lat", "y"),
     "longitude": ("lon", "nav_lon", "x"),
     "level": ("plev", "pressure_level", "isobaricInhPa", "lev", "pressure"),
-    "time": ("valid_time", "datetime", "t_axis", "date"),
+    # WB2's ``time`` is a forecast's initialisation time: ``init_time`` wins over ``valid_time``
+    "time": ("init_time", "valid_time", "datetime", "t_axis", "date"),
+    "prediction_timedelta": ("lead_time", "step"),  # forecast stores' lead dimension
 }
 COORDS = ("time", "level", "latitude", "longitude")
 
@@ -151,6 +154,16 @@ def open_store(path: str | Path, *, count: bool = False, read_only: bool = True)
     return CountingStore(store) if count else store
 
 
+def open_dataset(path: str | Path, store: Any = None) -> xr.Dataset:
+    """The xarray dataset of a Zarr store at a local path or any fsspec URL, arrays read lazily.
+
+    The one opener behind training, predict, score and plots (``store``: an ``open_store`` result
+    to reuse, e.g. a counting one); missing consolidated metadata is not a warning."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return xr.open_zarr(open_store(path) if store is None else store, chunks=None, consolidated=None)
+
+
 def _find(names: list[str], canonical: str, mapping: dict[str, str]) -> str | None:
     if canonical in mapping:
         return mapping[canonical] if mapping[canonical] in names else None
@@ -189,7 +202,7 @@ class StoreView:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                ds = xr.open_zarr(store, chunks=None, consolidated=None)
+                ds = open_dataset(path, store)
                 group = zarr.open_group(store, mode="r")
             except FileNotFoundError:
                 raise FileNotFoundError(

@@ -15,25 +15,67 @@ time axis into (input, targets) index pairs; the trainer and ``predict`` both us
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 __all__ = [
+    "N_TIME_FEATURES",
+    "TIME_FEATURES",
     "TIME_UNIT_ATTRS",
     "TimeAxis",
     "decode_times",
+    "hour_dayofyear",
     "parse_hours",
+    "period_mask",
     "resample_plan",
     "sample_index",
+    "time_features",
 ]
 
 log = logging.getLogger(__name__)
 
 #: store (root) attributes that hold the units of a numeric time coordinate, as found in the wild
 TIME_UNIT_ATTRS = ("time_units", "time:units", "units_time", "time_unit", "time_reference")
+
+
+#: the model's time inputs at the input time, in this order (``time_features``)
+TIME_FEATURES = ("sin_hour", "cos_hour", "sin_dayofyear", "cos_dayofyear")
+N_TIME_FEATURES = len(TIME_FEATURES)
+
+
+def period_mask(times: np.ndarray, period: Sequence[Any] | None, unit: str | None = None) -> np.ndarray:
+    """Which of ``times`` (datetime64) lie in the closed period ``[first, last]``; all of them when
+    there is no period. ``unit`` reads the bounds at that precision (``"h"``: to the hour)."""
+    t = np.asarray(times)
+    if not period:
+        return np.ones(len(t), dtype=bool)
+    lo, hi = (np.datetime64(p) if unit is None else np.datetime64(p, unit) for p in period)
+    return (t >= lo) & (t <= hi)
+
+
+def hour_dayofyear(times: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hour of day 0…23, day of year 1…366) of each valid time: where WB2 climatologies
+    (``hour``, ``dayofyear``) are looked up. Any shape; minutes and seconds are dropped."""
+    t = np.asarray(times).astype("datetime64[h]")
+    day = t.astype("datetime64[D]")
+    hour = (t - day).astype(np.int64)
+    doy = (day - day.astype("datetime64[Y]").astype("datetime64[D]")).astype(np.int64) + 1
+    return hour, doy
+
+
+def time_features(times: np.ndarray) -> np.ndarray:
+    """``(len(times), N_TIME_FEATURES)`` float32: sin/cos of hour of day and of day of year (UTC)."""
+    t = np.asarray(times).astype("datetime64[s]")
+    day = t.astype("datetime64[D]")
+    hours = (t - day).astype(np.int64) / 3600.0
+    year = t.astype("datetime64[Y]")
+    doy = (day - year.astype("datetime64[D]")).astype(np.int64) + hours / 24.0
+    a = 2 * np.pi * hours / 24.0
+    b = 2 * np.pi * doy / 365.25
+    return np.stack([np.sin(a), np.cos(a), np.sin(b), np.cos(b)], axis=-1).astype(np.float32)
 
 
 def parse_hours(text: str | int, what: str) -> int:

@@ -8,13 +8,14 @@ Grids are equiangular: row ``i`` of ``n_lat`` rows lies at ``90 − 180·i/(n_la
 
 from __future__ import annotations
 
-import math
-
+import numpy as np
 import torch
 from torch import nn
 
+from .. import sphere
 from ..layers.base import Domain
 from ..layers.patch import PatchEmbed, PatchRecovery
+from ..sphere import N_COORD_CHANNELS
 
 __all__ = [
     "N_COORD_CHANNELS",
@@ -26,38 +27,23 @@ __all__ = [
     "position_encoding",
 ]
 
-N_COORD_CHANNELS = 4  # sin/cos latitude, sin/cos longitude
-
-
 def field_coordinates(domain: Domain, centred: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """Latitude and longitude in radians of this rank's rows ``(h,)`` and columns ``(w,)``.
+    """Latitude and longitude in radians (float64) of this rank's rows ``(h,)`` and columns ``(w,)``.
 
     ``centred=False``: grid points with both poles on the grid (fields). ``centred=True``: cell
     centres of ``n_lat × n_lon`` equal cells (token grids, where each token covers a patch).
+    The grid's definition: ``jigsaw_earth.sphere``.
     """
     grid, tile = domain.grid, domain.tile
-    rows = torch.arange(tile.lat_start, tile.lat_stop, dtype=torch.float64)
-    cols = torch.arange(tile.lon_start, tile.lon_stop, dtype=torch.float64)
-    if centred:
-        lat = 0.5 * math.pi - math.pi * (rows + 0.5) / grid.n_lat
-        lon = 2.0 * math.pi * (cols + 0.5) / grid.n_lon
-    else:
-        lat = 0.5 * math.pi - math.pi * rows / max(grid.n_lat - 1, 1)
-        lon = 2.0 * math.pi * cols / grid.n_lon
-    return lat, lon
+    rows, cols = np.arange(tile.lat_start, tile.lat_stop), np.arange(tile.lon_start, tile.lon_stop)
+    lat = sphere.row_latitudes(grid.n_lat, rows, centred)
+    lon = sphere.column_longitudes(grid.n_lon, cols, centred)
+    return torch.from_numpy(lat), torch.from_numpy(lon)
 
 
 def coordinate_channels(domain: Domain, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """``(4, h, w)``: sin/cos of latitude and longitude of this rank's grid points."""
-    lat, lon = field_coordinates(domain)
-    h, w = lat.numel(), lon.numel()
-    chans = [
-        torch.sin(lat)[:, None].expand(h, w),
-        torch.cos(lat)[:, None].expand(h, w),
-        torch.sin(lon)[None, :].expand(h, w),
-        torch.cos(lon)[None, :].expand(h, w),
-    ]
-    return torch.stack(chans).to(dtype=dtype, device=device)
+    return sphere.coordinate_channels(*field_coordinates(domain)).to(dtype=dtype, device=device)
 
 
 def check_position_encoding(kind: str, dim: int) -> None:

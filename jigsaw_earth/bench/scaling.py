@@ -31,9 +31,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..data.batch import VariableSpec
+from ..data.batch import N_GEOMETRY_CHANNELS, VariableSpec
+from ..data.times import N_TIME_FEATURES
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import TileGrid
+from ..sphere import grid_latitudes
 from ..training.accounting import PARTS
 from ..training.data import MemorySource, TrainData
 
@@ -41,7 +43,6 @@ __all__ = ["Run", "link_rate", "run_scaling", "scaling_runs", "scaling_worker", 
 
 log = logging.getLogger(__name__)
 
-GEOMETRY_CHANNELS = 4  # cos/sin latitude and longitude, added to the static fields by the reader
 
 
 @dataclass(frozen=True)
@@ -88,7 +89,7 @@ def memory_data(raw: dict[str, Any], mesh: DomainMesh, grid: tuple[int, int], ti
     gen = np.random.default_rng(0)
     n_lat, n_lon = grid
     fields = gen.standard_normal((times, spec.n_channels, n_lat, n_lon), dtype=np.float32)
-    n_static = len(spec.static) + GEOMETRY_CHANNELS
+    n_static = len(spec.static) + N_GEOMETRY_CHANNELS
     static = gen.standard_normal((n_static, n_lat, n_lon), dtype=np.float32)
     stamps = np.datetime64(d["train_period"][0], "h") + np.arange(times) * d["step_hours"]
     tiles = TileGrid(n_lat, n_lon, mesh.shape.lat, mesh.shape.lon)
@@ -96,7 +97,7 @@ def memory_data(raw: dict[str, Any], mesh: DomainMesh, grid: tuple[int, int], ti
         fields,
         static,
         stamps,
-        np.linspace(90, -90, n_lat),
+        grid_latitudes(n_lat),
         list(spec.channels),
         [f"static{i}" for i in range(n_static)],
         tiles.tile_of(mesh.domain.index),
@@ -250,7 +251,7 @@ def predicted(raw: dict, run: Run, grid: tuple[int, int], gemm_tflops: float, li
     spec = VariableSpec(tuple(d["upper_air"]), tuple(d["levels"]), tuple(d["surface"]), tuple(d["static"]))
     hw = Hardware(tflops=gemm_tflops, efficiency=1.0, intra_gbps=link_bps * 8 / 1e9, link_efficiency=1.0,
                   gpus_per_node=max(2, run.world))  # fmt: skip
-    chans = (spec.n_channels, len(spec.static) + GEOMETRY_CHANNELS, 4)
+    chans = (spec.n_channels, len(spec.static) + N_GEOMETRY_CHANNELS, N_TIME_FEATURES)
     batch = raw["training"]["batch_size"] // run.mesh[0]
     elsize = 2 if raw["training"]["precision"] == "bf16" else 4
     p = plan_mesh(

@@ -36,11 +36,12 @@ from torch.distributed.tensor import DTensor, Replicate
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 from torch.nn.parallel import DistributedDataParallel
 
-from ..data.geometry import latitude_weights
+from ..data.times import N_TIME_FEATURES
 from ..distributed.comm import ledger
 from ..distributed.mesh import DomainMesh, MeshShape
 from ..layers.base import Domain, init_model, local_domain
 from ..models import build_model
+from ..sphere import grid_latitudes, latitude_weights
 from ..training.loss import weighted_sq_error
 from ..training.optim import clip_grad_norm, replication_weights, sync_gradients
 from ..twins import MLP, TokenMixing, build_twin, load_jigsaw
@@ -50,7 +51,7 @@ from .comm_count import CommCount, CountFunctional, count_c10d, ddp_counting_hoo
 __all__ = ["STRATEGIES", "Problem", "Runner", "build_runner", "domain_shape"]
 
 STRATEGIES = ("jigsaw", "ddp", "fsdp2", "tp", "jigsaw_ddp")
-N_TIME = 4
+N_TIME = N_TIME_FEATURES  # the trainer's time inputs
 
 
 @dataclass(frozen=True)
@@ -89,8 +90,7 @@ class Problem:
         return torch.randn(self.n_static, *self.grid, generator=torch.Generator().manual_seed(self.seed + 7))
 
     def lat_weights(self) -> torch.Tensor:
-        n = self.grid[0]
-        lat = 90.0 - (np.arange(n) + 0.5) * 180.0 / n
+        lat = grid_latitudes(self.grid[0], centred=True)
         return torch.from_numpy(latitude_weights(lat).astype(np.float32))
 
     def count(self, batch: int) -> int:

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ..data.batch import VariableSpec
+from ..data.batch import N_GEOMETRY_CHANNELS, VariableSpec
 from ..data.report import io_report
 from ..data.synth import SynthConfig, synth_store
 from ..data.writer import ChunkLayout
@@ -32,7 +32,6 @@ __all__ = ["largest_grids", "read_bytes", "run_problem"]
 
 log = logging.getLogger(__name__)
 
-GEOMETRY_CHANNELS = 4  # cos/sin latitude and longitude, always added to the static fields
 
 
 def problem_from_config(
@@ -46,7 +45,7 @@ def problem_from_config(
         overrides={**cfg.model.overrides, **(overrides or {})},
         grid=grid,
         n_state=spec.n_channels,
-        n_static=len(spec.static) + GEOMETRY_CHANNELS,
+        n_static=len(spec.static) + N_GEOMETRY_CHANNELS,
         seed=cfg.run.seed,
     )
     return problem, spec

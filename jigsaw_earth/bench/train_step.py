@@ -13,6 +13,7 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
@@ -20,6 +21,7 @@ from ..distributed.comm import ledger
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, init_model
 from ..models import build_model
+from ..sphere import grid_latitudes, latitude_weights
 from ..training.loss import weighted_sq_error
 from ..training.optim import sync_gradients
 from .measure import _allocation_sizes
@@ -36,7 +38,8 @@ def _tiles(domain: Domain, channels: tuple[int, int, int], batch: int, seed: int
     target = torch.randn(batch, n_state, grid.n_lat, grid.n_lon, generator=gen)
     static = torch.randn(n_static, grid.n_lat, grid.n_lon, generator=gen)
     k, tile = domain.index, domain.tile
-    rows = torch.cos(torch.linspace(-1.5, 1.5, grid.n_lat))[tile.lat_start : tile.lat_stop]
+    weights = latitude_weights(grid_latitudes(grid.n_lat)).astype(np.float32)
+    rows = torch.from_numpy(weights[tile.lat_start : tile.lat_stop])
     return [
         grid.scatter(state, k).contiguous(),
         grid.scatter(static, k).contiguous(),

@@ -15,8 +15,10 @@ import statistics
 from pathlib import Path
 
 from ..argtypes import parse_bytes, parse_grid, parse_ints
+from ..distributed.mesh import MeshShape
 from ..models import make_config, model_entry
 from ..models.plan import Hardware, MeshPlan, plan_meshes, recommend
+from ..models.plan_eval import EvalPlan, plan_evaluation, writes
 
 __all__ = ["add_parser", "run"]
 
@@ -57,6 +59,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--io-json", type=Path, metavar="PATH",
                    help="take --read-gbps from a `jigsaw-earth bench io --json` file (the reader's median "
                         "float32 GB/s delivered over ranks, warm cache, all ranks at once where measured)")
+    p.add_argument("--evaluate", metavar="INITSxSTEPS",
+                   help="also size an evaluation: INITS initialisations × STEPS model steps, e.g. 732x40 "
+                        "(WB2 2020, 6 h steps to 10 days): time and bytes written")
+    p.add_argument("--eval-mesh", metavar="DxLATxLON", help="the evaluation's mesh (default: recommended)")
+    p.add_argument("--eval-batch", type=int, metavar="B", help="inits per forward (default: what fits)")
+    p.add_argument("--write-gbps", type=float, default=1.0, metavar="X",
+                   help="GB/s one rank writes to the forecast store (default 1)")
     p.add_argument("--json", type=Path, metavar="PATH", help="write every mesh's figures as JSON")
     p.set_defaults(run=run)
 
@@ -207,6 +216,50 @@ def _print(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan]) -> Non
     print(f"  GB sent per GPU per step by op: {comm}")
 
 
+def _size(n: float) -> str:
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n:.0f} B"
+
+
+def _evaluation(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan], grid: tuple[int, ...],
+                channels: tuple[int, ...], elsize: int) -> EvalPlan | None:  # fmt: skip
+    """``--evaluate``: the evaluation's plan on ``--eval-mesh`` or the recommended mesh, printed."""
+    if not args.evaluate:
+        return None
+    inits, steps = parse_ints(args.evaluate, "--evaluate", 2, example="732x40")
+    if args.eval_batch is not None and args.eval_batch < 1:
+        raise ValueError(f"--eval-batch {args.eval_batch}: use a positive integer")
+    if args.write_gbps <= 0:
+        raise ValueError(f"--write-gbps {args.write_gbps}: use a positive number of GB/s")
+    if args.eval_mesh:
+        d, lat, lon = parse_ints(args.eval_mesh, "--eval-mesh", 3, example="1x2x2")
+        if d * lat * lon != args.world_size:
+            raise ValueError(f"--eval-mesh {args.eval_mesh}: {d}×{lat}×{lon} = {d * lat * lon} ranks, not "
+                             f"--world-size {args.world_size}")
+        shape = MeshShape(d, lat, lon)
+    else:
+        best, _ = recommend(plans)
+        if best is None:
+            raise ValueError("no mesh fits for training, so none is recommended: pass --eval-mesh DxLATxLON")
+        shape = MeshShape(best.data, best.lat, best.lon)
+    e = plan_evaluation(args.model, args.preset, (grid[0], grid[1]), shape, channels, hw, inits=inits,
+                        steps=steps, writes=writes(channels[0], steps), batch=args.eval_batch, elsize=elsize,
+                        write_gbps=args.write_gbps)
+    if e.error:
+        raise ValueError(f"--eval-mesh {e.mesh}: {e.error}")
+    fit = "fits" if e.fits else "DOES NOT FIT"
+    print(f"evaluation: {inits} inits × {steps} steps on {e.mesh}, batch {e.batch} per data replica "
+          f"({_gb(e.memory['total'])} GB per GPU for the forward: {fit})")  # fmt: skip
+    print(f"  forward of {e.batch} inits {e.forward_s * 1e3:.1f} ms; {inits * steps} model steps in "
+          f"{e.time_s / 3600:.2f} h of forwards ({e.steps_per_s:.1f} steps/s)")
+    print(f"  written at {args.write_gbps:g} GB/s per rank beside the forward (the longer of the two):")
+    for label, nbytes in e.written.items():
+        print(f"    {label:<40} {_size(nbytes):>10}  {e.total_s[label] / 3600:8.2f} h")
+    return e
+
+
 def run(args: argparse.Namespace) -> int:
     grid = parse_grid(args.grid, example="721x1440")
     channels = parse_ints(args.channels, "--channels", 3, sep=",", minimum=0, example="69,2,4")
@@ -221,6 +274,7 @@ def run(args: argparse.Namespace) -> int:
         args.global_batch,
     )  # fmt: skip
     _print(args, hw, plans)
+    evaluation = _evaluation(args, hw, plans, grid, channels, elsize)
     if args.json:
         best, why = recommend(plans)
         doc = {
@@ -235,6 +289,7 @@ def run(args: argparse.Namespace) -> int:
             "recommended": best.mesh if best else None,
             "reasons": why,
             "meshes": [p.as_dict() for p in plans],
+            "evaluation": evaluation.as_dict() if evaluation else None,
         }
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1))

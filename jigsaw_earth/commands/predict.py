@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..config import load_config
+
+if TYPE_CHECKING:
+    from ..inference.predict import Prediction
+    from ..inference.scoring import ScoreRequest
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -16,15 +22,27 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("config", help="the run's YAML config (e.g. configs/demo.yaml or RUN_DIR/config.yaml)")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
-    p.add_argument("--out", required=True, help="forecast store to write (WB2 forecast layout)")
+    p.add_argument("--out", help="forecast store to write (WB2 forecast layout); optional with --score")
     p.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
     p.add_argument("--start", help="first initialisation time (default: data.val_period[0])")
     p.add_argument("--end", help="last initialisation time (default: data.val_period[1])")
-    p.add_argument("--steps", type=int, default=4, help="forecast steps of data.step_hours (default 4)")
+    p.add_argument("--steps", type=int, help="steps of data.step_hours (default 4, or the last lead)")
+    p.add_argument("--variables", nargs="+", metavar="NAME", help="write/score only these variables")
+    p.add_argument("--levels", nargs="+", metavar="HPA", help="only these levels, e.g. 500 850 or 500,850")
+    p.add_argument("--lead-hours", nargs="+", metavar="H", help="only these leads, e.g. 6,12,24,72")
+    p.add_argument("--lead-every", type=int, metavar="K", help="only every K-th step's lead")
     p.add_argument("--every-hours", type=int, default=12, help="initialise at multiples of this hour")
     p.add_argument("--max-inits", type=int, default=0, help="at most this many inits, evenly spaced")
-    p.add_argument("--batch-size", type=int, default=2, help="initialisations per forward")
+    p.add_argument(
+        "--batch-size", type=int, help="inits per forward (default: what half the free memory holds)"
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out store")
+    g = p.add_argument_group("scoring while forecasting (--score)")
+    g.add_argument("--score", action="store_true", help="WB2 RMSE/bias/ACC as the rollout runs, as `score`")
+    g.add_argument("--truth", metavar="ERA5.zarr", help="verifying analysis (default data.store)")
+    g.add_argument("--climatology", metavar="CLIM.zarr", help="for ACC (default: the run's climatology)")
+    g.add_argument("--regions", nargs="+", metavar="NAME", help="WB2 regions or 'all' (default global)")
+    g.add_argument("--scores", metavar="PREFIX", help="also write the scores to PREFIX.json and PREFIX.csv")
     p.set_defaults(run=run)
 
 
@@ -38,8 +56,55 @@ def _check_period(start: str, end: str) -> None:
         raise ValueError(f"--start {start} is after --end {end}; swap them")
 
 
+def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
+    from ..inference.scoring import ScoreRequest
+
+    given = [o for o, v in (("--truth", args.truth), ("--climatology", args.climatology),
+                            ("--regions", args.regions), ("--scores", args.scores)) if v]  # fmt: skip
+    if not args.score:
+        if given:
+            raise ValueError(f"{given[0]} is a scoring option; add --score (or leave it out)")
+        return None
+    if args.regions:
+        from ..metrics.regions import get_regions
+
+        get_regions(args.regions)  # unknown names fail here, before any work
+    return ScoreRequest(args.truth, args.climatology, tuple(args.regions) if args.regions else None)
+
+
+def _report(args: argparse.Namespace, result: Prediction) -> None:
+    """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
+    r = result
+    print(f"forecast {r.init_times.size} inits × {r.steps} steps, batch {r.batch_size}: {r.steps_per_s:.2f} "
+          f"model steps/s; the training forward on this mesh: {r.training_steps_per_s:.2f} steps/s "
+          f"({r.steps_per_s / r.training_steps_per_s:.2f}×)")  # fmt: skip
+    if result.rows is not None:
+        from ..metrics.scorecard import (
+            format_scorecard,
+            grid_resolution,
+            init_period,
+            read_baselines,
+            write_scores,
+        )
+
+        period = init_period(result.init_times)
+        resolution = grid_resolution(result.n_lon)
+        print(format_scorecard(result.rows, read_baselines(None), resolution, period))
+        if args.scores:
+            first, last = result.init_times.min(), result.init_times.max()
+            times = [str(np.datetime_as_string(t, unit="h")) for t in (first, last)]
+            info = {"forecast": None if result.path is None else str(Path(result.path).resolve()),
+                    "truth": args.truth, "climatology": args.climatology, "baselines": None,
+                    "resolution": resolution, "inits": [*times, int(result.init_times.size)]}  # fmt: skip
+            for path in write_scores(result.rows, Path(args.scores), info):
+                print(f"wrote {path}")
+    if result.path is not None:
+        print(f"wrote {result.path}; open it with xarray.open_zarr({str(result.path)!r})")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..inference.predict import run_prediction
+    from ..inference.selection import parse_int_list
     from ..training.runner import world_size_from_env
 
     cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
@@ -48,7 +113,9 @@ def run(args: argparse.Namespace) -> int:
     if not start or not end:
         raise ValueError("give --start and --end (the config has no data.val_period to default to)")
     _check_period(start, end)
-    path = run_prediction(
+    score = _score_request(args)
+    variables = [v for item in args.variables for v in item.split(",") if v] if args.variables else None
+    result = run_prediction(
         cfg,
         args.out,
         checkpoint=args.checkpoint,
@@ -59,7 +126,12 @@ def run(args: argparse.Namespace) -> int:
         max_inits=args.max_inits,
         batch_size=args.batch_size,
         overwrite=args.overwrite,
+        variables=variables,
+        levels=parse_int_list(args.levels, "--levels"),
+        lead_hours=parse_int_list(args.lead_hours, "--lead-hours"),
+        lead_every=args.lead_every,
+        score=score,
     )
     if int(os.environ.get("RANK", "0")) == 0:
-        print(f"wrote {path}; open it with xarray.open_zarr({str(path)!r})")
+        _report(args, result)
     return 0

@@ -6,13 +6,13 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-import warnings
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
 from ..data.outputs import unfinished_reason
+from ..data.store import open_dataset
 from ..metrics.evaluate import check_times, evaluate, normalise
 from ..metrics.regions import REGIONS
 from ..metrics.scorecard import (
@@ -62,9 +62,7 @@ def _open(path: Path, what: str) -> xr.Dataset:
         if why is not None:
             raise ValueError(f"{what} store: {why}; score a finished store (run the command that writes it "
                              f"again, then delete {path})")
-    with warnings.catch_warnings():  # a store without consolidated metadata is read all the same
-        warnings.filterwarnings("ignore", message="Failed to open Zarr store with consolidated")
-        return xr.open_zarr(str(path), chunks=None)
+    return open_dataset(path)
 
 
 def _absolute(path: Path) -> str:

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 import numpy as np
 from pydantic import AfterValidator, BeforeValidator, Field
 
+from ..data.batch import DEFAULT_LEVELS, DEFAULT_STATIC, TRAIN_SURFACE, TRAIN_UPPER_AIR
 from ..distributed.mesh import MeshShape
 from .base import Section, doc
 from .model_section import DEFAULT_MODEL, MODEL_SECTIONS, ModelConfig
@@ -94,14 +95,14 @@ class DataConfig(Section):
     store: str = doc("path or URL of the Zarr store (`jigsaw-earth data synth --out PATH` makes one)")
     train_period: Period = doc("[first, last] initialisation time of training samples", factory=list)
     val_period: Period = doc("[first, last] initialisation time of validation samples", factory=list)
-    upper_air: list[str] = doc(
-        "upper-air variables (WB2 names)", factory=lambda: ["geopotential", "temperature"]
+    upper_air: list[str] = doc("upper-air variables (WB2 names)", factory=lambda: list(TRAIN_UPPER_AIR))
+    levels: list[int] = doc(
+        "pressure levels (hPa) of the upper-air variables", factory=lambda: list(DEFAULT_LEVELS)
     )
-    levels: list[int] = doc("pressure levels (hPa) of the upper-air variables", factory=lambda: [500, 850])
-    surface: list[str] = doc("surface variables (WB2 names)", factory=lambda: ["2m_temperature"])
+    surface: list[str] = doc("surface variables (WB2 names)", factory=lambda: list(TRAIN_SURFACE))
     static: list[str] = doc(
         "static fields read from the store (geometry channels are always added)",
-        factory=lambda: ["land_sea_mask", "geopotential_at_surface"],
+        factory=lambda: list(DEFAULT_STATIC),
     )
     step_hours: int = doc("model time step in hours (one forecast step)", 6, gt=0)
     allow_gaps: bool = doc(

@@ -29,6 +29,7 @@ from typing import Literal
 import torch
 import torch.nn.functional as F
 
+from ..sphere import col_sources, row_sources
 from .comm import exchange
 from .mesh import Axis
 from .tiles import TileGrid
@@ -118,33 +119,6 @@ class _Block:
         return h * w
 
 
-def _row_sources(grid: TileGrid, lo: int, hi: int, lat_mode: str) -> list[tuple[int, bool]]:
-    """(global source row or -1, across-the-pole) for the window rows [lo, hi)."""
-    n = grid.n_lat
-    out = []
-    for g in range(lo, hi):
-        if 0 <= g < n:
-            out.append((g, False))
-        elif lat_mode == "zeros":
-            out.append((-1, False))
-        elif lat_mode == "replicate":
-            out.append((0 if g < 0 else n - 1, False))
-        else:
-            out.append((-g - 1 if g < 0 else 2 * n - 1 - g, True))
-    return out
-
-
-def _col_sources(grid: TileGrid, lo: int, hi: int, lon_mode: str, shift: int) -> list[int]:
-    n = grid.n_lon
-    out = []
-    for c in range(lo, hi):
-        if lon_mode == "periodic":
-            out.append((c + shift) % n)
-        else:
-            out.append(c if 0 <= c < n else -1)
-    return out
-
-
 def _runs(keys: list, values: list[int]) -> list[tuple[int, int]]:
     """Maximal runs ``[start, stop)`` of equal consecutive keys whose values step by +1."""
     runs, start = [], 0
@@ -161,11 +135,11 @@ def _window_plan(
 ) -> tuple[tuple[_Block, ...], tuple[tuple[slice, slice], ...]]:
     """(blocks that make up one window, in a fixed order; rectangles of zero padding)."""
     lat_lo, lat_hi, lon_lo, lon_hi = window
-    rows = _row_sources(grid, lat_lo, lat_hi, lat_mode)
+    rows = row_sources(grid.n_lat, lat_lo, lat_hi, lat_mode)  # the pole rule: jigsaw_earth.sphere
     row_keys = [(grid.lat_owner(g) if g >= 0 else -1, flip) for g, flip in rows]
     row_vals = [-g if flip else g for g, flip in rows]  # rows across a pole run backwards
     cols_by_flip = {
-        flip: _col_sources(grid, lon_lo, lon_hi, lon_mode, grid.n_lon // 2 if flip else 0)
+        flip: col_sources(grid.n_lon, lon_lo, lon_hi, lon_mode, across_pole=flip)
         for flip in {f for _, f in rows}
     }
     blocks, zeros = [], []

@@ -17,8 +17,11 @@ from __future__ import annotations
 import logging
 import signal
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -29,13 +32,18 @@ import torch.distributed as dist
 from ..checkpoint import load_checkpoint, pinned
 from ..config.schema import TrainConfig
 from ..data.outputs import check_output
+from ..data.times import hour_dayofyear, period_mask
+from ..distributed.mesh import DomainMesh
 from ..training.data import TrainData
 from ..training.runner import setup_mesh
 from ..training.step import build_run_model, model_step
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
+from .scoring import ScoreRequest, TileScorer
+from .selection import Selection, select
+from .throughput import Pipeline, auto_batch, training_forward_rate
 
-__all__ = ["run_prediction", "select_inits"]
+__all__ = ["Prediction", "run_prediction", "select_inits"]
 
 log = logging.getLogger(__name__)
 
@@ -46,9 +54,8 @@ def select_inits(
     """Store time indices of initialisation times in ``[start, end]`` at multiples of
     ``every_hours`` whose ``steps`` targets exist (so the forecast can be scored); every rank agrees."""
     times = np.asarray(data.times).astype("datetime64[h]")
-    lo, hi = np.datetime64(start, "h"), np.datetime64(end, "h")
-    hours = (times - times.astype("datetime64[D]")).astype(int)
-    idx = np.nonzero((times >= lo) & (times <= hi) & (hours % every_hours == 0))[0]
+    hours, _ = hour_dayofyear(times)
+    idx = np.nonzero(period_mask(times, (start, end), unit="h") & (hours % every_hours == 0))[0]
     idx = data.valid_inits(idx, steps)
     if len(idx) == 0:
         raise ValueError(
@@ -60,32 +67,52 @@ def select_inits(
     return idx
 
 
-def _layout(cfg: TrainConfig, data: TrainData, inits: np.ndarray, steps: int) -> ForecastLayout:
-    d = cfg.data
+def _layout(data: TrainData, inits: np.ndarray, selection: Selection) -> ForecastLayout:
     layout = ForecastLayout(
         init_times=np.asarray(data.times)[inits],
-        leads=np.arange(1, steps + 1) * np.timedelta64(d.step_hours, "h"),
-        upper_air=tuple(d.upper_air),
-        levels=tuple(d.levels),
-        surface=tuple(d.surface),
+        leads=selection.leads,
+        upper_air=selection.upper_air,
+        levels=selection.levels,
+        surface=selection.surface,
         latitude=np.asarray(data.source.lat),
         longitude=np.asarray(data.source.view.lon),
     )
-    if layout.channels != data.channels:
-        raise ValueError(f"forecast channels {layout.channels} differ from the data's {data.channels}")
+    missing = sorted(set(layout.channels) - set(data.channels))
+    if missing:
+        raise ValueError(f"forecast channels {missing} are not among the data's {data.channels}")
     return layout
 
 
-def _check_options(out: str | Path, steps: int, every_hours: int, max_inits: int, batch_size: int) -> None:
+def _check_options(out: str | Path | None, every_hours: int, max_inits: int, batch_size: int | None,
+                   score: ScoreRequest | None) -> None:  # fmt: skip
     for option, value, least in (
-        ("--steps", steps, 1), ("--every-hours", every_hours, 1), ("--batch-size", batch_size, 1),
-        ("--max-inits", max_inits, 0),
+        ("--every-hours", every_hours, 1), ("--max-inits", max_inits, 0),
+        ("--batch-size", 1 if batch_size is None else batch_size, 1),
     ):  # fmt: skip
         if value < least:
             what = "0 (all) or more" if least == 0 else f"at least {least}"
             raise ValueError(f"{option} {value}: must be {what}; e.g. {option} {max(least, 1)}")
-    if not str(out).strip():
+    if out is None and score is None:
+        raise ValueError("nothing to do: give --out STORE to write the forecast, --score to score it, "
+                         "or both")
+    if out is not None and not str(out).strip():
         raise ValueError("--out '' is empty; give the forecast store to write, e.g. --out fc.zarr")
+
+
+@dataclass
+class Prediction:
+    """What ``run_prediction`` did: the store written (or None), ``score``'s rows (or None), the
+    init times, model steps, longitudes of the grid, the forecast rate (model steps × inits per
+    second of the rollout, all replicas together), the batch, and the training forward's rate."""
+
+    path: Path | None
+    rows: list[dict[str, Any]] | None
+    init_times: np.ndarray
+    steps: int
+    n_lon: int
+    steps_per_s: float
+    batch_size: int
+    training_steps_per_s: float  # the training forward (autograd on, training batch), same mesh
 
 
 @contextmanager
@@ -108,42 +135,75 @@ def _sigterm_raises() -> Iterator[None]:
 @torch.no_grad()
 def run_prediction(
     cfg: TrainConfig,
-    out: str | Path,
+    out: str | Path | None,
     *,
     checkpoint: str | None = None,
     start: str,
     end: str,
-    steps: int,
+    steps: int | None = None,
     every_hours: int = 12,
     max_inits: int = 0,
-    batch_size: int = 2,
+    batch_size: int | None = None,
     overwrite: bool = False,
-) -> Path:
-    """Forecast ``steps`` steps from every selected init and write ``out`` (collective)."""
-    _check_options(out, steps, every_hours, max_inits, batch_size)
+    variables: list[str] | None = None,
+    levels: list[int] | None = None,
+    lead_hours: list[int] | None = None,
+    lead_every: int | None = None,
+    score: ScoreRequest | None = None,
+    mesh: DomainMesh | None = None,
+) -> Prediction:
+    """Forecast from every selected init; write the selected variables, levels and leads to ``out``
+    and/or score them (``score``) as the rollout runs (collective). ``mesh``: run on this existing
+    mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one."""
+    _check_options(out, every_hours, max_inits, batch_size, score)
+    selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
+                       lead_every=lead_every)  # fmt: skip
     ckpt = find_checkpoint(cfg, checkpoint)
     protected = protected_paths(cfg, ckpt)
+    if score is not None:
+        protected += (("--truth store", score.truth), ("--climatology", score.climatology))
     run_dir = (("run directory run.dir", cfg.run.dir),)
-    check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
+    if out is not None:
+        check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
     check_against_checkpoint(cfg, ckpt)
-    mesh = setup_mesh(cfg)
+    own = mesh is None
+    if mesh is not None and mesh.shape != cfg.mesh.shape:
+        raise ValueError(f"mesh {mesh.shape} differs from the config's mesh {cfg.mesh.shape}")
+    mesh = setup_mesh(cfg) if mesh is None else mesh
     try:
         with _sigterm_raises():
-            return _predict(cfg, mesh, ckpt, out, protected, start, end, steps, every_hours, max_inits,
-                            batch_size, overwrite)  # fmt: skip
+            return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
+                            batch_size, overwrite, score)  # fmt: skip
     finally:
-        if dist.is_initialized():
+        if own and dist.is_initialized():
             dist.destroy_process_group()
 
 
+def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bool,
+                   tendency: torch.Tensor | None) -> float:  # fmt: skip
+    """Model steps per second of the training forward on this mesh (the last batch's inputs, cycled
+    to the training batch)."""
+    take = torch.arange(data.local_batch) % batch.inputs.shape[0]
+    x, tf = batch.inputs[take], batch.time_features[take].to(batch.inputs.device)
+
+    def forward() -> torch.Tensor:
+        return model_step(model, x, batch.static, tf, bf16=bf16, tendency=tendency)
+
+    return training_forward_rate(model, forward, data.local_batch * data.mesh.axis("data").size)
+
+
 def _predict(
-    cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path, protected: Any, start: str, end: str,
-    steps: int, every_hours: int, max_inits: int, batch_size: int, overwrite: bool,
-) -> Path:  # fmt: skip
+    cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
+    selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
+    score: ScoreRequest | None,
+) -> Prediction:  # fmt: skip
     from ..training.sources import build_data
 
     data = build_data(cfg, mesh, training=False)
+    steps = selection.steps
     inits = select_inits(data, start, end, steps, every_hours, max_inits)
+    layout = _layout(data, inits, selection)
+    scorer = TileScorer(score, cfg, data, selection, layout.init_times) if score is not None else None
     model = build_run_model(cfg, mesh, data)
     with pinned(ckpt):
         step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
@@ -151,32 +211,62 @@ def _predict(
     dev = mesh.device
     tendency = data.tendency_std.to(dev) if cfg.loss.tendency_scaling else None
     bf16 = cfg.training.precision == "bf16"
-    writer = ForecastWriter(
-        out, _layout(cfg, data, inits, steps), data.grid, mesh.rank, overwrite=overwrite, protected=protected
-    )
+    chans = torch.tensor(selection.channel_index(data.channels))
+    lead_of = {s: i for i, s in enumerate(selection.lead_steps)}
+    replicas, replica = mesh.axis("data").size, mesh.axis("data").index
+    mine = np.arange(len(inits))[replica::replicas]
+    if batch_size is None:
+        batch_size = auto_batch(model, data, max(1, len(mine)), 2 if bf16 else 4, dev)
+    writer = None
+    if out is not None:
+        writer = ForecastWriter(out, layout, data.grid, mesh.rank, overwrite=overwrite, protected=protected)
+
+    def emit(chunk: np.ndarray, lead_index: int, state: torch.Tensor) -> None:
+        physical = data.denormalise(state)[:, chans]
+        if writer is not None:
+            fields = physical.numpy()
+            for b, init_index in enumerate(chunk):
+                writer.write(int(init_index), lead_index, fields[b], data.tile)
+        if scorer is not None:
+            scorer.update(lead_index, physical)
+
+    pipe = Pipeline()
     try:
-        replicas, replica = mesh.axis("data").size, mesh.axis("data").index
-        mine = np.arange(len(inits))[replica::replicas]
-        reported = 0
-        for k in range(0, len(mine), batch_size):
-            chunk = mine[k : k + batch_size]
-            batch = data._batch(inits[chunk], steps).to(dev)
+        chunks = [mine[k : k + batch_size] for k in range(0, len(mine), batch_size)]
+        ahead = pipe.read(partial(data._batch, inits[chunks[0]], 0)) if chunks else None  # inputs only
+        reported, t0 = 0, time.perf_counter()
+        for i, chunk in enumerate(chunks):
+            batch = ahead.result().to(dev)
+            if i + 1 < len(chunks):  # the next inputs are read while this batch runs
+                ahead = pipe.read(partial(data._batch, inits[chunks[i + 1]], 0))
+            if scorer is not None:
+                pipe.sink(partial(scorer.begin, chunk))
             state = batch.inputs
             for lead in range(steps):
                 tf = data.step_time_features(batch, lead).to(dev)
                 state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency)
-                physical = data.denormalise(state.cpu()).numpy()
-                for b, init_index in enumerate(chunk):
-                    writer.write(int(init_index), lead, physical[b], data.tile)
-            done = min(k + batch_size, len(mine))
+                if lead + 1 in lead_of:  # written and scored on the sink thread, in order
+                    pipe.sink(partial(emit, chunk, lead_of[lead + 1], state.cpu()))
+            if scorer is not None:
+                pipe.sink(scorer.end)
+            done = sum(len(c) for c in chunks[: i + 1])
             if mesh.rank == 0 and (done == len(mine) or 10 * done // len(mine) > reported):
                 reported = 10 * done // len(mine)
                 log.info("forecast %d/%d initialisations", done, len(mine))
-        path = writer.close()
+        pipe.drain()
+        elapsed = time.perf_counter() - t0
+        train_rate = _training_rate(model, data, batch, bf16, tendency) if chunks else float("nan")
+        rows = scorer.finish() if scorer is not None else None
+        path = writer.close() if writer is not None else None
     except BaseException:
-        writer.abort()
+        if writer is not None:
+            writer.abort()
         raise
+    finally:
+        pipe.close()
+    rate = len(inits) * steps / max(elapsed, 1e-9)  # every replica ran its share in the same time
     if mesh.rank == 0:
-        log.info("wrote %d forecasts × %d steps from checkpoint %s (step %d) to %s",
-                 len(inits), steps, ckpt, step, path)  # fmt: skip
-    return path
+        log.info("forecast %d inits × %d steps from checkpoint %s (step %d), batch %d: %.2f steps/s; the "
+                 "training forward on this mesh: %.2f steps/s%s", len(inits), steps, ckpt, step, batch_size,
+                 rate, train_rate, f"; wrote {path}" if path else "")  # fmt: skip
+    return Prediction(path, rows, layout.init_times, steps, data.grid.n_lon, rate, batch_size, train_rate)

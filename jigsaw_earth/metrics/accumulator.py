@@ -9,6 +9,9 @@ Per sample, every rank adds its tile's share of the weighted sums
 per (lead, variable). ``compute()`` sums the shares over the domain axis (exact per-sample global
 weighted means), forms per-sample MSE, bias and ACC, sums them over samples and data-parallel
 replicas, and returns RMSE = sqrt(mean MSE) — the square root after the time mean.
+
+With ``regions`` (``TileRegions``) the shares are taken for every WB2 region at once (the weights of
+``score``'s region plan, cut to the tile) and every result gains a trailing region axis.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import torch
 
 from ..distributed.comm import all_reduce_
 from ..distributed.mesh import Axis
+from .tile_regions import TileRegions
 
 __all__ = ["MetricAccumulator"]
 
@@ -44,7 +48,9 @@ class MetricAccumulator:
         domain: Axis | None,
         data: Axis | None = None,
         variables: Sequence[str] | None = None,
+        regions: TileRegions | None = None,
     ):
+        self.regions = regions
         self.weights = torch.as_tensor(lat_weights, dtype=torch.float64).reshape(-1, 1)
         self.area = float(grid[0] * grid[1])
         self.domain, self.data = domain, data
@@ -63,6 +69,20 @@ class MetricAccumulator:
     ) -> None:
         """Add a batch: ``forecast``, ``truth`` (and ``climatology`` at the valid times) shaped
         ``(B, L, V, h, w)`` (batch, lead, variable, tile), in physical units."""
+        self.add(self.shares(forecast, truth, climatology))
+
+    def add(self, shares: torch.Tensor) -> None:
+        """Add per-sample tile shares from ``shares`` (e.g. one lead at a time, joined on axis 1)."""
+        self._parts.append(shares.cpu())
+
+    @torch.no_grad()
+    def shares(
+        self,
+        forecast: torch.Tensor,
+        truth: torch.Tensor,
+        climatology: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """This tile's shares of the weighted sums, ``(B, L, V[, R], k)``; arguments as ``update``."""
         if forecast.shape != truth.shape or forecast.dim() != 5:
             raise ValueError(
                 f"forecast {tuple(forecast.shape)} and truth {tuple(truth.shape)} must both be "
@@ -77,6 +97,8 @@ class MetricAccumulator:
         w = self.weights.to(f.device)
 
         def share(x: torch.Tensor) -> torch.Tensor:
+            if self.regions is not None:
+                return self.regions.share(x)
             return (x * w).sum((-2, -1)) / self.area
 
         err = f - o
@@ -85,7 +107,7 @@ class MetricAccumulator:
             c = climatology.to(torch.float64)
             fa, oa = f - c, o - c
             parts += [share(fa * oa), share(fa**2), share(oa**2)]
-        self._parts.append(torch.stack(parts, dim=-1).cpu())  # (B, L, V, k)
+        return torch.stack(parts, dim=-1)  # (B, L, V[, R], k)
 
     @torch.no_grad()
     def compute(self) -> dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ import pandas as pd
 import xarray as xr
 from tqdm.auto import tqdm
 
+from ..data.times import hour_dayofyear
 from .grid import ForecastGrid, match_coordinate, read_rows_cols
 from .regions import Region
 
@@ -116,9 +117,9 @@ def _time_indices(times: np.ndarray, have: np.ndarray, what: str) -> np.ndarray:
 
 def _clim_indices(valid: np.ndarray, clim: xr.DataArray) -> np.ndarray:
     """(dayofyear index, hour index) of each valid time, as one integer key per valid time."""
-    stamps = pd.DatetimeIndex(valid.ravel())
+    hours, days = hour_dayofyear(valid.ravel())
     keys = []
-    for name, want in (("dayofyear", stamps.day_of_year), ("hour", stamps.hour)):
+    for name, want in (("dayofyear", days), ("hour", hours)):
         if name not in clim.dims:
             raise ValueError(f"climatology has no {name!r} dimension (dims {sorted(map(str, clim.dims))})")
         idx = pd.Index(clim[name].values).get_indexer(np.asarray(want))

@@ -28,16 +28,9 @@ SPACE = ("latitude", "longitude")
 
 log = logging.getLogger(__name__)
 
-DIM_ALIASES = {
-    "lat": "latitude",
-    "lon": "longitude",
-    "init_time": "time",
-    "lead_time": "prediction_timedelta",
-    "step": "prediction_timedelta",
-    "isobaricInhPa": "level",
-    "pressure_level": "level",
-    "plev": "level",
-}
+# Other sources' dimension names -> WB2 names, from the data package's one naming table.
+DIMENSIONS = ("time", "prediction_timedelta", "level", "latitude", "longitude")
+DIM_ALIASES = {alias: dim for dim in DIMENSIONS for alias in ALIASES[dim]}
 # Other sources' variable names -> WB2 names, from the data package's one table (upper-air first,
 # so ``z`` is geopotential, as in forecast files on pressure levels).
 VAR_ALIASES = {
@@ -50,7 +43,13 @@ VAR_ALIASES = {
 
 def normalise(ds: xr.Dataset, what: str = "dataset") -> xr.Dataset:
     """WB2 names for dims and variables; a dimension that cannot be mapped is an error."""
-    ds = ds.rename({k: v for k, v in DIM_ALIASES.items() if k in ds.dims or k in ds.coords})
+    # the first alias present is renamed, and only where its WB2 name is free (a forecast's
+    # ``valid_time`` coordinate beside its ``time`` or ``init_time`` dimension stays as it is)
+    renames: dict[str, str] = {}
+    for k, v in DIM_ALIASES.items():
+        if (k in ds.dims or k in ds.coords) and v not in ds.variables and v not in renames.values():
+            renames[k] = v
+    ds = ds.rename(renames)
     ds = ds.rename({k: v for k, v in VAR_ALIASES.items() if k in ds.data_vars})
     known = {"time", "prediction_timedelta", "level", "latitude", "longitude", "hour", "dayofyear"}
     unknown = sorted(str(d) for d in ds.dims if d not in known)

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ..data.store import open_dataset
 from .evaluate import normalise
 from .scorecard import published_for
 
@@ -221,7 +222,7 @@ def plot_all(
     fc_path, truth_path = info.get("forecast"), info.get("truth")
     if fc_path and truth_path and all(Path(p).exists() or "://" in p for p in (fc_path, truth_path)):
         variables = list(dict.fromkeys(r["variable"] for r in rows))
-        fc, truth = xr.open_zarr(fc_path, chunks=None), xr.open_zarr(truth_path, chunks=None)
+        fc, truth = open_dataset(fc_path), open_dataset(truth_path)
         paths += plot_maps(fc, truth, out_dir, variables=variables)
     else:
         log.warning("forecast or truth store not found (%s, %s): no maps drawn", fc_path, truth_path)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 import xarray as xr
 
+from ..data.times import hour_dayofyear
 from .weights import weights_like
 
 __all__ = [
@@ -77,7 +78,8 @@ def persistence_forecast(truth: Data, init: xr.DataArray, lead: xr.DataArray) ->
 def climatology_at_valid_time(climatology: Data, init: xr.DataArray, lead: xr.DataArray) -> Data:
     """The climatology at each valid time's ``dayofyear`` (1…366) and ``hour``."""
     valid = valid_times(init, lead)
-    doy, hour = valid.dt.dayofyear, valid.dt.hour
+    hours, days = hour_dayofyear(valid.values)
+    doy, hour = valid.copy(data=days), valid.copy(data=hours)
     for name, want in (("dayofyear", doy), ("hour", hour)):
         if name not in climatology.dims:
             raise ValueError(

@@ -24,11 +24,11 @@ import numpy as np
 import torch
 
 from ..data.batch import Batch
-from ..data.geometry import latitude_weights, time_features
-from ..data.times import sample_index
+from ..data.times import period_mask, sample_index, time_features
 from ..distributed.halo import Halo
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import Tile, TileGrid
+from ..sphere import latitude_weights
 
 __all__ = ["MemorySource", "Source", "TrainData"]
 
@@ -92,13 +92,6 @@ class MemorySource:
         return self._cut(self.clim[idx])
 
 
-def _period_mask(times: np.ndarray, period: list[str]) -> np.ndarray:
-    if not period:
-        return np.ones(len(times), dtype=bool)
-    lo, hi = (np.datetime64(p) for p in period)
-    return (times >= lo) & (times <= hi)
-
-
 class TrainData:
     """Batches of one rank's tile for a run: training by step, validation by a fixed list."""
 
@@ -139,8 +132,8 @@ class TrainData:
         self.last_wait_s = 0.0
         self.step_hours = step_hours
         self.times = times
-        self.train_mask = _period_mask(times, train_period)
-        self.val_mask = _period_mask(times, val_period)
+        self.train_mask = period_mask(times, train_period)
+        self.val_mask = period_mask(times, val_period)
         self.train_index = self._inits(self.train_mask, rollout_steps, "training")
         if len(self.train_index) < global_batch:
             raise ValueError(

@@ -9,26 +9,26 @@ mean and std. The WB2-layout climatology store (``<store>-climatology.zarr`` as 
 from __future__ import annotations
 
 import logging
-import warnings
 from pathlib import Path
 
 import numpy as np
 import xarray as xr
 
 from ..config.schema import TrainConfig
-from ..data.batch import VariableSpec
-from ..data.climatology import check_same_grid
+from ..data.batch import N_GEOMETRY_CHANNELS, VariableSpec
+from ..data.climatology import open_climatology
 from ..data.preflight import default_climatology_path, store_preflight
 from ..data.reader import Normalisation, TileReader
 from ..data.report import OVER_READ_WARNING, planned_fraction
 from ..data.stats import Normalizer, read_statistics
 from ..data.store import StoreView
+from ..data.times import hour_dayofyear
 from ..distributed.halo import Halo
 from ..distributed.mesh import DomainMesh
-from ..distributed.tiles import TileGrid
+from ..distributed.tiles import Tile, TileGrid
 from .data import TrainData
 
-__all__ = ["StoreSource", "build_data", "default_climatology_path"]
+__all__ = ["StoreSource", "TileClimatology", "build_data", "default_climatology_path"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class StoreSource:
         smean = normalizer.static_mean.reshape(-1, 1, 1)
         sstd = normalizer.static_std.reshape(-1, 1, 1)
         self._static = ((static - smean) / sstd).astype(np.float32)
-        self._clim = self._open_climatology(climatology)
+        self._clim = TileClimatology.open(climatology, view, spec, self.tile)
 
     def inputs(self, t: int) -> np.ndarray:
         return self.reader.read_inputs(t)
@@ -74,33 +74,35 @@ class StoreSource:
     def static(self) -> np.ndarray:
         return self._static
 
-    def _open_climatology(self, path: str | Path | None) -> xr.Dataset | None:
-        if path is None or not Path(path).exists():
-            log.warning("no climatology store at %s: validation skips the climatology baseline", path)
-            return None
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            ds = xr.open_zarr(str(path), chunks=None, consolidated=False)
-        lat = np.asarray(ds["latitude"].values)
-        lon = np.asarray(ds["longitude"].values)
-        check_same_grid(self.view, lat, lon, f"data.climatology {str(path)!r}")
-        order = np.argsort(-lat, kind="stable")
-        t = self.tile
-        rows = order[t.lat_start : t.lat_stop]
-        cols = np.argsort(lon, kind="stable")[t.lon_start : t.lon_stop]
-        return ds.isel(latitude=rows, longitude=cols)
-
     def climatology(self, times: np.ndarray) -> np.ndarray | None:
-        """``(N, C, h, w)`` climatology at the valid times (WB2: hour and dayofyear)."""
-        if self._clim is None:
+        """``(N, C, h, w)`` climatology at the valid times (WB2: hour and dayofyear), or None."""
+        return None if self._clim is None else self._clim.at(times)
+
+
+class TileClimatology:
+    """One tile of a WB2-layout climatology store, the fields of ``spec``, physical units."""
+
+    def __init__(self, ds: xr.Dataset, spec: VariableSpec, tile: Tile):
+        self.ds = ds.isel(latitude=slice(tile.lat_start, tile.lat_stop),
+                          longitude=slice(tile.lon_start, tile.lon_stop))
+        self.spec = spec
+
+    @classmethod
+    def open(cls, path: str | Path | None, view: StoreView, spec: VariableSpec, tile: Tile,
+             what: str = "data.climatology") -> TileClimatology | None:  # fmt: skip
+        """The store at ``path`` (local or URL) on ``view``'s grid, or None (a warning) when there
+        is none; ``open_climatology`` checks the WB2 layout and the grid."""
+        if path is None or ("://" not in str(path) and not Path(path).exists()):
+            log.warning("no climatology store at %s (%s): the climatology baseline is skipped", path, what)
             return None
-        t = np.asarray(times).astype("datetime64[h]")
-        day = t.astype("datetime64[D]")
-        hours = (t - day).astype(int)
-        doy = (day - day.astype("datetime64[Y]").astype("datetime64[D]")).astype(int) + 1
+        return cls(open_climatology(path, view), spec, tile)
+
+    def at(self, times: np.ndarray) -> np.ndarray:
+        """``(N, C, h, w)`` at the valid ``times``: WB2's hour and dayofyear of each."""
+        hours, doy = hour_dayofyear(times)
         out = []
         for h, d in zip(hours, doy):
-            sel = self._clim.sel(hour=int(h), dayofyear=int(d))
+            sel = self.ds.sel(hour=int(h), dayofyear=int(d))
             parts = []
             for v in self.spec.upper_air:
                 parts.append(sel[v].sel(level=list(self.spec.levels)).values)
@@ -143,7 +145,7 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh, *, training: bool = True) -> 
     spec = VariableSpec(tuple(d.upper_air), tuple(d.levels), tuple(d.surface), tuple(d.static))
     view = StoreView.open(d.store)
     grid = TileGrid(*view.grid_shape, mesh.shape.lat, mesh.shape.lon)
-    normalizer = Normalizer.from_stats(read_statistics(d.store), spec, view, n_geometry=4)
+    normalizer = Normalizer.from_stats(read_statistics(d.store), spec, view, n_geometry=N_GEOMETRY_CHANNELS)
     clim = d.climatology or default_climatology_path(d.store)
     source = StoreSource(view, spec, grid, mesh.domain.index, normalizer, clim, d.read_threads)
     _warn_over_read(source, grid, mesh)

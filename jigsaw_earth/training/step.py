@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ..config.schema import TrainConfig
+from ..data.times import N_TIME_FEATURES
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, init_model
 from .data import TrainData
@@ -29,7 +30,7 @@ def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.M
     )
 
     domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
-    model = model_from_config(cfg.model, domain, len(data.channels), data.n_static, 4)
+    model = model_from_config(cfg.model, domain, len(data.channels), data.n_static, N_TIME_FEATURES)
     return init_model(model.to(mesh.device), cfg.run.seed)
 
 

@@ -1,0 +1,144 @@
+"""``predict --score``: WB2 scores of a forecast while it runs, each rank on its own tile.
+
+Every rank reads its tile of the truth (valid times, and init times for persistence) and of the
+climatology, and adds its tile's shares of WB2's weighted sums (``MetricAccumulator`` with
+``TileRegions``: the region plan ``score`` uses) for the forecast, persistence and climatology.
+``finish`` reduces them once over the mesh (domain: exact per-init global means; data: the inits
+of every replica) and returns ``score``'s table rows — equal to ``score`` of the written store.
+No field is ever gathered.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import torch
+
+from ..data.climatology import check_same_grid
+from ..data.preflight import default_climatology_path
+from ..data.reader import TileReader
+from ..data.store import StoreView
+from ..distributed.halo import Halo
+from ..metrics.accumulator import MetricAccumulator
+from ..metrics.tile_regions import TileRegions
+from ..metrics.units import unit_of
+from ..training.data import TrainData
+from ..training.sources import TileClimatology
+from .selection import Selection
+
+__all__ = ["ScoreRequest", "TileScorer"]
+
+log = logging.getLogger(__name__)
+
+MODEL = "forecast"  # the model's name in the table, as ``score`` calls a forecast store
+
+
+@dataclass(frozen=True)
+class ScoreRequest:
+    """``--truth`` (default: ``data.store``), ``--climatology`` (default: the run's, when present)
+    and ``--regions`` (default: global; ``["all"]``: every WB2 region)."""
+
+    truth: str | Path | None = None
+    climatology: str | Path | None = None
+    regions: tuple[str, ...] | None = None
+
+
+def _indices(have: np.ndarray, want: np.ndarray, what: str) -> np.ndarray:
+    idx = pd.Index(np.asarray(have).astype("datetime64[ns]")).get_indexer(
+        np.asarray(want).astype("datetime64[ns]").ravel()
+    )
+    if (idx < 0).any():
+        missing = np.asarray(want).ravel()[idx < 0]
+        raise ValueError(
+            f"{what} lacks {np.unique(missing).size} of the times the forecast needs (first "
+            f"{missing[0]}); it covers {have.min()} … {have.max()}: choose inits inside it or another --truth"
+        )
+    return idx.reshape(np.shape(want))
+
+
+class TileScorer:
+    """Collective: every rank builds it, ``update``s its tiles, and calls ``finish``."""
+
+    def __init__(self, request: ScoreRequest, cfg: Any, data: TrainData, selection: Selection,
+                 init_times: np.ndarray):  # fmt: skip
+        d = cfg.data
+        self.selection, self.data = selection, data
+        truth = str(request.truth or d.store)
+        self.view = StoreView.open(truth)
+        check_same_grid(data.source.view, self.view.lat, self.view.lon, f"--truth {truth!r}")
+        spec = selection.spec
+        self.reader = TileReader(self.view, spec, data.grid, data.tile, Halo(), threads=d.read_threads)
+        self.init_idx = _indices(self.view.times, init_times, f"--truth {truth!r}")
+        valid = np.asarray(init_times)[:, None] + selection.leads[None, :]
+        self.valid_times = valid
+        self.valid_idx = _indices(self.view.times, valid, f"--truth {truth!r}")
+        clim_path = request.climatology or d.climatology or default_climatology_path(d.store)
+        if request.climatology is not None and not Path(request.climatology).exists():
+            raise FileNotFoundError(
+                f"--climatology {request.climatology} not found; give the WB2 "
+                f"climatology store of the truth, or leave --climatology out"
+            )
+        self.clim = TileClimatology.open(clim_path, self.view, spec, data.tile, "--climatology")
+        self.regions = TileRegions.build(self.view.lat, self.view.lon, data.tile, request.regions)
+        mesh = data.mesh
+        names = [MODEL, "persistence"] + (["climatology"] if self.clim is not None else [])
+        self.accs = {
+            m: MetricAccumulator(data.lat_weights, (data.grid.n_lat, data.grid.n_lon), mesh.domain,
+                                 mesh.axis("data"), selection.channels, regions=self.regions)
+            for m in names
+        }  # fmt: skip
+        self._leads: dict[str, list[torch.Tensor]] = {m: [] for m in names}
+        self._persistence: torch.Tensor | None = None
+
+    def begin(self, positions: np.ndarray) -> None:
+        """A new batch of inits (positions in the forecast's init list): reads persistence."""
+        self.positions = np.asarray(positions)
+        self._persistence = torch.from_numpy(self.reader.read_targets(self.init_idx[self.positions]))
+
+    def update(self, lead_index: int, forecast: torch.Tensor) -> None:
+        """The batch's forecast at selected lead ``lead_index``, ``(B, V, h, w)`` physical units."""
+        pos = self.positions
+        truth = torch.from_numpy(self.reader.read_targets(self.valid_idx[pos, lead_index]))[:, None]
+        clim = None
+        if self.clim is not None:
+            clim = torch.from_numpy(self.clim.at(self.valid_times[pos, lead_index]))[:, None]
+        candidates = {MODEL: forecast[:, None], "persistence": self._persistence[:, None]}
+        if clim is not None:
+            candidates["climatology"] = clim
+        for m, pred in candidates.items():
+            ref = clim if m != "climatology" else None
+            self._leads[m].append(self.accs[m].shares(pred, truth, ref))
+
+    def end(self) -> None:
+        """The batch is done: its leads join one entry per init."""
+        for m, parts in self._leads.items():
+            self.accs[m].add(torch.cat(parts, dim=1))
+            parts.clear()
+
+    def finish(self) -> list[dict[str, Any]]:
+        """Collective: the scores as ``score``'s table rows (one per model, metric, region, variable,
+        level, lead), on every rank."""
+        results = {m: acc.compute() for m, acc in self.accs.items()}
+        sel, rows = self.selection, []
+        hours = sel.leads / np.timedelta64(1, "h")
+        fields = [(v, lev) for v in sel.upper_air for lev in sel.levels] + [(v, None) for v in sel.surface]
+        for var, lev in fields:
+            c = sel.channels.index(var if lev is None else f"{var}@{lev}")
+            unit = unit_of(var, dict(self.view.dataset[self.view.resolve(var, lev is not None)].attrs))
+            for m, res in results.items():
+                for metric in ("rmse", "bias", "acc"):
+                    if metric not in res:
+                        continue
+                    for r, region in enumerate(self.regions.names):
+                        for li, h in enumerate(hours):
+                            rows.append({
+                                "model": m, "metric": metric, "region": region, "variable": var,
+                                "level": lev, "lead_hours": float(h), "value": float(res[metric][li, c, r]),
+                                "unit": "1" if metric == "acc" else unit,
+                            })  # fmt: skip
+        return rows

@@ -1,0 +1,111 @@
+"""Forecast throughput: the batch that fits, reads and writes beside the forward, and the rates.
+
+* ``auto_batch``: inits per forward from ``plan``'s inference memory of the real model (its own
+  shard) and the memory free on this rank's device (a GPU's free memory; on CPU the host's
+  available memory shared by the local ranks), at most ``MEMORY_FRACTION`` of it; every rank takes
+  the smallest (the domain ranks must forecast the same inits together).
+* ``Pipeline``: the next batch's inputs are read on one thread and the writes and scores of each
+  lead run in order on another, while the main thread runs the model; at most ``QUEUED`` leads wait.
+* ``training_forward_rate``: the training forward (autograd on, the training batch) timed on the
+  same mesh, so the summary sets the forecast's model steps per second beside it.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from ..data.times import N_TIME_FEATURES
+from ..models.plan_eval import inference_memory
+
+__all__ = ["MEMORY_FRACTION", "QUEUED", "Pipeline", "auto_batch", "free_memory", "training_forward_rate"]
+
+MEMORY_FRACTION = 0.5  # of the free memory a forecast's batch may take
+QUEUED = 4  # leads waiting to be written and scored before the forward waits for them
+
+
+def free_memory(device: torch.device) -> int:
+    """Bytes free for this rank: the GPU's free memory, or the host's available memory over the
+    local ranks."""
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        text = Path("/proc/meminfo").read_text()
+        avail = (
+            int(next(line.split()[1] for line in text.splitlines() if line.startswith("MemAvailable"))) * 1024
+        )
+    except (OSError, StopIteration, ValueError):
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return avail // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def auto_batch(model: torch.nn.Module, data: Any, n_local: int, elsize: int, device: torch.device) -> int:
+    """Inits per forward: as many as fit in ``MEMORY_FRACTION`` of the free memory (at most
+    ``n_local``, this replica's inits), the same on every rank (collective)."""
+    h, w = data.tile.shape
+    channels = (len(data.channels), data.n_static, N_TIME_FEATURES)
+    one = inference_memory(model, 1, elsize, h * w, channels)
+    per = max(1, one["total"] - one["parameters"])
+    budget = int(free_memory(device) * MEMORY_FRACTION)
+    batch = torch.tensor([max(1, min(n_local, budget // per))], dtype=torch.int64)
+    if dist.is_initialized():
+        dist.all_reduce(batch, op=dist.ReduceOp.MIN)
+    return int(batch.item())
+
+
+class Pipeline:
+    """Reads ahead on one thread and writes/scores on another; ``drain`` re-raises their errors."""
+
+    def __init__(self) -> None:
+        self._read = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-predict-read")
+        self._sink = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-predict-write")
+        self._pending: deque[Future] = deque()
+
+    def read(self, fn: Callable[[], Any]) -> Future:
+        return self._read.submit(fn)
+
+    def sink(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` after every earlier sink job; wait while ``QUEUED`` are pending."""
+        self._pending.append(self._sink.submit(fn))
+        while len(self._pending) > QUEUED or (self._pending and self._pending[0].done()):
+            self._pending.popleft().result()
+
+    def drain(self) -> None:
+        while self._pending:
+            self._pending.popleft().result()
+
+    def close(self) -> None:
+        for pool in (self._read, self._sink):
+            pool.shutdown(wait=True, cancel_futures=True)
+
+
+def training_forward_rate(model: torch.nn.Module, forward: Callable[[], torch.Tensor], samples: int,
+                          repeats: int = 3) -> float:  # fmt: skip
+    """Samples per second of ``forward()`` (``samples`` per call) in training mode with autograd,
+    the median of ``repeats`` after one warm-up; the model is put back in eval mode."""
+    times = []
+    model.train()
+    try:
+        with torch.enable_grad():
+            for k in range(repeats + 1):
+                if dist.is_initialized():
+                    dist.barrier()
+                t0 = time.perf_counter()
+                out = forward()
+                if out.is_cuda:
+                    torch.cuda.synchronize()
+                if k:
+                    times.append(time.perf_counter() - t0)
+                del out
+    finally:
+        model.eval()
+    times.sort()
+    return samples / times[len(times) // 2]
