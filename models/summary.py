@@ -19,6 +19,7 @@ from typing import Any
 
 from torch import nn
 
+from ..distributed.comm import ring_bytes
 from ..distributed.mesh import DomainMesh, MeshShape
 from ..layers.base import Domain, spec_of
 from ..layers.cost import model_cost
@@ -134,7 +135,7 @@ def summarize(
     train = TRAIN_STATES * elsize
     n_tensors = len(list(models[0].parameters()))
     d = shape.data
-    dp = 2 * (d - 1) * max(per_rank) * elsize // d * shape.domain_size if d > 1 else 0
+    dp = ring_bytes("all_reduce", max(per_rank) * elsize, d) * shape.domain_size
     cfg = getattr(models[0], "cfg", None)
     chans = (n_state, n_static, n_time)
     step = plan_mesh(name, preset, grid, shape, chans, Hardware(), batch, elsize, **overrides)

@@ -1098,12 +1098,8 @@ PLOT_CASES: list[tuple[str, Any, list[str]]] = [
 ]
 
 
-@pytest.mark.parametrize(
-    ("case", "argv", "fragments"), SCORE_CASES + PLOT_CASES, ids=[c[0] for c in SCORE_CASES + PLOT_CASES]
-)
-def test_bad_score_or_plot(
-    case: str, argv: Any, fragments: list[str], world: dict, tmp_path: Path, capsys: Any
-) -> None:
+def _refused_cleanly(argv: Any, fragments: list[str], world: dict, tmp_path: Path, capsys: Any) -> None:
+    """Exit 2 with one clear line, and nothing written in the world or in ``tmp_path``."""
     before = _world_snapshot(world)
     listing = sorted(p.name for p in world["root"].iterdir())
     args = argv(world, tmp_path)
@@ -1112,6 +1108,15 @@ def test_bad_score_or_plot(
     _assert_clean_error(code, out, 2, fragments)
     assert _world_snapshot(world) == before and _snapshot(tmp_path) == made, "a refused command wrote"
     assert sorted(p.name for p in world["root"].iterdir()) == listing
+
+
+@pytest.mark.parametrize(
+    ("case", "argv", "fragments"), SCORE_CASES + PLOT_CASES, ids=[c[0] for c in SCORE_CASES + PLOT_CASES]
+)
+def test_bad_score_or_plot(
+    case: str, argv: Any, fragments: list[str], world: dict, tmp_path: Path, capsys: Any
+) -> None:
+    _refused_cleanly(argv, fragments, world, tmp_path, capsys)
 
 
 def PL(*extra: str, ws: str = "16") -> list[str]:
@@ -1267,14 +1272,7 @@ OTHER_CASES: list[tuple[str, Any, list[str]]] = [
 def test_bad_plan_data_config(
     case: str, argv: Any, fragments: list[str], world: dict, tmp_path: Path, capsys: Any
 ) -> None:
-    before = _world_snapshot(world)
-    listing = sorted(p.name for p in world["root"].iterdir())
-    args = argv(world, tmp_path)
-    made = _snapshot(tmp_path)
-    code, out = _cli(args, capsys)
-    _assert_clean_error(code, out, 2, fragments)
-    assert _world_snapshot(world) == before and _snapshot(tmp_path) == made, "a refused command wrote"
-    assert sorted(p.name for p in world["root"].iterdir()) == listing
+    _refused_cleanly(argv, fragments, world, tmp_path, capsys)
 
 
 def test_plot_runs_from_another_directory(

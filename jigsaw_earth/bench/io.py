@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from ..argtypes import parse_list
 from ..data.batch import VariableSpec
 from ..data.reader import TileReader
 from ..data.store import StoreView
@@ -204,9 +205,9 @@ def bench_io(path: str, spec: VariableSpec, mesh: tuple[int, int], *, ranks: str
             if p.exitcode:
                 raise RuntimeError(f"bench io: a rank's process exited with code {p.exitcode}")
     else:
-        wanted = [int(k) for k in ranks.split(",")]
+        wanted = parse_list(ranks, "--ranks", int, example="0,3 or all")
         bad = [k for k in wanted if not 0 <= k < n]
-        if bad:
+        if bad or not wanted:
             raise ValueError(f"--ranks {ranks!r}: ranks {bad} are not in a {mesh[0]}x{mesh[1]} mesh "
                              f"(0..{n - 1}); give 'all' or ranks in that range")
         results = [_one_rank((*base[:3], k, *base[4:])) for k in wanted]

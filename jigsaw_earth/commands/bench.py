@@ -142,6 +142,14 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
+def _measure(step, repeats: int, model_bytes: int) -> dict:
+    """This rank's bytes of one ``step`` (the ledger), then its median time over ``repeats``."""
+    ledger.reset()
+    step()
+    sent = ledger.bytes_sent
+    return {"seconds": _time(step, repeats), "bytes_sent_rank": sent, "model_bytes_total": model_bytes}
+
+
 def _bench(mesh: DomainMesh, grid: tuple[int, int], batch: int, cin: int, cout: int, repeats: int) -> dict:
     domain = Domain.create(mesh, *grid)
     counts, outs = domain.counts(batch), domain.split_sizes(cout)
@@ -164,26 +172,13 @@ def _bench(mesh: DomainMesh, grid: tuple[int, int], batch: int, cin: int, cout: 
         def step(s=strategy) -> None:
             matmul_channels(x, w, b, domain.axis, outs, counts, s).sum().backward()
 
-        ledger.reset()
-        step()
-        sent = ledger.bytes_sent
-        result["channels"][strategy] = {
-            "seconds": _time(step, repeats),
-            "bytes_sent_rank": sent,
-            "model_bytes_total": sum(channel_bytes(strategy, counts, cin, outs, True)),
-        }
+        model_bytes = sum(channel_bytes(strategy, counts, cin, outs, True))
+        result["channels"][strategy] = _measure(step, repeats, model_bytes)
 
         def tstep(s=strategy) -> None:
             matmul_tokens(x, tokens_a, None, domain.axis, counts, counts, s).sum().backward()
 
-        ledger.reset()
-        tstep()
-        sent = ledger.bytes_sent
-        result["tokens"][strategy] = {
-            "seconds": _time(tstep, repeats),
-            "bytes_sent_rank": sent,
-            "model_bytes_total": sum(token_bytes(strategy, counts, counts, cin)),
-        }
+        result["tokens"][strategy] = _measure(tstep, repeats, sum(token_bytes(strategy, counts, counts, cin)))
     result["channels"]["auto_choice"] = channel_strategy("auto", counts, cin, outs, True)
     result["tokens"]["auto_choice"] = token_strategy("auto", counts, counts, cin)
     return result
