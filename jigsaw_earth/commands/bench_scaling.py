@@ -64,7 +64,8 @@ def scaling_markdown(path: Path | str, data: dict) -> list[str]:
         f"measured steps per run, runs interleaved over {len(res['rows'][0]['repeats'])} repeats; "
         f"distributed.overlap {res.get('overlap', 'on (before the option)')}",
         f"- plan's rates, measured here: GEMM {res['gemm_tflops'] * 1e3:.1f} GFLOP/s (1 rank, 1 thread), "
-        f"gloo {res['link_bytes_per_s'] / 2**30:.2f} GiB/s (8 MiB, both directions)",
+        f"link {res['link_bytes_per_s'] / 2**30:.2f} GiB/s (8 MiB, both directions, through training's "
+        f"transport)",
         "",
         "| " + " | ".join(HEAD) + " |",
         "|" + "---|" * len(HEAD),
