@@ -38,12 +38,17 @@ log = logging.getLogger(__name__)
 
 # The default variables, named once. What ``data synth`` writes and a ``VariableSpec`` reads:
 DEFAULT_UPPER_AIR = (
-    "geopotential", "temperature", "u_component_of_wind", "v_component_of_wind",
+    "geopotential",
+    "temperature",
+    "u_component_of_wind",
+    "v_component_of_wind",
     "specific_humidity",
 )
 DEFAULT_LEVELS = (500, 850)
 DEFAULT_SURFACE = (
-    "2m_temperature", "10m_u_component_of_wind", "10m_v_component_of_wind",
+    "2m_temperature",
+    "10m_u_component_of_wind",
+    "10m_v_component_of_wind",
     "mean_sea_level_pressure",
 )
 DEFAULT_STATIC = STATIC_VARIABLES
@@ -154,10 +159,24 @@ class Batch:
             k: getattr(self, k).to(device, non_blocking=non_blocking)
             for k in ("inputs", "targets", "static", "time_features")
         }
-        return Batch(**move, channels=self.channels, static_channels=self.static_channels,
-                     times=self.times, target_times=self.target_times, tile=self.tile, halo=self.halo)
+        return Batch(
+            **move,
+            channels=self.channels,
+            static_channels=self.static_channels,
+            times=self.times,
+            target_times=self.target_times,
+            tile=self.tile,
+            halo=self.halo,
+        )
 
     def pin_memory(self) -> Batch:
         pinned = {k: getattr(self, k).pin_memory() for k in ("inputs", "targets", "static", "time_features")}
-        return Batch(**pinned, channels=self.channels, static_channels=self.static_channels,
-                     times=self.times, target_times=self.target_times, tile=self.tile, halo=self.halo)
+        return Batch(
+            **pinned,
+            channels=self.channels,
+            static_channels=self.static_channels,
+            times=self.times,
+            target_times=self.target_times,
+            tile=self.tile,
+            halo=self.halo,
+        )

@@ -107,8 +107,17 @@ class ChunkFormat:
             comp = meta.compressor
             ok = not meta.filters and (comp is None or hasattr(comp, "decode"))
             dec = () if comp is None else ((lambda src, dest, c=comp: c.decode(src, out=dest)),)
-            return cls(**base, chunk=tuple(meta.chunks), shard=None, dtype=np.dtype(array.dtype),
-                       order=meta.order, decoders=dec, index_crc=False, index_at_end=True, supported=ok)
+            return cls(
+                **base,
+                chunk=tuple(meta.chunks),
+                shard=None,
+                dtype=np.dtype(array.dtype),
+                order=meta.order,
+                decoders=dec,
+                index_crc=False,
+                index_at_end=True,
+                supported=ok,
+            )
         from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
         from zarr.codecs.sharding import ShardingCodecIndexLocation
 
@@ -118,9 +127,13 @@ class ChunkFormat:
             sc = codecs[0]
             shard, chunk, codecs = tuple(array.shards), tuple(sc.chunk_shape), list(sc.codecs)
             idx = list(sc.index_codecs)
-            ok = (bool(idx) and isinstance(idx[0], BytesCodec) and (idx[0].endian is None or
-                  idx[0].endian.value == "little") and all(isinstance(c, Crc32cCodec) for c in idx[1:])
-                  and len(idx) <= 2)
+            ok = (
+                bool(idx)
+                and isinstance(idx[0], BytesCodec)
+                and (idx[0].endian is None or idx[0].endian.value == "little")
+                and all(isinstance(c, Crc32cCodec) for c in idx[1:])
+                and len(idx) <= 2
+            )
             index_crc = len(idx) == 2
             index_at_end = sc.index_location == ShardingCodecIndexLocation.end
         dtype = np.dtype(array.dtype)
@@ -131,9 +144,17 @@ class ChunkFormat:
             dtype = dtype.newbyteorder("<" if endian is None or endian.value == "little" else ">")
         decoders = [_bytes_decoder(c) for c in codecs[1:]]
         ok = ok and all(d is not None for d in decoders)
-        return cls(**base, chunk=chunk, shard=shard, dtype=dtype, order="C",
-                   decoders=tuple(reversed([d for d in decoders if d is not None])),
-                   index_crc=index_crc, index_at_end=index_at_end, supported=ok)
+        return cls(
+            **base,
+            chunk=chunk,
+            shard=shard,
+            dtype=dtype,
+            order="C",
+            decoders=tuple(reversed([d for d in decoders if d is not None])),
+            index_crc=index_crc,
+            index_at_end=index_at_end,
+            supported=ok,
+        )
 
     @cached_property
     def object_shape(self) -> tuple[int, ...]:
@@ -198,8 +219,13 @@ class ChunkSource:
         with self._lock:
             self.bytes_read = self.requests = 0
 
-    def _count(self, n_bytes: int, n_requests: int = 1, file: str | None = None,
-               spans: list[tuple[int, int]] | None = None) -> None:
+    def _count(
+        self,
+        n_bytes: int,
+        n_requests: int = 1,
+        file: str | None = None,
+        spans: list[tuple[int, int]] | None = None,
+    ) -> None:
         with self._lock:
             self.bytes_read += n_bytes
             self.requests += n_requests
@@ -279,8 +305,10 @@ class ChunkSource:
 
             bad = google_crc32c.value(raw[:n]) != int.from_bytes(raw[n : n + 4], "little")
         if bad:
-            raise ValueError(f"the index of shard {key!r} is damaged (checksum or size wrong): the file is "
-                             f"truncated or overwritten")
+            raise ValueError(
+                f"the index of shard {key!r} is damaged (checksum or size wrong): the file is "
+                f"truncated or overwritten"
+            )
         return np.frombuffer(raw[:n], "<u8").reshape(*fmt.grid, 2)
 
     def _buffer(self, n_bytes: int) -> np.ndarray:
@@ -311,8 +339,9 @@ class ChunkSource:
             origin_cell = tuple(o + k * c for o, k, c in zip(origin, k0, fmt.chunk))
             yield Block(origin_cell, chunks, grid, file, offset)
 
-    def _object(self, fmt: ChunkFormat, key: str, k0: tuple[int, ...], k1: tuple[int, ...]
-                ) -> tuple[np.ndarray, np.ndarray, str | None, int]:
+    def _object(
+        self, fmt: ChunkFormat, key: str, k0: tuple[int, ...], k1: tuple[int, ...]
+    ) -> tuple[np.ndarray, np.ndarray, str | None, int]:
         """Chunks ``[k0, k1)`` of one storage object: ``(chunks, grid, file, offset)`` as in ``Block``."""
         n_grid = tuple(b - a for a, b in zip(k0, k1))
         dense = np.arange(int(np.prod(n_grid))).reshape(n_grid)
@@ -371,8 +400,10 @@ class ChunkSource:
         with open(self._file(key), "rb") as f:
             file_size = os.fstat(f.fileno()).st_size
             if stop > file_size:
-                raise ValueError(f"chunk data of {key!r} ends at byte {stop} but the file holds {file_size}: "
-                                 f"the shard is truncated")
+                raise ValueError(
+                    f"chunk data of {key!r} ends at byte {stop} but the file holds {file_size}: "
+                    f"the shard is truncated"
+                )
             page = start - start % mmap.ALLOCATIONGRANULARITY
             mm = mmap.mmap(f.fileno(), stop - page, access=mmap.ACCESS_READ, offset=page)
         spans = None

@@ -15,8 +15,14 @@ log = logging.getLogger(__name__)
 G = 9.80665
 OMEGA = 7.292e-5
 RADIUS = 6.371e6
-UPPER = ("geopotential", "temperature", "u_component_of_wind", "v_component_of_wind",
-         "specific_humidity", "vertical_velocity")
+UPPER = (
+    "geopotential",
+    "temperature",
+    "u_component_of_wind",
+    "v_component_of_wind",
+    "specific_humidity",
+    "vertical_velocity",
+)
 
 
 def _height(p: np.ndarray) -> np.ndarray:
@@ -48,13 +54,19 @@ class Dynamics:
         mountains = np.maximum(_smooth_field(rng, self.phi[:, 0], self.lam[0], 7), 0.0)
         self.zs = G * 2500.0 * self.lsm * mountains / mountains.max()
         # waves: (mode m, hemisphere) amplitude period, phase
-        self.modes = [(m, h, rng.uniform(12, 40), rng.uniform(0, 2 * np.pi), rng.uniform(0, 2 * np.pi))
-                      for m in (4, 5, 6, 7) for h in (1.0, -1.0)]
+        self.modes = [
+            (m, h, rng.uniform(12, 40), rng.uniform(0, 2 * np.pi), rng.uniform(0, 2 * np.pi))
+            for m in (4, 5, 6, 7)
+            for h in (1.0, -1.0)
+        ]
         # red noise: spectral modes with AR(1) coefficients over 6-hourly steps
-        self.noise_basis = np.stack([
-            np.sin(n * (self.phi + np.pi / 2)) * np.cos(m * self.lam + rng.uniform(0, 2 * np.pi))
-            for m in range(0, 7) for n in range(1, 6)
-        ])
+        self.noise_basis = np.stack(
+            [
+                np.sin(n * (self.phi + np.pi / 2)) * np.cos(m * self.lam + rng.uniform(0, 2 * np.pi))
+                for m in range(0, 7)
+                for n in range(1, 6)
+            ]
+        )
         power = (self.noise_basis**2).mean(axis=(1, 2), keepdims=True)
         self.noise_basis /= np.sqrt(power * len(self.noise_basis))
         self.noise_seed = seed
@@ -85,8 +97,9 @@ class Dynamics:
         return out
 
     # ---- fields ---------------------------------------------------------------------------
-    def fields(self, times: np.ndarray, levels: np.ndarray, variables: list[str],
-               mean_only: bool = False) -> dict[str, np.ndarray]:
+    def fields(
+        self, times: np.ndarray, levels: np.ndarray, variables: list[str], mean_only: bool = False
+    ) -> dict[str, np.ndarray]:
         """``{variable: (T, [L], lat, lon) float32}`` at ``times`` (datetime64)."""
         t = np.asarray(times).astype("datetime64[m]")
         days = (t - np.datetime64("2000-01-01T00:00")).astype(np.float64) / 1440.0
@@ -107,8 +120,9 @@ class Dynamics:
             t_anom = wave * (4.0 / 1500.0)
             temp = t_ref + 40.0 * c2 - 12.0 * s * season * (p / 1000.0) + t_anom
             jet = min(max(h / _height(np.array(250.0)), 0.2), 1.0)
-            u_jet = 25.0 * jet * np.exp(-(((np.abs(np.rad2deg(phi)) - 40.0) / 12.0) ** 2)) \
-                - 5.0 * np.exp(-((np.rad2deg(phi) / 15.0) ** 2))
+            u_jet = 25.0 * jet * np.exp(-(((np.abs(np.rad2deg(phi)) - 40.0) / 12.0) ** 2)) - 5.0 * np.exp(
+                -((np.rad2deg(phi) / 15.0) ** 2)
+            )
             fcor = 2 * OMEGA * np.where(s >= 0, 1.0, -1.0) * np.maximum(np.abs(s), np.sin(np.deg2rad(20.0)))
             dphi = np.gradient(wave, phi[:, 0], axis=-2)
             dlon = 2 * (self.lam[0, 1] - self.lam[0, 0])
@@ -117,9 +131,15 @@ class Dynamics:
             v = dlam / (fcor * RADIUS * np.cos(phi))
             q = 0.014 * (p / 1000.0) ** 3 * (0.08 + 0.92 * np.exp(-((np.rad2deg(phi) / 30.0) ** 2)))
             q = np.maximum(q * np.exp(0.06 * t_anom) * (1 + 0.15 * s * season), 1e-6)
-            return {"geopotential": z, "temperature": temp, "u_component_of_wind": u, "t_anom": t_anom,
-                    "v_component_of_wind": v, "specific_humidity": q,
-                    "vertical_velocity": -dlam * 1e-5 * f}
+            return {
+                "geopotential": z,
+                "temperature": temp,
+                "u_component_of_wind": u,
+                "t_anom": t_anom,
+                "v_component_of_wind": v,
+                "specific_humidity": q,
+                "vertical_velocity": -dlam * 1e-5 * f,
+            }
 
         upper = [v for v in variables if v in UPPER]
         per_level = {float(p): level_fields(float(p)) for p in levels} if upper else {}
@@ -129,11 +149,16 @@ class Dynamics:
         local_hour = (hour[:, None, None] + self.lon_deg[None, None, :] / 15.0) % 24.0
         diurnal = (0.8 + 4.2 * self.lsm) * np.cos(2 * np.pi * (local_hour - 15.0) / 24.0) * np.cos(phi)
         surface = {
-            "2m_temperature": 300.0 - 50.0 * s**2 - 6.5e-3 * self.zs / G
-            - 14.0 * s * season * (0.4 + 0.6 * self.lsm) + diurnal + 0.8 * near["t_anom"],
+            "2m_temperature": 300.0
+            - 50.0 * s**2
+            - 6.5e-3 * self.zs / G
+            - 14.0 * s * season * (0.4 + 0.6 * self.lsm)
+            + diurnal
+            + 0.8 * near["t_anom"],
             "10m_u_component_of_wind": 0.6 * near["u_component_of_wind"],
             "10m_v_component_of_wind": 0.6 * near["v_component_of_wind"],
-            "mean_sea_level_pressure": 101325.0 + 0.9 * psi
+            "mean_sea_level_pressure": 101325.0
+            + 0.9 * psi
             + 1200.0 * np.exp(-(((np.abs(np.rad2deg(phi)) - 30) / 10) ** 2))
             - 1800.0 * np.exp(-(((np.abs(np.rad2deg(phi)) - 60) / 10) ** 2)),
             "total_precipitation_6hr": np.maximum(near["specific_humidity"] - 0.006, 0.0) * 0.5,
@@ -142,6 +167,7 @@ class Dynamics:
             if v in surface:
                 out[v] = np.broadcast_to(surface[v], (len(t), *self.lsm.shape)).astype(np.float32)
             elif v not in out:
-                raise ValueError(f"synth cannot make variable {v!r}; choose from "
-                                 f"{sorted([*UPPER, *surface])}")
+                raise ValueError(
+                    f"synth cannot make variable {v!r}; choose from {sorted([*UPPER, *surface])}"
+                )
         return out

@@ -103,8 +103,10 @@ def check_output(
     if not text.strip():
         raise ValueError(f"{option} is empty; give the path of the {kind} store to write")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", text):  # a URL (pathlib turns '://' into ':/')
-        raise ValueError(f"{option} {text!r} must be local: a path, written atomically by rename; write "
-                         f"locally and copy it afterwards")
+        raise ValueError(
+            f"{option} {text!r} must be local: a path, written atomically by rename; write "
+            f"locally and copy it afterwards"
+        )
     out = Path(dst).expanduser().resolve()
     for allow_inside, pairs in ((True, may_hold_outputs), (False, protected)):
         for label, other in pairs:
@@ -119,22 +121,31 @@ def check_output(
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:
-        raise ValueError(f"{option} {text} already exists; pass --overwrite to replace it (only an empty "
-                         f"directory or a {kind} store written by jigsaw-earth is replaced) or choose "
-                         f"another {option}")
+        raise ValueError(
+            f"{option} {text} already exists; pass --overwrite to replace it (only an empty "
+            f"directory or a {kind} store written by jigsaw-earth is replaced) or choose "
+            f"another {option}"
+        )
     if out.is_symlink() or not out.is_dir():
-        raise ValueError(f"{option} {text} is a file or link, not a {kind} store; --overwrite replaces only "
-                         f"an empty directory or a {kind} store written by jigsaw-earth: choose another "
-                         f"{option} or remove it yourself")
+        raise ValueError(
+            f"{option} {text} is a file or link, not a {kind} store; --overwrite replaces only "
+            f"an empty directory or a {kind} store written by jigsaw-earth: choose another "
+            f"{option} or remove it yourself"
+        )
     entries = sorted(p.name for p in out.iterdir())
     if not entries:
         return
     found = kind_of(out)
     if found == kind:
         return
-    what = (f"a jigsaw-earth store of another kind ({found!r}, not {kind!r})" if found else
-            f"not a jigsaw-earth {kind} store (no {MARKER}.kind={kind!r} attribute; it holds "
-            f"{len(entries)} entries, e.g. {', '.join(entries[:3])})")
-    raise ValueError(f"{option} {text} is {what}; --overwrite replaces only an empty directory or a {kind} "
-                     f"store written by jigsaw-earth. Nothing was deleted: choose another {option} or "
-                     f"remove it yourself")
+    what = (
+        f"a jigsaw-earth store of another kind ({found!r}, not {kind!r})"
+        if found
+        else f"not a jigsaw-earth {kind} store (no {MARKER}.kind={kind!r} attribute; it holds "
+        f"{len(entries)} entries, e.g. {', '.join(entries[:3])})"
+    )
+    raise ValueError(
+        f"{option} {text} is {what}; --overwrite replaces only an empty directory or a {kind} "
+        f"store written by jigsaw-earth. Nothing was deleted: choose another {option} or "
+        f"remove it yourself"
+    )

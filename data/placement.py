@@ -67,8 +67,11 @@ def axis_plan(storage: np.ndarray, positions: np.ndarray | None = None) -> AxisP
     for s, d in sorted(pairs):
         last = runs[-1] if runs else None
         single = last is not None and last.stop - last.start == 1
-        if last and s == last.stop and ((single and abs(d - last.dst) == 1)
-                                        or d == last.dst + last.step * (last.stop - last.start)):
+        if (
+            last
+            and s == last.stop
+            and ((single and abs(d - last.dst) == 1) or d == last.dst + last.step * (last.stop - last.start))
+        ):
             step = d - last.dst if single else last.step
             runs[-1] = Run(last.start, s + 1, last.dst, step)
         else:
@@ -110,8 +113,9 @@ def place(block: Block, runs: tuple[Run, ...], dst: np.ndarray, scratch: np.ndar
     """
     n = len(runs)
     chunk = block.chunks.shape[1:]
-    per_axis = [_slabs(r.start, r.stop, o, c, g)
-                for r, o, c, g in zip(runs, block.origin, chunk, block.grid.shape)]
+    per_axis = [
+        _slabs(r.start, r.stop, o, c, g) for r, o, c, g in zip(runs, block.origin, chunk, block.grid.shape)
+    ]
     for combo in itertools.product(*per_axis):
         ids = block.grid[tuple(s[0] for s in combo)]
         part = block.chunks[(slice(None), *(s[1] for s in combo))]  # (N, l0, ..., l_{n-1})
@@ -177,8 +181,10 @@ def _read_direct(block: Block, src: np.ndarray, target: np.ndarray, order: list[
             bufs = [window[a : a + run] for a in (starts[i : i + IOV_MAX] - lo).tolist()]
             got = os.preadv(fd, bufs, pos)
             if got != run * len(bufs):
-                raise ValueError(f"{block.file}: {got} bytes at offset {pos} where {run * len(bufs)} were "
-                                 f"expected: the shard is truncated")
+                raise ValueError(
+                    f"{block.file}: {got} bytes at offset {pos} where {run * len(bufs)} were "
+                    f"expected: the shard is truncated"
+                )
             pos += got
     finally:
         os.close(fd)

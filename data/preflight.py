@@ -49,9 +49,11 @@ def _yaml_list(items: list[Any]) -> str:
 def _check_variables(view: StoreView, d: Any) -> list[str]:
     problems = []
     store_upper, store_surface, store_static = view.known_variables()
-    for key, wanted, upper, held in (("data.upper_air", d.upper_air, True, store_upper),
-                                     ("data.surface", d.surface, False, store_surface),
-                                     ("data.static", d.static, False, store_static)):
+    for key, wanted, upper, held in (
+        ("data.upper_air", d.upper_air, True, store_upper),
+        ("data.surface", d.surface, False, store_surface),
+        ("data.static", d.static, False, store_static),
+    ):
         missing = []
         for v in wanted:
             try:
@@ -66,8 +68,11 @@ def _check_variables(view: StoreView, d: Any) -> list[str]:
                 + (f" (or any of {held})" if set(held) - set(keep) else "")
             )
     if d.upper_air:
-        have = [] if view.levels is None else [int(x) if float(x).is_integer() else float(x)
-                                               for x in view.levels]
+        have = (
+            []
+            if view.levels is None
+            else [int(x) if float(x).is_integer() else float(x) for x in view.levels]
+        )
         missing = [lev for lev in d.levels if not np.isclose(have, lev).any()] if have else list(d.levels)
         if missing:
             keep = [lev for lev in d.levels if lev not in missing] or sorted(have)[:2]
@@ -97,25 +102,36 @@ def _check_times(view: StoreView, cfg: Any) -> list[str]:
         return [str(err)]
     leads = max(cfg.validation.lead_hours or [d.step_hours]) // max(d.step_hours, 1)
     for key, period, lead_steps, what, need in (
-            ("data.train_period", d.train_period, cfg.training.rollout_steps, "training",
-             cfg.training.batch_size),
-            ("data.val_period", d.val_period, leads, "validation", 1)):
+        (
+            "data.train_period",
+            d.train_period,
+            cfg.training.rollout_steps,
+            "training",
+            cfg.training.batch_size,
+        ),
+        ("data.val_period", d.val_period, leads, "validation", 1),
+    ):
         mask = period_mask(t, period, unit="s")
         if not mask.any():
-            problems.append(f"{key} {period} holds no time of store {view.path!r} ({t[0]} .. {t[-1]}); "
-                            f"choose a period inside it")
+            problems.append(
+                f"{key} {period} holds no time of store {view.path!r} ({t[0]} .. {t[-1]}); "
+                f"choose a period inside it"
+            )
             continue
         try:
-            inits, targets = sample_index(t, np.nonzero(mask)[0], d.step_hours, lead_steps, d.allow_gaps,
-                                          f"store {view.path!r}", what)
+            inits, targets = sample_index(
+                t, np.nonzero(mask)[0], d.step_hours, lead_steps, d.allow_gaps, f"store {view.path!r}", what
+            )
         except ValueError as err:
             problems.append(f"{key}: {err}")
             continue
         n = int(mask[targets[:, -1]].sum()) if len(inits) else 0
         if n < need:
             hours = lead_steps * d.step_hours
-            problems.append(f"{key} {period} holds {n} {what} sample(s) with {hours} h of targets; at least "
-                            f"{need} needed: widen {key}")
+            problems.append(
+                f"{key} {period} holds {n} {what} sample(s) with {hours} h of targets; at least "
+                f"{need} needed: widen {key}"
+            )
     return problems
 
 
@@ -136,13 +152,17 @@ def _check_climatology(view: StoreView, cfg: Any, spec: VariableSpec) -> list[st
     for v in [*spec.upper_air, *spec.surface]:
         if v not in clim.data_vars:
             held = sorted(map(str, clim.data_vars))
-            problems.append(f"climatology {path!r} has no {v!r} (it has {held}); use a climatology with "
-                            f"every trained variable or drop {v!r}")
+            problems.append(
+                f"climatology {path!r} has no {v!r} (it has {held}); use a climatology with "
+                f"every trained variable or drop {v!r}"
+            )
         elif v in spec.upper_air and "level" in clim[v].dims:
             missing = [lev for lev in spec.levels if lev not in clim["level"].values]
             if missing:
-                problems.append(f"climatology {path!r} lacks levels {missing} of {v!r}; set data.levels to "
-                                f"levels it has ({clim['level'].values.tolist()})")
+                problems.append(
+                    f"climatology {path!r} lacks levels {missing} of {v!r}; set data.levels to "
+                    f"levels it has ({clim['level'].values.tolist()})"
+                )
     return problems
 
 

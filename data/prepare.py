@@ -46,13 +46,17 @@ def _netcdf_files(text: str) -> list[Path]:
             raise FileNotFoundError(f"{text} is neither a Zarr store nor a folder of *.nc / *.grib files")
         return files
     if any(c in text for c in "*?["):
-        return sorted(Path().glob(text)) if not local.is_absolute() else sorted(
-            Path(local.anchor).glob(str(local.relative_to(local.anchor))))
+        return (
+            sorted(Path().glob(text))
+            if not local.is_absolute()
+            else sorted(Path(local.anchor).glob(str(local.relative_to(local.anchor))))
+        )
     if local.is_file():
         return [local]
     if not local.exists():
-        raise FileNotFoundError(f"source {text!r} does not exist; give a Zarr store, a netCDF/GRIB file "
-                                f"or a folder of them")
+        raise FileNotFoundError(
+            f"source {text!r} does not exist; give a Zarr store, a netCDF/GRIB file or a folder of them"
+        )
     return []
 
 
@@ -63,14 +67,17 @@ def _open_file(path: Path) -> xr.Dataset:
         try:
             import cfgrib  # noqa: F401
         except ImportError:
-            raise ValueError(f"{path} is GRIB: install the optional reader (`pip install "
-                             f"'jigsaw-earth[grib]'`, i.e. cfgrib) or convert it to netCDF") from None
+            raise ValueError(
+                f"{path} is GRIB: install the optional reader (`pip install "
+                f"'jigsaw-earth[grib]'`, i.e. cfgrib) or convert it to netCDF"
+            ) from None
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             if grib:  # no .idx files written beside the user's data
-                return xr.open_dataset(path, chunks={}, engine="cfgrib", decode_timedelta=False,
-                                       backend_kwargs={"indexpath": ""})
+                return xr.open_dataset(
+                    path, chunks={}, engine="cfgrib", decode_timedelta=False, backend_kwargs={"indexpath": ""}
+                )
             return xr.open_dataset(path, chunks={}, engine="netcdf4", decode_timedelta=False)
     except Exception as err:  # netCDF4/HDF5 raise OSError, RuntimeError, ValueError...
         raise ValueError(
@@ -80,8 +87,9 @@ def _open_file(path: Path) -> xr.Dataset:
         ) from None
 
 
-def open_source(src: str | Path, names: dict[str, str] | None = None,
-                time_units: str | None = None) -> StoreView:
+def open_source(
+    src: str | Path, names: dict[str, str] | None = None, time_units: str | None = None
+) -> StoreView:
     """A Zarr store (path or URL), a netCDF/GRIB file, or a folder / glob of them, lazily with dask.
 
     Each file is mapped to canonical names first (``store.canonical_dataset``, the one naming
@@ -95,11 +103,19 @@ def open_source(src: str | Path, names: dict[str, str] | None = None,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                ds = xr.combine_by_coords(parts, data_vars="minimal", coords="minimal", compat="override",
-                                          join="outer", combine_attrs="drop_conflicts")
+                ds = xr.combine_by_coords(
+                    parts,
+                    data_vars="minimal",
+                    coords="minimal",
+                    compat="override",
+                    join="outer",
+                    combine_attrs="drop_conflicts",
+                )
             except ValueError as err:
-                raise ValueError(f"cannot combine the files of {text!r}: {err}. Files must share one grid "
-                                 f"and differ in time or in variables") from None
+                raise ValueError(
+                    f"cannot combine the files of {text!r}: {err}. Files must share one grid "
+                    f"and differ in time or in variables"
+                ) from None
         return StoreView.from_dataset(ds, text)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -116,16 +132,19 @@ def _canonical(view: StoreView, name: str, canonical: str, levels: list[int] | N
         if levels is not None:
             missing = [lev for lev in levels if lev not in da["level"].values]
             if missing:
-                raise ValueError(f"levels {missing} of {canonical!r} are not in {view.path!r}; it has "
-                                 f"{da['level'].values.tolist()}")
+                raise ValueError(
+                    f"levels {missing} of {canonical!r} are not in {view.path!r}; it has "
+                    f"{da['level'].values.tolist()}"
+                )
             da = da.sel(level=list(levels))
         da = da.sortby("level")
     da = da.isel(latitude=view.lat_storage, longitude=view.lon_storage)
     order = [d for d in ("time", "level", "latitude", "longitude") if d in da.dims]
     extra = [d for d in da.dims if d not in order]
     if extra:
-        raise ValueError(f"variable {name!r} has dimensions {extra} besides time/level/lat/lon; "
-                         f"select one value first")
+        raise ValueError(
+            f"variable {name!r} has dimensions {extra} besides time/level/lat/lon; select one value first"
+        )
     return da.transpose(*order).astype(np.float32).rename(canonical)
 
 
@@ -159,22 +178,34 @@ def _accumulate(ds: xr.Dataset, hours: int, where: str) -> xr.Dataset:
         if period is None or period == hours or "time" not in ds[name].dims:
             continue
         if hours % period:
-            raise ValueError(f"--accumulate {hours}h: {name!r} holds {period} h accumulations; choose a "
-                             f"multiple of {period} h")
+            raise ValueError(
+                f"--accumulate {hours}h: {name!r} holds {period} h accumulations; choose a "
+                f"multiple of {period} h"
+            )
         n = hours // period
         steady = np.diff(t) == np.timedelta64(period, "h")  # consecutive accumulations
         run = np.convolve(steady.astype(int), np.ones(n - 1, dtype=int), "full")[: len(steady)]
         ok = np.concatenate([[False], run == n - 1])  # the n - 1 spacings before each time are steady
         if not ok.any():
-            raise ValueError(f"--accumulate {hours}h: {name!r} in {where} needs {n} consecutive {period} h "
-                             f"values; the source has no such window (its spacing is "
-                             f"{TimeAxis.of(t).describe_histogram()})")
+            raise ValueError(
+                f"--accumulate {hours}h: {name!r} in {where} needs {n} consecutive {period} h "
+                f"values; the source has no such window (its spacing is "
+                f"{TimeAxis.of(t).describe_histogram()})"
+            )
         total = ds[name].rolling(time=n).sum().where(xr.DataArray(ok, dims="time"))
         new = f"{name.removesuffix(f'_{period}hr')}_{hours}hr"  # total_precipitation(_6hr) -> _24hr
         attrs = {**ds[name].attrs, ACCUMULATION_ATTR: hours}
         out = out.drop_vars(name).assign({new: total.assign_attrs(attrs)})
-        log.info("%s: %s (%d h accumulations) summed to %d h totals as %s (%d of %d times: full window)",
-                 where, name, period, hours, new, int(ok.sum()), len(ok))
+        log.info(
+            "%s: %s (%d h accumulations) summed to %d h totals as %s (%d of %d times: full window)",
+            where,
+            name,
+            period,
+            hours,
+            new,
+            int(ok.sum()),
+            len(ok),
+        )
         keep &= ok
     return out.isel(time=np.nonzero(keep)[0])
 
@@ -186,13 +217,16 @@ def _shape_time(ds: xr.Dataset, opts: TimeOptions, where: str) -> xr.Dataset:
     if opts.period is not None:
         ds = ds.sel(time=slice(*opts.period))
     if ds.sizes.get("time", 0) < 2:
-        raise ValueError(f"period {opts.period} of {where} holds {ds.sizes.get('time', 0)} times; it needs "
-                         f"at least 2")
+        raise ValueError(
+            f"period {opts.period} of {where} holds {ds.sizes.get('time', 0)} times; it needs at least 2"
+        )
     times = ds["time"].values
     if opts.resample_hours:
         if opts.step_hours and opts.step_hours != opts.resample_hours:
-            raise ValueError(f"--step-hours {opts.step_hours} and --resample {opts.resample_hours}h differ; "
-                             f"give only --resample")
+            raise ValueError(
+                f"--step-hours {opts.step_hours} and --resample {opts.resample_hours}h differ; "
+                f"give only --resample"
+            )
         h = opts.resample_hours
         tol = opts.resample_tolerance_hours
         tol = tol if tol is not None else (h / 2 if opts.resample_method == "nearest" else 2 * h)
@@ -204,34 +238,59 @@ def _shape_time(ds: xr.Dataset, opts: TimeOptions, where: str) -> xr.Dataset:
             with xr.set_options(keep_attrs=True):  # accumulation_hours and units survive
                 a = a * (1 - wt) + ds[timed].isel(time=i1).drop_vars("time") * wt
         a = a.assign_coords(time=targets.astype("datetime64[ns]"))
-        log.info("%s: resampled %d times (%s) to %d times every %d h (%s, tolerance %g h)", where,
-                 len(times), TimeAxis.of(times).describe_histogram(), len(targets), h, opts.resample_method,
-                 tol)
+        log.info(
+            "%s: resampled %d times (%s) to %d times every %d h (%s, tolerance %g h)",
+            where,
+            len(times),
+            TimeAxis.of(times).describe_histogram(),
+            len(targets),
+            h,
+            opts.resample_method,
+            tol,
+        )
         return xr.merge([a, ds[[v for v in ds.data_vars if v not in timed]]])
     axis = TimeAxis.of(times)
     axis.require_regular(where)
     if opts.step_hours:
         if opts.step_hours % axis.step_hours:
-            raise ValueError(f"--step-hours {opts.step_hours} is not a multiple of the {axis.step_hours:g} h "
-                             f"spacing of {where}; use a multiple, or --resample {opts.step_hours}h")
+            raise ValueError(
+                f"--step-hours {opts.step_hours} is not a multiple of the {axis.step_hours:g} h "
+                f"spacing of {where}; use a multiple, or --resample {opts.step_hours}h"
+            )
         hours = (axis.times - np.datetime64("1970-01-01T00", "s")) // np.timedelta64(1, "h")
         keep = np.nonzero(hours % opts.step_hours == 0)[0]
         ds = ds.isel(time=keep)
         axis = TimeAxis.of(ds["time"].values)
     if axis.gaps:
         a, b = axis.gaps[0]
-        log.warning("%s keeps %d time gap(s) (%d missing times; first %s -> %s): train with data.allow_gaps: "
-                    "true, or choose --start/--end without them", where, len(axis.gaps), axis.missing_times(),
-                    a, b)
+        log.warning(
+            "%s keeps %d time gap(s) (%d missing times; first %s -> %s): train with data.allow_gaps: "
+            "true, or choose --start/--end without them",
+            where,
+            len(axis.gaps),
+            axis.missing_times(),
+            a,
+            b,
+        )
     return ds
 
 
-def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | None = None,
-                  levels: list[int] | None = None, surface: list[str] | None = None,
-                  period: tuple[str, str] | None = None, step_hours: int | None = None,
-                  stats_period: tuple[str, str] | None = None, names: dict[str, str] | None = None,
-                  layout: ChunkLayout | None = None, overwrite: bool = False,
-                  progress: bool = True, time: TimeOptions | None = None) -> dict[str, Any]:
+def prepare_store(
+    src: str | Path,
+    dst: str | Path,
+    *,
+    upper_air: list[str] | None = None,
+    levels: list[int] | None = None,
+    surface: list[str] | None = None,
+    period: tuple[str, str] | None = None,
+    step_hours: int | None = None,
+    stats_period: tuple[str, str] | None = None,
+    names: dict[str, str] | None = None,
+    layout: ChunkLayout | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    time: TimeOptions | None = None,
+) -> dict[str, Any]:
     """Copy ``src`` into the training layout at ``dst`` (local), with statistics.
 
     ``upper_air`` / ``surface`` default to every known variable the source holds; an empty
@@ -254,14 +313,22 @@ def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | No
                 pass
         return out
 
-    ua = list(upper_air) if upper_air is not None else (
-        present(UPPER_AIR_VARIABLES, True) if has_level else [])
-    sf = list(surface) if surface is not None else [v for v in present(SURFACE_VARIABLES, False)
-                                                      if v not in STATIC]
+    ua = (
+        list(upper_air)
+        if upper_air is not None
+        else (present(UPPER_AIR_VARIABLES, True) if has_level else [])
+    )
+    sf = (
+        list(surface)
+        if surface is not None
+        else [v for v in present(SURFACE_VARIABLES, False) if v not in STATIC]
+    )
     st = [v for v in STATIC if v in present(STATIC, False)]
     if not ua and not sf:
-        raise ValueError(f"found no known variable in {view.path!r} (it has {view.describe_variables()}); "
-                         f"map them with --name CANONICAL=STORE_NAME")
+        raise ValueError(
+            f"found no known variable in {view.path!r} (it has {view.describe_variables()}); "
+            f"map them with --name CANONICAL=STORE_NAME"
+        )
     fields = {v: _canonical(view, view.resolve(v, True), v, levels) for v in ua}
     fields.update({v: _canonical(view, view.resolve(v, False), v, None) for v in sf})
     for v in [*ua, *sf]:
@@ -269,9 +336,14 @@ def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | No
         if acc is not None:
             fields[v].attrs[ACCUMULATION_ATTR] = acc
             if not opts.accumulate_hours and acc != (opts.step_hours or opts.resample_hours or acc):
-                log.warning("%s holds %d h accumulations; kept as such (not summed). Pass --accumulate %dh "
-                            "for %d h totals", v, acc, opts.step_hours or opts.resample_hours,
-                            opts.step_hours or opts.resample_hours)
+                log.warning(
+                    "%s holds %d h accumulations; kept as such (not summed). Pass --accumulate %dh "
+                    "for %d h totals",
+                    v,
+                    acc,
+                    opts.step_hours or opts.resample_hours,
+                    opts.step_hours or opts.resample_hours,
+                )
     for v in st:
         da = _canonical(view, view.resolve(v, False), v, None)
         fields[v] = da.isel(time=0, drop=True) if "time" in da.dims else da
@@ -283,16 +355,20 @@ def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | No
         if "time" not in da.dims:
             encoding[v] = {"chunks": da.shape}
             continue
-        c, s = layout.shapes(da.sizes["time"], da.sizes.get("level"), da.sizes["latitude"],
-                             da.sizes["longitude"])
+        c, s = layout.shapes(
+            da.sizes["time"], da.sizes.get("level"), da.sizes["latitude"], da.sizes["longitude"]
+        )
         encoding[v] = {"chunks": c, **({"shards": s} if s else {})}
         encoding[v]["compressors"] = layout.compressors() or None
         chunks[v] = s or c
     for v, sizes in chunks.items():
         dims = ds[v].dims
         ds[v] = ds[v].chunk({d: max(n, 1) * (8 if d == "time" else 1) for d, n in zip(dims, sizes)})
-    ds["time"].encoding = {"units": "hours since 1970-01-01", "calendar": "proleptic_gregorian",
-                           "dtype": "int64"}
+    ds["time"].encoding = {
+        "units": "hours since 1970-01-01",
+        "calendar": "proleptic_gregorian",
+        "dtype": "int64",
+    }
     source = None if "://" in str(src) else src
     with atomic_store(dst, overwrite, protected=(("source of the prepare", source),)) as tmp:
         with warnings.catch_warnings():
@@ -302,10 +378,16 @@ def prepare_store(src: str | Path, dst: str | Path, *, upper_air: list[str] | No
                 try:
                     dask.compute(job)
                 except (OSError, RuntimeError) as err:
-                    raise ValueError(f"reading {view.path!r} failed: {type(err).__name__}: {err}. A source "
-                                     f"file is probably corrupt or truncated; download it again") from None
+                    raise ValueError(
+                        f"reading {view.path!r} failed: {type(err).__name__}: {err}. A source "
+                        f"file is probably corrupt or truncated; download it again"
+                    ) from None
         stats = compute_statistics(tmp, period=stats_period, progress=progress)
         write_statistics(tmp, stats)
         mark_complete(tmp, source=str(src), layout=layout.describe())
-    return {"store": str(dst), "variables": [str(v) for v in ds.data_vars], "times": int(ds.sizes["time"]),
-            "grid": [int(ds.sizes["latitude"]), int(ds.sizes["longitude"])]}
+    return {
+        "store": str(dst),
+        "variables": [str(v) for v in ds.data_vars],
+        "times": int(ds.sizes["time"]),
+        "grid": [int(ds.sizes["latitude"]), int(ds.sizes["longitude"])],
+    }

@@ -75,8 +75,9 @@ class TileReader:
     ``Normalisation`` is given. ``threads`` reads fields in parallel (1: in the caller's thread).
     """
 
-    def __init__(self, view: StoreView, spec: VariableSpec, grid: TileGrid, tile: Tile, halo: Halo,
-                 threads: int = 1):
+    def __init__(
+        self, view: StoreView, spec: VariableSpec, grid: TileGrid, tile: Tile, halo: Halo, threads: int = 1
+    ):
         if (grid.n_lat, grid.n_lon) != view.grid_shape:
             raise ValueError(
                 f"tile grid {grid.n_lat}x{grid.n_lon} does not match store {view.path!r} grid "
@@ -108,8 +109,15 @@ class TileReader:
             self._groups.append((pos, src, np.array(cols)))
         self.padded_shape = (tile.shape[0] + sum(halo.lat), tile.shape[1] + sum(halo.lon))
         self._padded_plans = self._plans(self._groups)
-        self._tile_plans = self._plans([(np.arange(tile.shape[0]), np.arange(tile.lat_start, tile.lat_stop),
-                                         np.arange(tile.lon_start, tile.lon_stop))])
+        self._tile_plans = self._plans(
+            [
+                (
+                    np.arange(tile.shape[0]),
+                    np.arange(tile.lat_start, tile.lat_stop),
+                    np.arange(tile.lon_start, tile.lon_stop),
+                )
+            ]
+        )
         self.threads = max(1, int(threads))
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()  # per-thread scratch (placement's chunk gathers)
@@ -117,8 +125,16 @@ class TileReader:
             self._format(f.store_name)  # open the array's metadata now, not during the first sample
 
     @classmethod
-    def for_rank(cls, view: StoreView, spec: VariableSpec, mesh_lat: int, mesh_lon: int,
-                 domain_index: int, halo: Halo, threads: int = 1) -> TileReader:
+    def for_rank(
+        cls,
+        view: StoreView,
+        spec: VariableSpec,
+        mesh_lat: int,
+        mesh_lon: int,
+        domain_index: int,
+        halo: Halo,
+        threads: int = 1,
+    ) -> TileReader:
         grid = TileGrid(*view.grid_shape, mesh_lat, mesh_lon)
         return cls(view, spec, grid, grid.tile_of(domain_index), halo, threads)
 
@@ -167,9 +183,12 @@ class TileReader:
             for pos, rows, cols in plans:
                 if not rows.runs and not cols.runs:
                     continue
-                by_dim = {"latitude": rows, "longitude": cols,
-                          "time": axis_plan(np.zeros(1, np.int64) if times is None else times),
-                          "level": f.level_plan}
+                by_dim = {
+                    "latitude": rows,
+                    "longitude": cols,
+                    "time": axis_plan(np.zeros(1, np.int64) if times is None else times),
+                    "level": f.level_plan,
+                }
                 plans_ = [by_dim[d] for d in dims]
                 # the destination with the storage axes in storage order
                 axes = {"time": 0, "level": 1, "latitude": 2, "longitude": 3}
@@ -182,8 +201,9 @@ class TileReader:
         except (ValueError, OSError) as err:
             raise ValueError(self._unreadable(name, times, err)) from err
 
-    def _place(self, fmt: ChunkFormat, array: Any, plans: list[AxisPlan], dims: tuple[str, ...],
-               dst: np.ndarray) -> None:
+    def _place(
+        self, fmt: ChunkFormat, array: Any, plans: list[AxisPlan], dims: tuple[str, ...], dst: np.ndarray
+    ) -> None:
         # latitude / longitude runs are boxes of their own (a wrapped halo is two runs far apart);
         # time and level runs share one box (their chunks hold several of them)
         boxes_per_dim = []
@@ -214,8 +234,9 @@ class TileReader:
         for d, s in rows.repeats:
             out[..., d, :] = out[..., s, :]
 
-    def _finish(self, f: _Field, times: np.ndarray | None, region: np.ndarray,
-                norm: Normalisation | None) -> None:
+    def _finish(
+        self, f: _Field, times: np.ndarray | None, region: np.ndarray, norm: Normalisation | None
+    ) -> None:
         """CF decoding, the NaN check and the normalisation of one field's region, in place."""
         scale, offset, fill = self.view.encoding(f.store_name)
         if fill is not None and not (isinstance(fill, float) and np.isnan(fill)):
@@ -232,9 +253,11 @@ class TileReader:
 
     def _unreadable(self, name: str, times: np.ndarray | None, err: Exception) -> str:
         when = "" if times is None else f" at {[str(self.view.times[t]) for t in times]}"
-        return (f"could not read variable {name!r}{when} from {self.view.path!r}: "
-                f"{type(err).__name__}: {err}. A chunk is damaged or unreadable; re-create the store "
-                f"(`jigsaw-earth data prepare`) or re-download it")
+        return (
+            f"could not read variable {name!r}{when} from {self.view.path!r}: "
+            f"{type(err).__name__}: {err}. A chunk is damaged or unreadable; re-create the store "
+            f"(`jigsaw-earth data prepare`) or re-download it"
+        )
 
     def _check_nan(self, name: str, data: np.ndarray, times: np.ndarray | None) -> None:
         if np.isnan(data).any():
@@ -250,6 +273,7 @@ class TileReader:
     # ---- public reads ---------------------------------------------------------------------
     def _jobs(self, times: np.ndarray, plans: list, out: np.ndarray, norm: Normalisation | None) -> list:
         """One job per field: read it at ``times`` into ``out`` ``(T, C, R, W)`` and finish it."""
+
         def job(f: _Field) -> None:
             region = out[:, f.channels]  # (T, levels or 1, R, W)
             self._read_field(f, times, plans, region)
@@ -267,8 +291,13 @@ class TileReader:
         for fut in [self._pool.submit(j) for j in jobs]:
             fut.result()
 
-    def read_batch(self, inits: np.ndarray, targets: np.ndarray, norm: Normalisation | None = None,
-                   out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def read_batch(
+        self,
+        inits: np.ndarray,
+        targets: np.ndarray,
+        norm: Normalisation | None = None,
+        out: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Inputs ``(B, C, H, W)`` at times ``inits`` and targets ``(B, L, C, h, w)`` at
         ``targets`` ``(B, L)``, every field of every sample read in parallel; into ``out`` when
         given (reused buffers skip the page faults of fresh memory: ~10 % of a read here)."""
@@ -333,5 +362,8 @@ class TileReader:
         return 4 * self.spec.n_channels * n_times * self.grid.n_lat * self.grid.n_lon
 
     def describe(self) -> dict[str, Any]:
-        return {"tile": vars(self.tile) if hasattr(self.tile, "__dict__") else str(self.tile),
-                "halo": str(self.halo), "channels": self.spec.channels}
+        return {
+            "tile": vars(self.tile) if hasattr(self.tile, "__dict__") else str(self.tile),
+            "halo": str(self.halo),
+            "channels": self.spec.channels,
+        }

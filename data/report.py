@@ -46,12 +46,20 @@ def inspect_store(path: str, names: dict[str, str] | None = None, nan_scan: str 
     variables = []
     for v in view.available():
         da, arr = ds[v], view.array(v)
-        entry: dict[str, Any] = {"name": v, "dims": list(view.dims(v)), "shape": list(da.shape),
-                                 "dtype": str(da.dtype), "chunks": list(arr.chunks),
-                                 "shards": list(arr.shards) if getattr(arr, "shards", None) else None}
+        entry: dict[str, Any] = {
+            "name": v,
+            "dims": list(view.dims(v)),
+            "shape": list(da.shape),
+            "dtype": str(da.dtype),
+            "chunks": list(arr.chunks),
+            "shards": list(arr.shards) if getattr(arr, "shards", None) else None,
+        }
         if nan_scan != "none":
-            sample = da if nan_scan == "full" or "time" not in da.dims else da.isel(
-                {view.coord_names["time"]: np.unique(np.linspace(0, len(t) - 1, 5).astype(int))})
+            sample = (
+                da
+                if nan_scan == "full" or "time" not in da.dims
+                else da.isel({view.coord_names["time"]: np.unique(np.linspace(0, len(t) - 1, 5).astype(int))})
+            )
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 try:
@@ -70,25 +78,33 @@ def inspect_store(path: str, names: dict[str, str] | None = None, nan_scan: str 
         "path": str(path),
         "variables": variables,
         "levels": None if view.levels is None else [float(x) for x in view.levels],
-        "grid": {"n_lat": len(view.lat), "n_lon": len(view.lon),
-                 "lat": [float(view.lat[0]), float(view.lat[-1])],
-                 "lon": [float(view.lon[0]), float(view.lon[-1])],
-                 "latitude_order": "descending" if lat_raw[0] > lat_raw[-1] else "ascending",
-                 "dims_order": {v["name"]: v["dims"] for v in variables}},
-        "time": {"start": str(t[0])[:19], "end": str(t[-1])[:19], "count": len(t),
-                 "step_hours": step,
-                 "gaps": [[str(a)[:19], str(b)[:19]] for a, b in gaps],
-                 "missing_times": axis.missing_times() if len(t) > 2 else 0,
-                 "irregular": [[str(t[i])[:19], str(t[i + 1])[:19]] for i in irregular],
-                 "spacing_hours": axis.histogram() if len(t) > 1 else {}},
+        "grid": {
+            "n_lat": len(view.lat),
+            "n_lon": len(view.lon),
+            "lat": [float(view.lat[0]), float(view.lat[-1])],
+            "lon": [float(view.lon[0]), float(view.lon[-1])],
+            "latitude_order": "descending" if lat_raw[0] > lat_raw[-1] else "ascending",
+            "dims_order": {v["name"]: v["dims"] for v in variables},
+        },
+        "time": {
+            "start": str(t[0])[:19],
+            "end": str(t[-1])[:19],
+            "count": len(t),
+            "step_hours": step,
+            "gaps": [[str(a)[:19], str(b)[:19]] for a, b in gaps],
+            "missing_times": axis.missing_times() if len(t) > 2 else 0,
+            "irregular": [[str(t[i])[:19], str(t[i + 1])[:19]] for i in irregular],
+            "spacing_hours": axis.histogram() if len(t) > 1 else {},
+        },
         "nan_scan": nan_scan,
         "complete": None if not isinstance(info, dict) else info.get("complete"),
         "names": {k: v for k, v in view.coord_names.items()},
     }
 
 
-def _tile_reader(path: str, spec: VariableSpec, mesh: MeshShape, k: int, halo: Halo,
-                 names: dict[str, str] | None) -> TileReader:
+def _tile_reader(
+    path: str, spec: VariableSpec, mesh: MeshShape, k: int, halo: Halo, names: dict[str, str] | None
+) -> TileReader:
     view = StoreView.open(path, names=names, count=True)
     return TileReader.for_rank(view, spec, mesh.lat, mesh.lon, k, halo)
 
@@ -126,27 +142,43 @@ def planned_fraction(reader: TileReader, lead_steps: int) -> float:
         for _, src, cols in reader._groups:
             ok_r, ok_c = src[src >= 0], cols[cols >= 0]
             inputs |= _chunk_cells(sizes, chunks, view.lat_storage[ok_r], view.lon_storage[ok_c])
-        targets = _chunk_cells(sizes, chunks, view.lat_storage[tile.lat_start : tile.lat_stop],
-                               view.lon_storage[tile.lon_start : tile.lon_stop])
+        targets = _chunk_cells(
+            sizes,
+            chunks,
+            view.lat_storage[tile.lat_start : tile.lat_stop],
+            view.lon_storage[tile.lon_start : tile.lon_stop],
+        )
         read += n_lev * (_cells(sizes, chunks, inputs) + lead_steps * _cells(sizes, chunks, targets))
         whole += n_lev * (1 + lead_steps) * sizes["latitude"] * sizes["longitude"]
     return read / whole
 
 
-def io_report(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, lead_steps: int = 1,
-              step_hours: int = 6, time_index: int = 0,
-              names: dict[str, str] | None = None) -> dict[str, Any]:
+def io_report(
+    path: str,
+    mesh: MeshShape,
+    spec: VariableSpec,
+    halo: Halo,
+    lead_steps: int = 1,
+    step_hours: int = 6,
+    time_index: int = 0,
+    names: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Bytes each rank of ``mesh`` reads from storage for one sample, against the whole sample."""
     full = _tile_reader(path, spec, MeshShape(1, 1, 1), 0, Halo(), names)
     n_times = len(full.view.times)
     if not 0 <= time_index < n_times:
-        raise ValueError(f"--time-index {time_index} is outside the store's {n_times} times; choose one in "
-                         f"[0, {n_times - 1}]")
-    inits, found = sample_index(full.view.times, np.array([time_index]), step_hours, lead_steps, True,
-                                f"store {path!r}", "io-report")
+        raise ValueError(
+            f"--time-index {time_index} is outside the store's {n_times} times; choose one in "
+            f"[0, {n_times - 1}]"
+        )
+    inits, found = sample_index(
+        full.view.times, np.array([time_index]), step_hours, lead_steps, True, f"store {path!r}", "io-report"
+    )
     if not len(inits):
-        raise ValueError(f"time index {time_index} has no {lead_steps} target(s) {step_hours} h later in the "
-                         f"store's {len(full.view.times)} times; choose another --time-index")
+        raise ValueError(
+            f"time index {time_index} has no {lead_steps} target(s) {step_hours} h later in the "
+            f"store's {len(full.view.times)} times; choose another --time-index"
+        )
     targets = found[0]
     full.reset_counts()
     full.read_sample(time_index, targets)
@@ -161,18 +193,32 @@ def io_report(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, lead_s
         h, w = tile.shape
         padded = (h + sum(halo.lat)) * (w + sum(halo.lon))
         exact = (padded + lead_steps * h * w) / ((1 + lead_steps) * grid.n_lat * grid.n_lon)
-        ranks.append({"rank": k, "tile": [tile.lat_start, tile.lat_stop, tile.lon_start, tile.lon_stop],
-                      "bytes_read": reader.bytes_read, "requests": reader.requests,
-                      "fraction": reader.bytes_read / full_bytes, "ideal_fraction": exact,
-                      "planned_fraction": planned_fraction(reader, lead_steps)})
+        ranks.append(
+            {
+                "rank": k,
+                "tile": [tile.lat_start, tile.lat_stop, tile.lon_start, tile.lon_stop],
+                "bytes_read": reader.bytes_read,
+                "requests": reader.requests,
+                "fraction": reader.bytes_read / full_bytes,
+                "ideal_fraction": exact,
+                "planned_fraction": planned_fraction(reader, lead_steps),
+            }
+        )
     n = mesh.lat * mesh.lon
     halo_frac = max(r["ideal_fraction"] for r in ranks) - 1.0 / n
-    return {"store": path, "mesh": f"{mesh.lat}x{mesh.lon}", "halo": [list(halo.lat), list(halo.lon),
-                                                                      halo.lat_mode],
-            "lead_steps": lead_steps, "channels": spec.n_channels,
-            "sample_bytes_uncompressed": full.sample_bytes(1 + lead_steps), "sample_bytes_read": full_bytes,
-            "ranks": ranks, "max_fraction": max(r["fraction"] for r in ranks),
-            "bound": 1.0 / n + halo_frac + 0.10, "warning": _over_read(path, mesh, ranks)}
+    return {
+        "store": path,
+        "mesh": f"{mesh.lat}x{mesh.lon}",
+        "halo": [list(halo.lat), list(halo.lon), halo.lat_mode],
+        "lead_steps": lead_steps,
+        "channels": spec.n_channels,
+        "sample_bytes_uncompressed": full.sample_bytes(1 + lead_steps),
+        "sample_bytes_read": full_bytes,
+        "ranks": ranks,
+        "max_fraction": max(r["fraction"] for r in ranks),
+        "bound": 1.0 / n + halo_frac + 0.10,
+        "warning": _over_read(path, mesh, ranks),
+    }
 
 
 def _over_read(path: str, mesh: MeshShape, ranks: list[dict[str, Any]]) -> str | None:
@@ -181,20 +227,30 @@ def _over_read(path: str, mesh: MeshShape, ranks: list[dict[str, Any]]) -> str |
     ratio = worst["fraction"] / worst["ideal_fraction"]
     if ratio <= OVER_READ_WARNING:
         return None
-    return (f"rank {worst['rank']} reads {ratio:.2f}x its tile + halo ({worst['fraction']:.3f} of a sample, "
-            f"exact share {worst['ideal_fraction']:.3f}): the store's chunks do not follow the "
-            f"{mesh.lat}x{mesh.lon} tiles. Rewrite it tile-aligned: jigsaw-earth data prepare {path} "
-            f"--out DST --for-mesh {mesh.lat}x{mesh.lon}")
+    return (
+        f"rank {worst['rank']} reads {ratio:.2f}x its tile + halo ({worst['fraction']:.3f} of a sample, "
+        f"exact share {worst['ideal_fraction']:.3f}): the store's chunks do not follow the "
+        f"{mesh.lat}x{mesh.lon} tiles. Rewrite it tile-aligned: jigsaw-earth data prepare {path} "
+        f"--out DST --for-mesh {mesh.lat}x{mesh.lon}"
+    )
 
 
-def throughput(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, samples: int = 20,
-               lead_steps: int = 1, step_hours: int = 6,
-               names: dict[str, str] | None = None) -> dict[str, Any]:
+def throughput(
+    path: str,
+    mesh: MeshShape,
+    spec: VariableSpec,
+    halo: Halo,
+    samples: int = 20,
+    lead_steps: int = 1,
+    step_hours: int = 6,
+    names: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """Samples/s of rank 0's tile reader against xarray (whole fields, then slicing), same times."""
     reader = _tile_reader(path, spec, mesh, 0, halo, names)
     times = reader.view.times
-    inits, targets = sample_index(times, np.arange(len(times)), step_hours, lead_steps, True,
-                                  f"store {path!r}", "benchmark")
+    inits, targets = sample_index(
+        times, np.arange(len(times)), step_hours, lead_steps, True, f"store {path!r}", "benchmark"
+    )
     pick = np.linspace(0, len(inits) - 1, samples).astype(int)
     idx, tgt = inits[pick], targets[pick]
     reader.read_sample(int(idx[-1]), tgt[-1])  # warm-up: event loop, metadata
@@ -220,6 +276,11 @@ def throughput(path: str, mesh: MeshShape, spec: VariableSpec, halo: Halo, sampl
         _x = whole[0][:, np.clip(rows, 0, None)][:, :, cols]
         _y = whole[1:, :, tile.lat_start : tile.lat_stop, tile.lon_start : tile.lon_stop]
     xr_rate = samples / (time.perf_counter() - t0)
-    return {"store": path, "mesh": f"{mesh.lat}x{mesh.lon}", "samples": samples,
-            "tile_reader_samples_per_s": tile_rate, "xarray_full_then_slice_samples_per_s": xr_rate,
-            "speedup": tile_rate / xr_rate}
+    return {
+        "store": path,
+        "mesh": f"{mesh.lat}x{mesh.lon}",
+        "samples": samples,
+        "tile_reader_samples_per_s": tile_rate,
+        "xarray_full_then_slice_samples_per_s": xr_rate,
+        "speedup": tile_rate / xr_rate,
+    }

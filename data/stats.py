@@ -23,8 +23,15 @@ from tqdm.auto import tqdm
 from .batch import VariableSpec
 from .store import StoreView, open_store
 
-__all__ = ["STATS", "Normalizer", "RunningStats", "TqdmCallback", "compute_statistics", "read_statistics",
-           "write_statistics"]
+__all__ = [
+    "STATS",
+    "Normalizer",
+    "RunningStats",
+    "TqdmCallback",
+    "compute_statistics",
+    "read_statistics",
+    "write_statistics",
+]
 
 log = logging.getLogger(__name__)
 STATS = ("mean", "std", "diff_mean", "diff_std")
@@ -53,22 +60,37 @@ class TqdmCallback(Callback):
 
 def _grid_attrs(ds: xr.Dataset, lat: str = "latitude", lon: str = "longitude") -> dict[str, Any]:
     la, lo = ds[lat].values, ds[lon].values
-    return {"n_lat": len(la), "n_lon": len(lo), "lat_range": [float(la.max()), float(la.min())],
-            "lon_range": [float(lo.min()), float(lo.max())]}
+    return {
+        "n_lat": len(la),
+        "n_lon": len(lo),
+        "lat_range": [float(la.max()), float(la.min())],
+        "lon_range": [float(lo.min()), float(lo.max())],
+    }
 
 
 def _time_chunk(ds: xr.Dataset, target_bytes: int = 64 << 20) -> int:
     """Dask time chunk: a multiple of the stored time shard holding about ``target_bytes``."""
-    per_time = sum(da.dtype.itemsize * da.size // max(da.sizes.get("time", 1), 1)
-                   for da in ds.data_vars.values() if "time" in da.dims)
-    stored = max([da.encoding.get("shards") or da.encoding.get("chunks") or (1,)
-                  for da in ds.data_vars.values() if "time" in da.dims] or [(1,)], key=lambda c: c[0])[0]
+    per_time = sum(
+        da.dtype.itemsize * da.size // max(da.sizes.get("time", 1), 1)
+        for da in ds.data_vars.values()
+        if "time" in da.dims
+    )
+    stored = max(
+        [
+            da.encoding.get("shards") or da.encoding.get("chunks") or (1,)
+            for da in ds.data_vars.values()
+            if "time" in da.dims
+        ]
+        or [(1,)],
+        key=lambda c: c[0],
+    )[0]
     n = max(1, target_bytes // max(per_time, 1) // stored) * stored
     return int(min(n, ds.sizes["time"]))
 
 
-def compute_statistics(path: str | Path, period: tuple[str, str] | None = None,
-                       progress: bool = False) -> xr.Dataset:
+def compute_statistics(
+    path: str | Path, period: tuple[str, str] | None = None, progress: bool = False
+) -> xr.Dataset:
     """Statistics of every data variable of a WB2-named store over ``period`` (inclusive)."""
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -82,8 +104,10 @@ def compute_statistics(path: str | Path, period: tuple[str, str] | None = None,
     if period is not None:
         ds = ds.sel(time=slice(*period))
         if ds.sizes.get("time", 0) < 2:
-            raise ValueError(f"statistics period {period} holds {ds.sizes.get('time', 0)} times of "
-                             f"{path}; choose a period with at least 2 times")
+            raise ValueError(
+                f"statistics period {period} holds {ds.sizes.get('time', 0)} times of "
+                f"{path}; choose a period with at least 2 times"
+            )
     out: dict[str, xr.DataArray] = {}
     for name, da in ds.data_vars.items():
         space = [d for d in ("latitude", "longitude") if d in da.dims]
@@ -102,8 +126,10 @@ def compute_statistics(path: str | Path, period: tuple[str, str] | None = None,
     for name, da in stats.data_vars.items():
         bad = np.argwhere(~np.isfinite(da.values))
         if len(bad):
-            raise ValueError(f"statistics of {name!r} are not finite (NaNs in the data over "
-                             f"{stats.attrs['period']}); run `jigsaw-earth data inspect` to find them")
+            raise ValueError(
+                f"statistics of {name!r} are not finite (NaNs in the data over "
+                f"{stats.attrs['period']}); run `jigsaw-earth data inspect` to find them"
+            )
     return stats
 
 
@@ -116,8 +142,9 @@ def write_statistics(path: str | Path, stats: xr.Dataset) -> None:
     stats = stats.assign_coords(text)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        stats.to_zarr(open_store(path, read_only=False), group=GROUP, mode="w", zarr_format=3,
-                      consolidated=False)
+        stats.to_zarr(
+            open_store(path, read_only=False), group=GROUP, mode="w", zarr_format=3, consolidated=False
+        )
 
 
 def read_statistics(path: str | Path) -> xr.Dataset:
@@ -153,20 +180,32 @@ class Normalizer:
     @classmethod
     def identity(cls, spec: VariableSpec, n_static: int) -> Normalizer:
         c = spec.n_channels
-        return cls(tuple(spec.channels), np.zeros(c, np.float32), np.ones(c, np.float32),
-                   np.zeros(c, np.float32), np.ones(c, np.float32),
-                   np.zeros(n_static, np.float32), np.ones(n_static, np.float32))
+        return cls(
+            tuple(spec.channels),
+            np.zeros(c, np.float32),
+            np.ones(c, np.float32),
+            np.zeros(c, np.float32),
+            np.ones(c, np.float32),
+            np.zeros(n_static, np.float32),
+            np.ones(n_static, np.float32),
+        )
 
     @classmethod
-    def from_stats(cls, stats: xr.Dataset, spec: VariableSpec, view: StoreView,
-                   n_geometry: int) -> Normalizer:
+    def from_stats(
+        cls, stats: xr.Dataset, spec: VariableSpec, view: StoreView, n_geometry: int
+    ) -> Normalizer:
         """Channel statistics in ``spec.channels`` order; checks the grid and names every miss."""
         grid = (stats.attrs.get("n_lat"), stats.attrs.get("n_lon"))
         lat_range = stats.attrs.get("lat_range")
-        if lat_range is not None and grid == view.grid_shape and not np.allclose(
-                sorted(lat_range), sorted([view.lat[0], view.lat[-1]]), atol=1e-6):
-            raise ValueError(f"statistics are for latitudes {lat_range} but store {view.path!r} spans "
-                             f"{[float(view.lat[0]), float(view.lat[-1])]}; recompute them on this store")
+        if (
+            lat_range is not None
+            and grid == view.grid_shape
+            and not np.allclose(sorted(lat_range), sorted([view.lat[0], view.lat[-1]]), atol=1e-6)
+        ):
+            raise ValueError(
+                f"statistics are for latitudes {lat_range} but store {view.path!r} spans "
+                f"{[float(view.lat[0]), float(view.lat[-1])]}; recompute them on this store"
+            )
         if grid != view.grid_shape:
             raise ValueError(
                 f"statistics are for a {grid[0]}x{grid[1]} grid but store {view.path!r} is "
@@ -180,8 +219,10 @@ class Normalizer:
             for lev in spec.levels:
                 hit = np.nonzero(np.isclose(levels, lev))[0]
                 if not len(hit):
-                    raise ValueError(f"statistics have no level {lev} for {v!r} (they have "
-                                     f"{levels.astype(int).tolist()}); recompute them")
+                    raise ValueError(
+                        f"statistics have no level {lev} for {v!r} (they have "
+                        f"{levels.astype(int).tolist()}); recompute them"
+                    )
                 rows.append(da.sel(stat=list(STATS)).values[:, hit[0]])
         for v in spec.surface:
             rows.append(_stat_var(stats, v).sel(stat=list(STATS)).values)
@@ -196,8 +237,10 @@ class Normalizer:
 
 def _stat_var(stats: xr.Dataset, name: str) -> xr.DataArray:
     if name not in stats:
-        raise ValueError(f"statistics have no {name!r} (they have {sorted(map(str, stats.data_vars))}); "
-                         f"recompute them with `jigsaw-earth data prepare` including that variable")
+        raise ValueError(
+            f"statistics have no {name!r} (they have {sorted(map(str, stats.data_vars))}); "
+            f"recompute them with `jigsaw-earth data prepare` including that variable"
+        )
     return stats[name]
 
 
@@ -210,8 +253,9 @@ class RunningStats:
     def update(self, name: str, block: np.ndarray) -> None:
         """Add a ``(T, [L], lat, lon)`` block that follows the previous one in time."""
         x = block.astype(np.float64)
-        a = self.acc.setdefault(name, {"n": 0, "s": 0.0, "ss": 0.0, "dn": 0, "ds": 0.0, "dss": 0.0,
-                                       "last": None})
+        a = self.acc.setdefault(
+            name, {"n": 0, "s": 0.0, "ss": 0.0, "dn": 0, "ds": 0.0, "dss": 0.0, "last": None}
+        )
         axes = (0, *range(x.ndim - 2, x.ndim))
         a["n"] += x.shape[0] * x.shape[-1] * x.shape[-2]
         a["s"] = a["s"] + x.sum(axis=axes)

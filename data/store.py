@@ -44,12 +44,21 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 UPPER_AIR_VARIABLES = (
-    "geopotential", "temperature", "u_component_of_wind", "v_component_of_wind",
-    "specific_humidity", "vertical_velocity",
+    "geopotential",
+    "temperature",
+    "u_component_of_wind",
+    "v_component_of_wind",
+    "specific_humidity",
+    "vertical_velocity",
 )
 SURFACE_VARIABLES = (
-    "2m_temperature", "10m_u_component_of_wind", "10m_v_component_of_wind",
-    "mean_sea_level_pressure", "total_precipitation_6hr", "total_precipitation", "land_sea_mask",
+    "2m_temperature",
+    "10m_u_component_of_wind",
+    "10m_v_component_of_wind",
+    "mean_sea_level_pressure",
+    "total_precipitation_6hr",
+    "total_precipitation",
+    "land_sea_mask",
     "geopotential_at_surface",
 )
 STATIC_VARIABLES = ("land_sea_mask", "geopotential_at_surface")
@@ -196,8 +205,13 @@ class StoreView:
     names: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def open(cls, path: str | Path, names: dict[str, str] | None = None, count: bool = False,
-             time_units: str | None = None) -> StoreView:
+    def open(
+        cls,
+        path: str | Path,
+        names: dict[str, str] | None = None,
+        count: bool = False,
+        time_units: str | None = None,
+    ) -> StoreView:
         store = open_store(path, count=count)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -211,14 +225,24 @@ class StoreView:
                 ) from None
         info = group.attrs.get("jigsaw_earth")
         if str(path).rstrip("/").rsplit("/", 1)[-1].find(".tmp-") >= 0 or (
-                isinstance(info, dict) and info.get("complete") is False):
-            raise ValueError(f"store {str(path)!r} is an incomplete write (a crashed prepare/synth); "
-                             f"delete it and run the command again")
+            isinstance(info, dict) and info.get("complete") is False
+        ):
+            raise ValueError(
+                f"store {str(path)!r} is an incomplete write (a crashed prepare/synth); "
+                f"delete it and run the command again"
+            )
         return cls.from_dataset(ds, path, store=store, group=group, names=names, time_units=time_units)
 
     @classmethod
-    def from_dataset(cls, ds: xr.Dataset, path: str | Path, store: Any = None, group: Any = None,
-                     names: dict[str, str] | None = None, time_units: str | None = None) -> StoreView:
+    def from_dataset(
+        cls,
+        ds: xr.Dataset,
+        path: str | Path,
+        store: Any = None,
+        group: Any = None,
+        names: dict[str, str] | None = None,
+        time_units: str | None = None,
+    ) -> StoreView:
         """A view of an opened dataset (zarr reads need ``group``; netCDF sources have none)."""
         mapping = dict(names or {})
         present = [str(n) for n in ds.variables]
@@ -240,8 +264,13 @@ class StoreView:
             if values.ndim != 1 or len(np.unique(values)) != len(values):
                 raise ValueError(f"{name} of {str(path)!r} must be 1-D with distinct values")
         tvar = ds[coords["time"]]
-        times = decode_times(tvar.values, {**tvar.encoding, **tvar.attrs}, ds.attrs, time_units,
-                             f"{str(path)!r} ({coords['time']!r})")
+        times = decode_times(
+            tvar.values,
+            {**tvar.encoding, **tvar.attrs},
+            ds.attrs,
+            time_units,
+            f"{str(path)!r} ({coords['time']!r})",
+        )
         if not np.issubdtype(tvar.dtype, np.datetime64):
             ds = ds.assign_coords({coords["time"]: (tvar.dims, times, {})})
         levels = None
@@ -249,8 +278,19 @@ class StoreView:
             levels = np.asarray(ds[coords["level"]].values, dtype=np.float64)
             if levels.size and levels.max() > 2000:  # stored in Pa
                 levels = levels / 100.0
-        view = cls(str(path), store, ds, group, coords, lat[lat_storage], lon[lon_storage],
-                   lat_storage, lon_storage, times, levels)
+        view = cls(
+            str(path),
+            store,
+            ds,
+            group,
+            coords,
+            lat[lat_storage],
+            lon[lon_storage],
+            lat_storage,
+            lon_storage,
+            times,
+            levels,
+        )
         view._mapping = mapping  # type: ignore[attr-defined]
         return view
 
@@ -273,10 +313,7 @@ class StoreView:
         if canonical in self.names:
             return self.names[canonical]
         level = self.coord_names.get("level")
-        candidates = [
-            v for v in self.available()
-            if (level in self.dataset[v].dims) == upper_air
-        ]
+        candidates = [v for v in self.available() if (level in self.dataset[v].dims) == upper_air]
         found = _find(candidates, canonical, getattr(self, "_mapping", {}))
         if found is None:
             kind = "upper-air (with a level dimension)" if upper_air else "surface (no level)"
@@ -291,8 +328,10 @@ class StoreView:
     def known_variables(self) -> tuple[list[str], list[str], list[str]]:
         """(upper-air, surface, static) canonical names the store holds, in the table's order."""
         found: dict[str, list[str]] = {"upper": [], "surface": [], "static": []}
-        for kind, names, upper in (("upper", UPPER_AIR_VARIABLES, True),
-                                   ("surface", SURFACE_VARIABLES, False)):
+        for kind, names, upper in (
+            ("upper", UPPER_AIR_VARIABLES, True),
+            ("surface", SURFACE_VARIABLES, False),
+        ):
             for v in names:
                 try:
                     self.resolve(v, upper_air=upper)
@@ -344,10 +383,12 @@ class StoreView:
         cache = self.__dict__.setdefault("_enc", {})
         if store_name not in cache:
             enc = self.dataset[store_name].encoding
-            cache[store_name] = (float(enc.get("scale_factor", 1.0)), float(enc.get("add_offset", 0.0)),
-                                 enc.get("_FillValue"))
+            cache[store_name] = (
+                float(enc.get("scale_factor", 1.0)),
+                float(enc.get("add_offset", 0.0)),
+                enc.get("_FillValue"),
+            )
         return cache[store_name]
-
 
 
 def _canonical_name(var: str, upper: bool, mapping: dict[str, str]) -> str | None:
@@ -355,14 +396,15 @@ def _canonical_name(var: str, upper: bool, mapping: dict[str, str]) -> str | Non
     for canonical, store_name in mapping.items():
         if store_name == var and canonical not in COORDS:
             return canonical
-    for canonical in (UPPER_AIR_VARIABLES if upper else SURFACE_VARIABLES):
+    for canonical in UPPER_AIR_VARIABLES if upper else SURFACE_VARIABLES:
         if canonical not in mapping and var in (canonical, *ALIASES.get(canonical, ())):
             return canonical
     return None
 
 
-def canonical_dataset(ds: xr.Dataset, path: str | Path, names: dict[str, str] | None = None,
-                      time_units: str | None = None) -> xr.Dataset:
+def canonical_dataset(
+    ds: xr.Dataset, path: str | Path, names: dict[str, str] | None = None, time_units: str | None = None
+) -> xr.Dataset:
     """``ds`` with canonical coordinates (time, [level] in hPa, latitude, longitude) and variable
     names from ``ALIASES`` (or ``names``); non-dimension coordinates (``expver``, ``number``) are
     dropped. Unmapped variables keep their names. Used per file before files are merged, so the

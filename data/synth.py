@@ -72,16 +72,31 @@ def climatology_path(out: str | Path) -> Path:
     return out.with_name(f"{stem}-climatology.zarr")
 
 
-def _write_fields(group, dyn: Dynamics, cfg: SynthConfig, times: np.ndarray,
-                  time_dims: list[str], layout: ChunkLayout, block: int, stats: RunningStats) -> None:
+def _write_fields(
+    group,
+    dyn: Dynamics,
+    cfg: SynthConfig,
+    times: np.ndarray,
+    time_dims: list[str],
+    layout: ChunkLayout,
+    block: int,
+    stats: RunningStats,
+) -> None:
     levels = np.array(sorted(cfg.levels))
     arrays = {}
     for v in cfg.upper_air:
-        arrays[v] = create_variable(group, v, (len(times), len(levels), cfg.n_lat, cfg.n_lon),
-                                    [*time_dims, "level", "latitude", "longitude"], layout)
+        arrays[v] = create_variable(
+            group,
+            v,
+            (len(times), len(levels), cfg.n_lat, cfg.n_lon),
+            [*time_dims, "level", "latitude", "longitude"],
+            layout,
+        )
     for v in cfg.surface:
-        arrays[v] = create_variable(group, v, (len(times), cfg.n_lat, cfg.n_lon),
-                                    [*time_dims, "latitude", "longitude"], layout)
+        arrays[v] = create_variable(
+            group, v, (len(times), cfg.n_lat, cfg.n_lon), [*time_dims, "latitude", "longitude"], layout
+        )
+
     def write(t0: int, fields: dict[str, np.ndarray]) -> None:
         for v, arr in arrays.items():
             arr[t0 : t0 + block] = fields[v]
@@ -100,8 +115,9 @@ def _write_fields(group, dyn: Dynamics, cfg: SynthConfig, times: np.ndarray,
             pending.result()
 
 
-def synth_store(out: str | Path, cfg: SynthConfig | None = None, *, overwrite: bool = False,
-                climatology: bool = True) -> dict:
+def synth_store(
+    out: str | Path, cfg: SynthConfig | None = None, *, overwrite: bool = False, climatology: bool = True
+) -> dict:
     """Write the synthetic store (with statistics) and, by default, its climatology store."""
     cfg = cfg or SynthConfig()
     cfg.check()
@@ -115,21 +131,30 @@ def synth_store(out: str | Path, cfg: SynthConfig | None = None, *, overwrite: b
         group = zarr.open_group(tmp, mode="w", zarr_format=3)
         write_coords(group, times, levels if cfg.upper_air else None, dyn.lat_deg, dyn.lon_deg)
         dims = ["latitude", "longitude"]
-        group.create_array("land_sea_mask", data=dyn.lsm.astype(np.float32), dimension_names=dims,
-                           attributes={"units": "1"})
-        group.create_array("geopotential_at_surface", data=dyn.zs.astype(np.float32),
-                           dimension_names=dims, attributes={"units": "m**2 s**-2"})
+        group.create_array(
+            "land_sea_mask", data=dyn.lsm.astype(np.float32), dimension_names=dims, attributes={"units": "1"}
+        )
+        group.create_array(
+            "geopotential_at_surface",
+            data=dyn.zs.astype(np.float32),
+            dimension_names=dims,
+            attributes={"units": "m**2 s**-2"},
+        )
         running = RunningStats()
         _write_fields(group, dyn, cfg, times, ["time"], cfg.layout, block, running)
-        attrs = {"period": [str(times[0])[:19], str(times[-1])[:19]], "n_lat": cfg.n_lat,
-                 "n_lon": cfg.n_lon, "lat_range": [float(dyn.lat_deg[0]), float(dyn.lat_deg[-1])],
-                 "lon_range": [float(dyn.lon_deg[0]), float(dyn.lon_deg[-1])]}
+        attrs = {
+            "period": [str(times[0])[:19], str(times[-1])[:19]],
+            "n_lat": cfg.n_lat,
+            "n_lon": cfg.n_lon,
+            "lat_range": [float(dyn.lat_deg[0]), float(dyn.lat_deg[-1])],
+            "lon_range": [float(dyn.lon_deg[0]), float(dyn.lon_deg[-1])],
+        }
         static = {"land_sea_mask": dyn.lsm, "geopotential_at_surface": dyn.zs}
         write_statistics(tmp, running.result(levels if cfg.upper_air else None, static, attrs))
-        mark_complete(tmp, source="synth", grid=[cfg.n_lat, cfg.n_lon], seed=cfg.seed,
-                      layout=cfg.layout.describe())
-    info = {"store": str(out), "times": len(times), "grid": [cfg.n_lat, cfg.n_lon],
-            "levels": levels.tolist()}
+        mark_complete(
+            tmp, source="synth", grid=[cfg.n_lat, cfg.n_lon], seed=cfg.seed, layout=cfg.layout.describe()
+        )
+    info = {"store": str(out), "times": len(times), "grid": [cfg.n_lat, cfg.n_lon], "levels": levels.tolist()}
     if climatology:
         info["climatology"] = str(write_climatology(climatology_path(out), dyn, cfg, overwrite))
     return info
@@ -156,8 +181,13 @@ def write_climatology(path: Path, dyn: Dynamics, cfg: SynthConfig, overwrite: bo
             lev = [len(levels)] if v in cfg.upper_air else []
             dims = ["hour", "dayofyear", *(["level"] if lev else []), "latitude", "longitude"]
             arrays[v] = g.create_array(
-                v, shape=(len(hours), len(doys), *lev, cfg.n_lat, cfg.n_lon), dtype="float32",
-                chunks=(1, 61, *lev, cfg.n_lat, cfg.n_lon), dimension_names=dims, fill_value=np.nan)
+                v,
+                shape=(len(hours), len(doys), *lev, cfg.n_lat, cfg.n_lon),
+                dtype="float32",
+                chunks=(1, 61, *lev, cfg.n_lat, cfg.n_lon),
+                dimension_names=dims,
+                fill_value=np.nan,
+            )
         base = np.datetime64("2020-01-01T00", "h")  # a leap year: dayofyear 1…366
         for i, h in enumerate(hours):
             times = base + (doys - 1) * 24 + int(h)

@@ -91,8 +91,13 @@ def parse_hours(text: str | int, what: str) -> int:
     return hours
 
 
-def decode_times(values: np.ndarray, attrs: Mapping[str, Any], store_attrs: Mapping[str, Any],
-                 units: str | None, where: str) -> np.ndarray:
+def decode_times(
+    values: np.ndarray,
+    attrs: Mapping[str, Any],
+    store_attrs: Mapping[str, Any],
+    units: str | None,
+    where: str,
+) -> np.ndarray:
     """Datetimes of a time coordinate: as stored, or numeric decoded with CF units.
 
     Units come from ``units`` (``--time-units``) first, then the coordinate's ``units``
@@ -125,11 +130,15 @@ def decode_times(values: np.ndarray, attrs: Mapping[str, Any], store_attrs: Mapp
     try:
         out = np.asarray(decode_cf_datetime(values, str(units), calendar))
     except Exception as err:
-        raise ValueError(f"cannot decode time of {where} with units {units!r} (from {source}): {err}. "
-                         f"Give CF units such as 'hours since 1970-01-01' with --time-units") from None
+        raise ValueError(
+            f"cannot decode time of {where} with units {units!r} (from {source}): {err}. "
+            f"Give CF units such as 'hours since 1970-01-01' with --time-units"
+        ) from None
     if not np.issubdtype(out.dtype, np.datetime64):
-        raise ValueError(f"time of {where} with units {units!r} is outside the datetime64 range "
-                         f"(calendar {calendar!r}); give a standard calendar")
+        raise ValueError(
+            f"time of {where} with units {units!r} is outside the datetime64 range "
+            f"(calendar {calendar!r}); give a standard calendar"
+        )
     log.info("decoded time of %s with units %r from %s", where, units, source)
     return out.astype("datetime64[ns]")
 
@@ -149,8 +158,10 @@ class TimeAxis:
         t = np.asarray(times).astype("datetime64[s]")
         if len(t) >= 2 and np.any(np.diff(t) <= np.timedelta64(0, "s")):
             bad = int(np.nonzero(np.diff(t) <= np.timedelta64(0, "s"))[0][0])
-            raise ValueError(f"times are not strictly increasing ({t[bad]} then {t[bad + 1]}); sort the "
-                             f"store by time and drop duplicate times")
+            raise ValueError(
+                f"times are not strictly increasing ({t[bad]} then {t[bad + 1]}); sort the "
+                f"store by time and drop duplicate times"
+            )
         return cls(t)
 
     @property
@@ -210,8 +221,9 @@ class TimeAxis:
         )
 
 
-def resample_plan(times: np.ndarray, step_hours: int, method: str, tolerance_hours: float
-                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def resample_plan(
+    times: np.ndarray, step_hours: int, method: str, tolerance_hours: float
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Targets on a regular ``step_hours`` axis (aligned to 00 UTC) and how to make each.
 
     Returns ``(targets, i0, i1, w)``: value = ``(1 - w)·x[i0] + w·x[i1]``. ``nearest`` takes the
@@ -242,16 +254,31 @@ def resample_plan(times: np.ndarray, step_hours: int, method: str, tolerance_hou
     else:
         raise ValueError(f"--resample-method {method!r}: choose nearest or linear")
     if not ok.all():
-        log.warning("resampling to %d h: %d of %d target times have no source time within %g h and are "
-                    "left out (gaps)", step_hours, int((~ok).sum()), len(ok), tolerance_hours)
+        log.warning(
+            "resampling to %d h: %d of %d target times have no source time within %g h and are "
+            "left out (gaps)",
+            step_hours,
+            int((~ok).sum()),
+            len(ok),
+            tolerance_hours,
+        )
     if ok.sum() < 2:
-        raise ValueError(f"resampling to {step_hours} h with tolerance {tolerance_hours:g} h keeps "
-                         f"{int(ok.sum())} times; raise --resample-tolerance")
+        raise ValueError(
+            f"resampling to {step_hours} h with tolerance {tolerance_hours:g} h keeps "
+            f"{int(ok.sum())} times; raise --resample-tolerance"
+        )
     return targets[ok], i0[ok], i1[ok], w[ok]
 
 
-def sample_index(times: np.ndarray, inits: np.ndarray, step_hours: int, lead_steps: int,
-                 allow_gaps: bool, where: str, what: str) -> tuple[np.ndarray, np.ndarray]:
+def sample_index(
+    times: np.ndarray,
+    inits: np.ndarray,
+    step_hours: int,
+    lead_steps: int,
+    allow_gaps: bool,
+    where: str,
+    what: str,
+) -> tuple[np.ndarray, np.ndarray]:
     """``(inits, targets (n, lead_steps))`` store indices whose targets exist ``step_hours`` apart.
 
     ``inits`` are candidate store indices. An irregular axis is refused; ``step_hours`` must be
@@ -262,8 +289,10 @@ def sample_index(times: np.ndarray, inits: np.ndarray, step_hours: int, lead_ste
     axis.require_regular(where)
     step_h = axis.step_hours
     if step_hours % step_h:
-        raise ValueError(f"data.step_hours={step_hours} is not a multiple of the {step_h:g} h spacing of "
-                         f"{where}; set data.step_hours to a multiple of {step_h:g}")
+        raise ValueError(
+            f"data.step_hours={step_hours} is not a multiple of the {step_h:g} h spacing of "
+            f"{where}; set data.step_hours to a multiple of {step_h:g}"
+        )
     t = axis.times
     inits = np.asarray(inits, dtype=np.int64)
     wanted = t[inits][:, None] + np.timedelta64(int(step_hours), "h") * np.arange(1, lead_steps + 1)[None, :]
@@ -281,6 +310,11 @@ def sample_index(times: np.ndarray, inits: np.ndarray, step_hours: int, lead_ste
                 f"need a missing time. Set data.allow_gaps: true to skip them, choose a period "
                 f"without gaps, or fill the store (`jigsaw-earth data inspect` lists the gaps)"
             )
-        log.warning("%s: skipping %d of %d %s samples whose window crosses a time gap (data.allow_gaps)",
-                    where, int(crossing.sum()), int(inside.sum()), what)
+        log.warning(
+            "%s: skipping %d of %d %s samples whose window crosses a time gap (data.allow_gaps)",
+            where,
+            int(crossing.sum()),
+            int(inside.sum()),
+            what,
+        )
     return inits[found], pos[found]

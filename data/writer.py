@@ -79,8 +79,9 @@ class ChunkLayout:
         return COMPRESSIONS[self.compression]()
 
     @classmethod
-    def for_mesh(cls, n_lat: int, n_lon: int, mesh: MeshShape, per_tile: int = 16,
-                 time_shard: int = 1) -> ChunkLayout:
+    def for_mesh(
+        cls, n_lat: int, n_lon: int, mesh: MeshShape, per_tile: int = 16, time_shard: int = 1
+    ) -> ChunkLayout:
         """Tile-following, for what training reads (a tile, no halo: the layers exchange halos):
         chunks as wide as a tile (longitude 1/1, else 1/2 or 1/4 of a tile where that puts chunk
         edges on every tile edge) and ~1/``per_tile`` of a tile high (at least 4 rows unless the
@@ -93,15 +94,26 @@ class ChunkLayout:
         """
         grid = TileGrid(n_lat, n_lon, mesh.lat, mesh.lon)
         c_lat = _chunk_for_tiles(n_lat, grid.lat_sizes, per_tile)
-        c_lon = next((c for c in (_chunk_for_tiles(n_lon, grid.lon_sizes, k) for k in (1, 2, 4))
-                      if not (np.cumsum(grid.lon_sizes)[:-1] % c).any()),
-                     _chunk_for_tiles(n_lon, grid.lon_sizes, 4))
+        c_lon = next(
+            (
+                c
+                for c in (_chunk_for_tiles(n_lon, grid.lon_sizes, k) for k in (1, 2, 4))
+                if not (np.cumsum(grid.lon_sizes)[:-1] % c).any()
+            ),
+            _chunk_for_tiles(n_lon, grid.lon_sizes, 4),
+        )
         s_lat, s_lon = max(grid.lat_sizes), max(grid.lon_sizes)
-        return cls(c_lat, c_lon, max(c_lat, round(s_lat / c_lat) * c_lat),
-                   max(c_lon, round(s_lon / c_lon) * c_lon), time_shard)
+        return cls(
+            c_lat,
+            c_lon,
+            max(c_lat, round(s_lat / c_lat) * c_lat),
+            max(c_lon, round(s_lon / c_lon) * c_lon),
+            time_shard,
+        )
 
-    def shapes(self, n_time: int, n_level: int | None, n_lat: int, n_lon: int
-               ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    def shapes(
+        self, n_time: int, n_level: int | None, n_lat: int, n_lon: int
+    ) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
         """(chunks, shards or None) for a variable of that size."""
         c_lat, c_lon = self.lat_chunk or n_lat, self.lon_chunk or n_lon
         s_lat = max(c_lat, (self.lat_shard or n_lat) // c_lat * c_lat)
@@ -121,8 +133,13 @@ class ChunkLayout:
 
 
 @contextmanager
-def atomic_store(dst: str | Path, overwrite: bool = False, *, kind: str = "store",
-                 protected: tuple[tuple[str, str | Path | None], ...] = ()) -> Iterator[Path]:
+def atomic_store(
+    dst: str | Path,
+    overwrite: bool = False,
+    *,
+    kind: str = "store",
+    protected: tuple[tuple[str, str | Path | None], ...] = (),
+) -> Iterator[Path]:
     """Yield a temporary path next to ``dst``; rename it to ``dst`` on success, delete on error.
 
     ``dst`` is checked first (``outputs.check_output``): an existing one is replaced only if it is
@@ -148,24 +165,51 @@ def atomic_store(dst: str | Path, overwrite: bool = False, *, kind: str = "store
     log.info("wrote %s", dst)
 
 
-def write_coords(group: Any, times: np.ndarray, levels: np.ndarray | None, lat: np.ndarray,
-                 lon: np.ndarray) -> None:
+def write_coords(
+    group: Any, times: np.ndarray, levels: np.ndarray | None, lat: np.ndarray, lon: np.ndarray
+) -> None:
     """Coordinate arrays that xarray decodes (time as hours since 1970 with CF units)."""
     hours = ((np.asarray(times).astype("datetime64[s]") - EPOCH) // np.timedelta64(1, "h")).astype(np.int64)
-    group.create_array("time", data=hours, chunks=(max(1, len(hours)),), dimension_names=["time"],
-                       attributes={"units": "hours since 1970-01-01", "calendar": "proleptic_gregorian",
-                                   "standard_name": "time"})
+    group.create_array(
+        "time",
+        data=hours,
+        chunks=(max(1, len(hours)),),
+        dimension_names=["time"],
+        attributes={
+            "units": "hours since 1970-01-01",
+            "calendar": "proleptic_gregorian",
+            "standard_name": "time",
+        },
+    )
     if levels is not None:
-        group.create_array("level", data=np.asarray(levels, dtype=np.int64), dimension_names=["level"],
-                           attributes={"units": "hPa", "long_name": "pressure level"})
-    group.create_array("latitude", data=np.asarray(lat, dtype=np.float64), dimension_names=["latitude"],
-                       attributes={"units": "degrees_north"})
-    group.create_array("longitude", data=np.asarray(lon, dtype=np.float64), dimension_names=["longitude"],
-                       attributes={"units": "degrees_east"})
+        group.create_array(
+            "level",
+            data=np.asarray(levels, dtype=np.int64),
+            dimension_names=["level"],
+            attributes={"units": "hPa", "long_name": "pressure level"},
+        )
+    group.create_array(
+        "latitude",
+        data=np.asarray(lat, dtype=np.float64),
+        dimension_names=["latitude"],
+        attributes={"units": "degrees_north"},
+    )
+    group.create_array(
+        "longitude",
+        data=np.asarray(lon, dtype=np.float64),
+        dimension_names=["longitude"],
+        attributes={"units": "degrees_east"},
+    )
 
 
-def create_variable(group: Any, name: str, shape: tuple[int, ...], dims: list[str],
-                    layout: ChunkLayout, attrs: dict[str, Any] | None = None) -> Any:
+def create_variable(
+    group: Any,
+    name: str,
+    shape: tuple[int, ...],
+    dims: list[str],
+    layout: ChunkLayout,
+    attrs: dict[str, Any] | None = None,
+) -> Any:
     """An empty float32 variable with the layout's chunks and shards (NaN fill)."""
     if "time" in dims:
         n_level = shape[1] if "level" in dims else None
@@ -173,8 +217,14 @@ def create_variable(group: Any, name: str, shape: tuple[int, ...], dims: list[st
     else:
         chunks, shards = tuple(shape), None
     return group.create_array(
-        name, shape=shape, dtype="float32", chunks=chunks, shards=shards, fill_value=np.nan,
-        dimension_names=dims, attributes=attrs or {},
+        name,
+        shape=shape,
+        dtype="float32",
+        chunks=chunks,
+        shards=shards,
+        fill_value=np.nan,
+        dimension_names=dims,
+        attributes=attrs or {},
         compressors=layout.compressors() or None,
     )
 

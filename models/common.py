@@ -27,6 +27,7 @@ __all__ = [
     "position_encoding",
 ]
 
+
 def field_coordinates(domain: Domain, centred: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """Latitude and longitude in radians (float64) of this rank's rows ``(h,)`` and columns ``(w,)``.
 

@@ -41,8 +41,16 @@ from ..layers.cost import all_reduce_bytes, model_cost, unpriced_layers
 from . import build_model
 from .meta import meta_construction
 
-__all__ = ["TRAIN_STATES", "Hardware", "MeshPlan", "factorisations", "plan_mesh", "plan_meshes", "recommend",
-           "sample_read_bytes"]
+__all__ = [
+    "TRAIN_STATES",
+    "Hardware",
+    "MeshPlan",
+    "factorisations",
+    "plan_mesh",
+    "plan_meshes",
+    "recommend",
+    "sample_read_bytes",
+]
 
 TRAIN_STATES = 4  # tensors per parameter while training: parameter, gradient, AdamW exp_avg, exp_avg_sq
 LOSS_FIELDS = 4  # fields of the output's size while the loss runs: target, prediction, error, its square
@@ -327,9 +335,15 @@ def recommend(plans: list[MeshPlan]) -> tuple[MeshPlan | None, list[str]]:
             why.append(f"the closest, {near.mesh}, needs {_gb(-near.headroom)} GB more per GPU")
         return None, why
     best = fitting[0]
-    io = [f"reading a batch takes {best.io_s * 1e3:.1f} ms: I/O-bound, the step waits for data"
-          if best.io_bound else f"reading a batch ({best.io_s * 1e3:.1f} ms) hides behind the step"] \
-        if best.io_s else []
+    io = (
+        [
+            f"reading a batch takes {best.io_s * 1e3:.1f} ms: I/O-bound, the step waits for data"
+            if best.io_bound
+            else f"reading a batch ({best.io_s * 1e3:.1f} ms) hides behind the step"
+        ]
+        if best.io_s
+        else []
+    )
     why = [
         f"fits with {_gb(best.headroom)} GB headroom ({_gb(best.memory['total'])} GB per GPU)",
         f"step {best.step_s * 1e3:.1f} ms for {best.data * best.batch} sample(s): "

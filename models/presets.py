@@ -151,6 +151,7 @@ for _name, _config in (("vit", ViTConfig), ("unet", UNetConfig), ("weathermixer"
         twin=f"jigsaw_earth.twins.models:Plain{_cls}",
     )
 
+
 def make_config(model: str, preset: str = "tiny", **overrides: Any) -> Any:
     """The config of ``model`` at ``preset`` with ``overrides`` applied; unknown names are errors."""
     return model_entry(model).config(preset, **overrides)

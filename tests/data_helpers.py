@@ -16,8 +16,13 @@ from jigsaw_earth.distributed.tiles import Tile
 UPPER = ("geopotential", "temperature")
 SURFACE = ("2m_temperature", "mean_sea_level_pressure")
 LEVELS = (250, 500, 850)
-RENAME = {"geopotential": "z", "temperature": "t", "2m_temperature": "t2m",
-          "mean_sea_level_pressure": "msl", "land_sea_mask": "lsm"}
+RENAME = {
+    "geopotential": "z",
+    "temperature": "t",
+    "2m_temperature": "t2m",
+    "mean_sea_level_pressure": "msl",
+    "land_sea_mask": "lsm",
+}
 
 
 def truth(n_lat: int = 13, n_lon: int = 16, n_time: int = 10, seed: int = 0) -> dict[str, Any]:
@@ -28,13 +33,22 @@ def truth(n_lat: int = 13, n_lon: int = 16, n_time: int = 10, seed: int = 0) -> 
     times = np.datetime64("2020-01-01T00", "ns") + np.arange(n_time) * np.timedelta64(6, "h")
     fields = {v: rng.normal(size=(n_time, len(LEVELS), n_lat, n_lon)).astype(np.float32) for v in UPPER}
     fields.update({v: rng.normal(size=(n_time, n_lat, n_lon)).astype(np.float32) for v in SURFACE})
-    static = {"land_sea_mask": rng.uniform(size=(n_lat, n_lon)).astype(np.float32),
-              "geopotential_at_surface": rng.normal(size=(n_lat, n_lon)).astype(np.float32)}
+    static = {
+        "land_sea_mask": rng.uniform(size=(n_lat, n_lon)).astype(np.float32),
+        "geopotential_at_surface": rng.normal(size=(n_lat, n_lon)).astype(np.float32),
+    }
     return {"lat": lat, "lon": lon, "times": times, "fields": fields, "static": static}
 
 
-def dataset(t: dict[str, Any], *, ascending: bool = False, swap: bool = False, rename: bool = False,
-            levels_desc: bool = False, pascal: bool = False) -> xr.Dataset:
+def dataset(
+    t: dict[str, Any],
+    *,
+    ascending: bool = False,
+    swap: bool = False,
+    rename: bool = False,
+    levels_desc: bool = False,
+    pascal: bool = False,
+) -> xr.Dataset:
     """The truth as a store would hold it, in one of several layouts."""
     lat_idx = np.arange(len(t["lat"]))[::-1] if ascending else np.arange(len(t["lat"]))
     lev_idx = np.arange(len(LEVELS))[::-1] if levels_desc else np.arange(len(LEVELS))
@@ -58,12 +72,16 @@ def dataset(t: dict[str, Any], *, ascending: bool = False, swap: bool = False, r
 def write(ds: xr.Dataset, path: str | Path, chunks: dict[str, int] | None = None, **kw: Any) -> str:
     enc = {}
     for v, da in ds.data_vars.items():
-        enc[v] = {"chunks": tuple(min((chunks or {}).get(d, 1 if d == "time" else n), n)
-                                  for d, n in zip(da.dims, da.shape))}
+        enc[v] = {
+            "chunks": tuple(
+                min((chunks or {}).get(d, 1 if d == "time" else n), n) for d, n in zip(da.dims, da.shape)
+            )
+        }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ds.to_zarr(path if "://" not in str(path) else str(path), mode="w", encoding=enc,
-                   consolidated=False, **kw)
+        ds.to_zarr(
+            path if "://" not in str(path) else str(path), mode="w", encoding=enc, consolidated=False, **kw
+        )
     return str(path)
 
 
@@ -77,5 +95,6 @@ def channels_global(t: dict[str, Any], time_index: int, levels=LEVELS) -> np.nda
 def padded_window(field: np.ndarray, tile: Tile, halo: Halo) -> np.ndarray:
     """The tile's window of ``pad_reference`` of a global ``(..., n_lat, n_lon)`` field."""
     ref = pad_reference(torch.from_numpy(np.ascontiguousarray(field)), halo).numpy()
-    return ref[..., tile.lat_start : tile.lat_stop + sum(halo.lat),
-               tile.lon_start : tile.lon_stop + sum(halo.lon)]
+    return ref[
+        ..., tile.lat_start : tile.lat_stop + sum(halo.lat), tile.lon_start : tile.lon_stop + sum(halo.lon)
+    ]

@@ -25,8 +25,14 @@ SPEC = VariableSpec(("geopotential", "temperature"), (500, 850), ("2m_temperatur
 def store(tmp_path_factory) -> str:
     path = tmp_path_factory.mktemp("io") / "data.zarr"
     layout = ChunkLayout.for_mesh(*GRID, MeshShape(1, 2, 2))
-    cfg = SynthConfig(n_lat=GRID[0], n_lon=GRID[1], start="2020-01-01", end="2020-01-02T18",
-                      levels=(500, 850), layout=layout)
+    cfg = SynthConfig(
+        n_lat=GRID[0],
+        n_lon=GRID[1],
+        start="2020-01-01",
+        end="2020-01-02T18",
+        levels=(500, 850),
+        layout=layout,
+    )
     synth_store(path, cfg)
     return str(path)
 
@@ -47,8 +53,28 @@ def test_bench_io_reads_the_same_bytes_every_way(store):
 
 def test_bench_io_cli_all_ranks_at_once_and_plan_reads_its_json(store, tmp_path, capsys):
     out = tmp_path / "io.json"
-    assert main(["bench", "io", store, "--mesh", "1x2", "--ranks", "all", "--repeats", "1", "--halo", "0",
-                 "--cache", "warm", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "bench",
+                "io",
+                store,
+                "--mesh",
+                "1x2",
+                "--ranks",
+                "all",
+                "--repeats",
+                "1",
+                "--halo",
+                "0",
+                "--cache",
+                "warm",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     runs = json.loads(out.read_text())
     assert runs[0]["ranks"] == "all" and len(runs[0]["results"]) == 2
     assert "all reading at once" in capsys.readouterr().out
@@ -71,8 +97,9 @@ def test_plan_prices_reading_what_bench_io_measures(store):
     assert plan.read_bytes == res["delivered"]  # the tile of the inputs and one target, float32
     assert res["bytes"] == pytest.approx(res["delivered"], rel=0.2)  # stored: zstd, chunk frames
     assert plan.io_s * 1e3 == pytest.approx(reader["ms"], rel=0.2)
-    slow = plan_mesh("weathermixer", "tiny", GRID, MeshShape(1, 2, 2), (SPEC.n_channels, 0, 0),
-                     Hardware(read_gbps=1e-6))
+    slow = plan_mesh(
+        "weathermixer", "tiny", GRID, MeshShape(1, 2, 2), (SPEC.n_channels, 0, 0), Hardware(read_gbps=1e-6)
+    )
     assert slow.io_bound and slow.step_s == pytest.approx(slow.io_s)
     assert np.isclose(slow.samples_per_s, 1 / slow.io_s)
 
@@ -93,9 +120,19 @@ def test_a_step_waiting_for_data_is_warned_once(tmp_path, caplog):
 
     cfg = tiny_config(str(tmp_path), (1, 1, 1), logging={"every": 1, "wandb": {"mode": "disabled"}})
     monitor = Monitor(cfg, tmp_path, 0, 0)
-    values = {"loss": 1.0, "grad_norm": 1.0, "lr": 1e-3, "samples_per_s": 1.0, "memory_mb": 1.0,
-              "tflops": 0.0, "step_time_s": 1.0, "compute_s": 0.95, "comm_s": 0.0, "data_s": 0.02,
-              "other_s": 0.03}
+    values = {
+        "loss": 1.0,
+        "grad_norm": 1.0,
+        "lr": 1e-3,
+        "samples_per_s": 1.0,
+        "memory_mb": 1.0,
+        "tflops": 0.0,
+        "step_time_s": 1.0,
+        "compute_s": 0.95,
+        "comm_s": 0.0,
+        "data_s": 0.02,
+        "other_s": 0.03,
+    }
     with caplog.at_level(logging.WARNING):
         monitor.step(2, values)
         assert not caplog.records

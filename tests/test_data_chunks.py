@@ -27,19 +27,25 @@ from .data_helpers import SURFACE, UPPER, channels_global, dataset, padded_windo
 
 T = truth(n_lat=13, n_lon=16, n_time=6)
 SPEC = VariableSpec(UPPER, (250, 850), SURFACE, static=("land_sea_mask",))
-CASES = [((2, 2), Halo.uniform(1, "pole")), ((3, 2), Halo((2, 1), (1, 3), "pole")),
-         ((1, 3), Halo.uniform(2, "replicate")), ((2, 1), Halo())]
+CASES = [
+    ((2, 2), Halo.uniform(1, "pole")),
+    ((3, 2), Halo((2, 1), (1, 3), "pole")),
+    ((1, 3), Halo.uniform(2, "replicate")),
+    ((2, 1), Halo()),
+]
 
 
-def _write(ds, path: Path, fmt: int, chunks: dict, shards: dict | None = None, compressors=None,
-           **extra) -> str:
+def _write(
+    ds, path: Path, fmt: int, chunks: dict, shards: dict | None = None, compressors=None, **extra
+) -> str:
     enc = {}
     for v, da in ds.data_vars.items():
         c = tuple(min(chunks.get(d, 1 if d == "time" else n), n) for d, n in zip(da.dims, da.shape))
         enc[v] = {"chunks": c, **extra}
         if shards is not None:
-            enc[v]["shards"] = tuple(max(ci, min(shards.get(d, ci), n) // ci * ci)
-                                     for d, ci, n in zip(da.dims, c, da.shape))
+            enc[v]["shards"] = tuple(
+                max(ci, min(shards.get(d, ci), n) // ci * ci) for d, ci, n in zip(da.dims, c, da.shape)
+            )
         if compressors is not None:
             enc[v]["compressors"] = compressors
     with warnings.catch_warnings():
@@ -49,25 +55,45 @@ def _write(ds, path: Path, fmt: int, chunks: dict, shards: dict | None = None, c
 
 
 LAYOUTS = {
-    "sharded_raw_morton": dict(fmt=3, chunks={"latitude": 3, "longitude": 5},
-                               shards={"latitude": 9, "longitude": 15}, compressors=[]),
-    "sharded_zstd_ascending": dict(fmt=3, chunks={"latitude": 2, "longitude": 4},
-                                   shards={"latitude": 6, "longitude": 16}, compressors=ZstdCodec(level=1),
-                                   ascending=True),
-    "sharded_time_shard_3": dict(fmt=3, chunks={"latitude": 4, "longitude": 4},
-                                 shards={"time": 3, "latitude": 8, "longitude": 8}, compressors=[]),
-    "v3_gzip_crc": dict(fmt=3, chunks={"latitude": 5, "longitude": 6},
-                        compressors=[GzipCodec(level=1), Crc32cCodec()]),
+    "sharded_raw_morton": dict(
+        fmt=3, chunks={"latitude": 3, "longitude": 5}, shards={"latitude": 9, "longitude": 15}, compressors=[]
+    ),
+    "sharded_zstd_ascending": dict(
+        fmt=3,
+        chunks={"latitude": 2, "longitude": 4},
+        shards={"latitude": 6, "longitude": 16},
+        compressors=ZstdCodec(level=1),
+        ascending=True,
+    ),
+    "sharded_time_shard_3": dict(
+        fmt=3,
+        chunks={"latitude": 4, "longitude": 4},
+        shards={"time": 3, "latitude": 8, "longitude": 8},
+        compressors=[],
+    ),
+    "v3_gzip_crc": dict(
+        fmt=3, chunks={"latitude": 5, "longitude": 6}, compressors=[GzipCodec(level=1), Crc32cCodec()]
+    ),
     "v3_blosc": dict(fmt=3, chunks={"latitude": 7, "longitude": 16}, compressors=BloscCodec()),
-    "v2_blosc_swapped": dict(fmt=2, chunks={"latitude": 4, "longitude": 3},
-                             compressors=numcodecs.Blosc(cname="lz4"), swap=True),
+    "v2_blosc_swapped": dict(
+        fmt=2, chunks={"latitude": 4, "longitude": 3}, compressors=numcodecs.Blosc(cname="lz4"), swap=True
+    ),
     "v2_zstd": dict(fmt=2, chunks={"latitude": 13, "longitude": 16}, compressors=numcodecs.Zstd(level=1)),
     # what prepare --for-mesh writes: chunks as wide as the shard, shards in row order (read with preadv)
-    "sharded_raw_rows": dict(fmt=3, chunks={"latitude": 3, "longitude": 16},
-                             shards={"latitude": 9, "longitude": 16}, compressors=[]),
-    "sharded_raw_rows_ascending_swapped": dict(fmt=3, chunks={"latitude": 2, "longitude": 8},
-                                               shards={"latitude": 6, "longitude": 8}, compressors=[],
-                                               ascending=True, swap=True),
+    "sharded_raw_rows": dict(
+        fmt=3,
+        chunks={"latitude": 3, "longitude": 16},
+        shards={"latitude": 9, "longitude": 16},
+        compressors=[],
+    ),
+    "sharded_raw_rows_ascending_swapped": dict(
+        fmt=3,
+        chunks={"latitude": 2, "longitude": 8},
+        shards={"latitude": 6, "longitude": 8},
+        compressors=[],
+        ascending=True,
+        swap=True,
+    ),
 }
 
 
@@ -88,8 +114,11 @@ def _check_truth(name: str, view: StoreView) -> None:
             reader = TileReader(view, SPEC, grid, tile, halo, threads=2)
             x, y = reader.read_batch(np.array([1, 4]), np.array([[2, 3], [5, 0]]))
             for i, (t, ts) in enumerate(((1, (2, 3)), (4, (5, 0)))):
-                np.testing.assert_array_equal(x[i], padded_window(channels_global(T, t, levels), tile, halo),
-                                              err_msg=f"{name} {mesh} {halo} {k}")
+                np.testing.assert_array_equal(
+                    x[i],
+                    padded_window(channels_global(T, t, levels), tile, halo),
+                    err_msg=f"{name} {mesh} {halo} {k}",
+                )
                 for j, tt in enumerate(ts):
                     want = channels_global(T, tt, levels)[(Ellipsis, *tile.slices)]
                     np.testing.assert_array_equal(y[i, j], want)
@@ -136,8 +165,15 @@ def test_packed_integers_and_fill_values(tmp_path):
     float64); a fill value is a NaN error."""
     ds = dataset(T)[["2m_temperature"]]
     path = tmp_path / "packed.zarr"
-    enc = {"2m_temperature": {"dtype": "int16", "scale_factor": 0.01, "add_offset": 1.0,
-                              "_FillValue": -32768, "chunks": (1, 4, 8)}}
+    enc = {
+        "2m_temperature": {
+            "dtype": "int16",
+            "scale_factor": 0.01,
+            "add_offset": 1.0,
+            "_FillValue": -32768,
+            "chunks": (1, 4, 8),
+        }
+    }
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds.to_zarr(path, mode="w", encoding=enc, consolidated=False)
@@ -159,8 +195,9 @@ def test_packed_integers_and_fill_values(tmp_path):
 
 def test_chunks_never_written_and_damaged_shards(tmp_path):
     ds = dataset(T)[["2m_temperature"]]
-    path = _write(ds, tmp_path / "s.zarr", 3, {"latitude": 4, "longitude": 4},
-                  {"latitude": 8, "longitude": 8})
+    path = _write(
+        ds, tmp_path / "s.zarr", 3, {"latitude": 4, "longitude": 4}, {"latitude": 8, "longitude": 8}
+    )
     spec = VariableSpec((), (), ("2m_temperature",), static=())
     grid = TileGrid(13, 16, 2, 2)
     shard = Path(path) / "2m_temperature" / "c" / "2" / "0" / "0"
@@ -174,7 +211,8 @@ def test_chunks_never_written_and_damaged_shards(tmp_path):
         TileReader(StoreView.open(path), spec, grid, grid.tile_of(0), Halo()).read_inputs(2)
     np.testing.assert_array_equal(  # other times are untouched
         TileReader(StoreView.open(path), spec, grid, grid.tile_of(0), Halo()).read_inputs(1)[0],
-        T["fields"]["2m_temperature"][1][grid.tile_of(0).slices])
+        T["fields"]["2m_temperature"][1][grid.tile_of(0).slices],
+    )
 
 
 def test_axis_plan_runs_repeats_and_zeros():
@@ -186,8 +224,14 @@ def test_axis_plan_runs_repeats_and_zeros():
 def test_bytes_read_are_the_tiles_chunks(tmp_path):
     """A sharded store: each rank reads its own shard's chunks (and halo chunks), never all."""
     ds = dataset(T)[["2m_temperature"]]
-    path = _write(ds, tmp_path / "s.zarr", 3, {"latitude": 7, "longitude": 8},
-                  {"latitude": 7, "longitude": 16}, compressors=[])
+    path = _write(
+        ds,
+        tmp_path / "s.zarr",
+        3,
+        {"latitude": 7, "longitude": 8},
+        {"latitude": 7, "longitude": 16},
+        compressors=[],
+    )
     spec = VariableSpec((), (), ("2m_temperature",), static=())
     grid = TileGrid(13, 16, 2, 2)
     reader = TileReader(StoreView.open(path), spec, grid, grid.tile_of(0), Halo())
@@ -203,16 +247,38 @@ def test_synth_compression_choices_read_the_same(tmp_path):
     reads = {}
     for comp in ("none", "zstd", "lz4"):
         out = tmp_path / f"{comp}.zarr"
-        assert main(["data", "synth", "--out", str(out), "--grid", "16x32", "--start", "2020-01-01",
-                     "--end", "2020-01-01T18", "--levels", "500,850", "--for-mesh", "2x2",
-                     "--compression", comp, "--no-climatology"]) == 0
+        assert (
+            main(
+                [
+                    "data",
+                    "synth",
+                    "--out",
+                    str(out),
+                    "--grid",
+                    "16x32",
+                    "--start",
+                    "2020-01-01",
+                    "--end",
+                    "2020-01-01T18",
+                    "--levels",
+                    "500,850",
+                    "--for-mesh",
+                    "2x2",
+                    "--compression",
+                    comp,
+                    "--no-climatology",
+                ]
+            )
+            == 0
+        )
         view = StoreView.open(str(out))
         codecs = str(view.array("temperature").metadata.codecs)
         assert ("Zstd" in codecs) == (comp == "zstd") and ("Blosc" in codecs) == (comp == "lz4")
         grid = TileGrid(16, 32, 2, 2)
         spec = VariableSpec(("temperature",), (500, 850), ("2m_temperature",), static=())
         reads[comp] = TileReader(view, spec, grid, grid.tile_of(3), Halo.uniform(1, "pole")).read_sample(
-            1, np.array([2]))
+            1, np.array([2])
+        )
     for comp in ("zstd", "lz4"):
         for a, b in zip(reads[comp], reads["none"]):
             np.testing.assert_array_equal(a, b)

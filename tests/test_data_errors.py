@@ -111,10 +111,20 @@ def test_statistics_and_climatology_on_another_grid(tmp_path, store):
     view = StoreView.open(store)
     with pytest.raises(ValueError, match=r"statistics are for a 8x16 grid but store .* 13x16.*recompute"):
         Normalizer.from_stats(read_statistics(out), SPEC, view, 4)
-    clim = xr.Dataset({"2m_temperature": (("hour", "dayofyear", "latitude", "longitude"),
-                                          np.zeros((4, 366, 8, 16), np.float32))},
-                      coords={"hour": [0, 6, 12, 18], "dayofyear": np.arange(1, 367),
-                              "latitude": small["lat"], "longitude": small["lon"]})
+    clim = xr.Dataset(
+        {
+            "2m_temperature": (
+                ("hour", "dayofyear", "latitude", "longitude"),
+                np.zeros((4, 366, 8, 16), np.float32),
+            )
+        },
+        coords={
+            "hour": [0, 6, 12, 18],
+            "dayofyear": np.arange(1, 367),
+            "latitude": small["lat"],
+            "longitude": small["lon"],
+        },
+    )
     cpath = write(clim, tmp_path / "clim.zarr")
     with pytest.raises(ValueError, match=r"climatology .* 8x16 grid .* store .* 13x16.*regrid"):
         open_climatology(cpath, view)
@@ -144,7 +154,8 @@ def test_incomplete_store_is_refused(tmp_path, store):
 def test_cli_exit_code_2_with_message(tmp_path, capsys, store):
     assert main(["data", "inspect", str(tmp_path / "nowhere.zarr")]) == 2
     assert "does not exist" in capsys.readouterr().err
-    code = main(["data", "io-report", store, "--upper-air", "vertical_velocity",
-                 "--surface", "2m_temperature"])
+    code = main(
+        ["data", "io-report", store, "--upper-air", "vertical_velocity", "--surface", "2m_temperature"]
+    )
     assert code == 2
     assert "'vertical_velocity'" in capsys.readouterr().err

@@ -42,9 +42,11 @@ def surface_store(times: np.ndarray, *, seed: int = 0, extra: dict | None = None
     """A surface-only store (no level dimension): t2m and msl, plus static lsm."""
     rng = np.random.default_rng(seed)
     shape = (len(times), N_LAT, N_LON)
-    data = {"t2m": (("time", "latitude", "longitude"), rng.normal(280, 5, shape).astype(np.float32)),
-            "msl": (("time", "latitude", "longitude"), rng.normal(1e5, 100, shape).astype(np.float32)),
-            "lsm": (("latitude", "longitude"), rng.uniform(size=shape[1:]).astype(np.float32))}
+    data = {
+        "t2m": (("time", "latitude", "longitude"), rng.normal(280, 5, shape).astype(np.float32)),
+        "msl": (("time", "latitude", "longitude"), rng.normal(1e5, 100, shape).astype(np.float32)),
+        "lsm": (("latitude", "longitude"), rng.uniform(size=shape[1:]).astype(np.float32)),
+    }
     data.update(extra or {})
     return xr.Dataset(data, coords={"time": times, "latitude": LAT, "longitude": LON})
 
@@ -76,13 +78,28 @@ def test_integer_time_units_from_store_attribute_or_option(tmp_path, capsys):
     err = fail(["data", "prepare", bare, "--out", str(tmp_path / "x.zarr")], capsys)
     assert "without units" in err and "--time-units" in err
     out = tmp_path / "opt.zarr"
-    assert main(["data", "prepare", bare, "--out", str(out), "--no-progress",
-                 "--time-units", "hours since 2019-12-31"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "prepare",
+                bare,
+                "--out",
+                str(out),
+                "--no-progress",
+                "--time-units",
+                "hours since 2019-12-31",
+            ]
+        )
+        == 0
+    )
     np.testing.assert_array_equal(_open(out)["time"].values, ds["time"].values)
     attr = write_zarr(raw.assign_attrs(time_units="hours since 2019-12-31 00:00"), tmp_path / "attr.zarr")
     np.testing.assert_array_equal(StoreView.open(attr).times, ds["time"].values)
-    floats = write_zarr(raw.assign_coords(time=(np.arange(8) * 0.25 + 1)).assign_attrs(
-        time_units="days since 2019-12-31"), tmp_path / "days.zarr")
+    floats = write_zarr(
+        raw.assign_coords(time=(np.arange(8) * 0.25 + 1)).assign_attrs(time_units="days since 2019-12-31"),
+        tmp_path / "days.zarr",
+    )
     np.testing.assert_array_equal(StoreView.open(floats).times, ds["time"].values)
 
 
@@ -143,8 +160,16 @@ def test_trainer_pairs_inputs_with_targets_by_time_across_gaps():
     mesh = DomainMesh(MeshShape(1, 1, 1))
     grid = TileGrid(N_LAT, N_LON, 1, 1)
     source = MemorySource(fields, fields[0], times, LAT, ["x"], ["s"], grid.tile_of(0))
-    kw = dict(mean=np.zeros(1), std=np.ones(1), global_batch=2, seed=0, step_hours=12, train_period=[],
-              val_period=[], rollout_steps=2)
+    kw = dict(
+        mean=np.zeros(1),
+        std=np.ones(1),
+        global_batch=2,
+        seed=0,
+        step_hours=12,
+        train_period=[],
+        val_period=[],
+        rollout_steps=2,
+    )
     with pytest.raises(ValueError, match=r"data\.allow_gaps: true"):
         TrainData(source, mesh, grid, **kw)
     data = TrainData(source, mesh, grid, **kw, allow_gaps=True)
@@ -153,8 +178,9 @@ def test_trainer_pairs_inputs_with_targets_by_time_across_gaps():
         lead = batch.target_times - batch.times[:, None]
         assert (lead == np.array([12, 24]) * np.timedelta64(1, "h")).all()
     assert len(data.train_index) == len(times) - 4 - 2  # 4 run past the end, 2 need the missing time
-    np.testing.assert_array_equal(data.valid_inits(np.arange(len(times)), 1), data._inits(
-        np.ones(len(times), bool), 1, "x"))
+    np.testing.assert_array_equal(
+        data.valid_inits(np.arange(len(times)), 1), data._inits(np.ones(len(times), bool), 1, "x")
+    )
 
 
 def test_prefetch_depth_never_changes_a_batch():
@@ -167,8 +193,16 @@ def test_prefetch_depth_never_changes_a_batch():
     mesh = DomainMesh(MeshShape(1, 1, 1))
     grid = TileGrid(N_LAT, N_LON, 1, 1)
     source = MemorySource(fields, fields[0], times, LAT, ["x", "y"], ["s"], grid.tile_of(0))
-    kw = dict(mean=np.array([0.5, -1.0]), std=np.array([2.0, 3.0]), global_batch=3, seed=1, step_hours=6,
-              train_period=[], val_period=[], rollout_steps=1)
+    kw = dict(
+        mean=np.array([0.5, -1.0]),
+        std=np.array([2.0, 3.0]),
+        global_batch=3,
+        seed=1,
+        step_hours=6,
+        train_period=[],
+        val_period=[],
+        rollout_steps=1,
+    )
     plain = TrainData(source, mesh, grid, **kw, prefetch=0)
     for depth in (1, 3):
         ahead = TrainData(source, mesh, grid, **kw, prefetch=depth)
@@ -185,8 +219,11 @@ def _config(store, tmp_path, **data):
     """A config file ``tmp_path/c.yaml`` for ``store`` (schema defaults unless given), parsed."""
     base = {"store": str(store), "train_period": [], "val_period": [], **data}
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump({"data": base, "validation": {"variables": [], "lead_hours": [6]},
-                                    "training": {"batch_size": 1}}))
+    path.write_text(
+        yaml.safe_dump(
+            {"data": base, "validation": {"variables": [], "lead_hours": [6]}, "training": {"batch_size": 1}}
+        )
+    )
     return load_config(str(path), [])
 
 
@@ -205,8 +242,19 @@ def test_surface_only_store_end_to_end(tmp_path, capsys):
     assert store_preflight(cfg) == []
     # io-report: defaults are the store's variables; '' means none
     report = tmp_path / "io.json"
-    assert main(["data", "io-report", str(out), "--upper-air", "", "--surface", "2m_temperature",
-                 "--json", str(report)]) in (0, 1)
+    assert main(
+        [
+            "data",
+            "io-report",
+            str(out),
+            "--upper-air",
+            "",
+            "--surface",
+            "2m_temperature",
+            "--json",
+            str(report),
+        ]
+    ) in (0, 1)
     assert json.loads(report.read_text())[0]["channels"] == 1
     assert main(["data", "io-report", str(out), "--json", str(report)]) in (0, 1)
     assert json.loads(report.read_text())[0]["channels"] == 2
@@ -219,8 +267,9 @@ def test_surface_only_store_end_to_end(tmp_path, capsys):
 def test_hourly_precipitation_is_never_relabelled(tmp_path):
     n = 25
     tp = np.arange(n, dtype=np.float32)[:, None, None] * np.ones((1, N_LAT, N_LON), np.float32)
-    ds = surface_store(hours("2020-01-01", np.arange(n)),
-                       extra={"tp": (("time", "latitude", "longitude"), tp)})
+    ds = surface_store(
+        hours("2020-01-01", np.arange(n)), extra={"tp": (("time", "latitude", "longitude"), tp)}
+    )
     src = write_zarr(ds, tmp_path / "hourly.zarr")
     plain = tmp_path / "plain.zarr"
     prepare_store(src, plain, progress=False, step_hours=6)
@@ -235,8 +284,9 @@ def test_hourly_precipitation_is_never_relabelled(tmp_path):
     assert got["total_precipitation_6hr"].attrs["accumulation_hours"] == 6
     np.testing.assert_array_equal(got["time"].values, hours("2020-01-01", [6, 12, 18, 24]))
     # the 6 h total ending at T sums the hourly values at T-5 h .. T
-    np.testing.assert_array_equal(got["total_precipitation_6hr"].values[:, 0, 0],
-                                  [sum(range(t - 5, t + 1)) for t in (6, 12, 18, 24)])
+    np.testing.assert_array_equal(
+        got["total_precipitation_6hr"].values[:, 0, 0], [sum(range(t - 5, t + 1)) for t in (6, 12, 18, 24)]
+    )
 
 
 # ---- 4. ERA5 as downloaded ------------------------------------------------------------------
@@ -246,13 +296,25 @@ def cds_pair(folder, n_time: int = 8) -> dict:
     seconds = (np.arange(n_time) * 6 * 3600 + 1577836800).astype(np.int64)  # since 1970, as the CDS
     t_attrs = {"units": "seconds since 1970-01-01", "calendar": "proleptic_gregorian"}
     levels = np.array([1000.0, 850.0, 500.0])  # descending, as the CDS writes them
-    coords = {"valid_time": ("valid_time", seconds, t_attrs), "latitude": LAT, "longitude": LON,
-              "number": 0, "expver": ("valid_time", np.array(["0001"] * n_time))}
-    pl = {v: (("valid_time", "pressure_level", "latitude", "longitude"),
-              rng.normal(size=(n_time, 3, N_LAT, N_LON)).astype(np.float32)) for v in "ztuvq"}
+    coords = {
+        "valid_time": ("valid_time", seconds, t_attrs),
+        "latitude": LAT,
+        "longitude": LON,
+        "number": 0,
+        "expver": ("valid_time", np.array(["0001"] * n_time)),
+    }
+    pl = {
+        v: (
+            ("valid_time", "pressure_level", "latitude", "longitude"),
+            rng.normal(size=(n_time, 3, N_LAT, N_LON)).astype(np.float32),
+        )
+        for v in "ztuvq"
+    }
     sl_dims = ("valid_time", "latitude", "longitude")
-    sl = {v: (sl_dims, rng.normal(size=(n_time, N_LAT, N_LON)).astype(np.float32))
-          for v in ("t2m", "msl", "tp", "z", "lsm")}
+    sl = {
+        v: (sl_dims, rng.normal(size=(n_time, N_LAT, N_LON)).astype(np.float32))
+        for v in ("t2m", "msl", "tp", "z", "lsm")
+    }
     a = xr.Dataset(pl, coords={**coords, "pressure_level": ("pressure_level", levels, {"units": "hPa"})})
     b = xr.Dataset(sl, coords=coords)
     for ds, kind in ((a, "pl"), (b, "sl")):
@@ -267,9 +329,18 @@ def test_cds_netcdf_pair_is_ingested_without_hand_work(tmp_path):
     out = tmp_path / "era5.zarr"
     assert main(["data", "prepare", str(folder), "--out", str(out), "--no-progress"]) == 0
     got = _open(out)
-    assert {"geopotential", "temperature", "u_component_of_wind", "v_component_of_wind", "specific_humidity",
-            "2m_temperature", "mean_sea_level_pressure", "total_precipitation", "land_sea_mask",
-            "geopotential_at_surface"} == set(got.data_vars)
+    assert {
+        "geopotential",
+        "temperature",
+        "u_component_of_wind",
+        "v_component_of_wind",
+        "specific_humidity",
+        "2m_temperature",
+        "mean_sea_level_pressure",
+        "total_precipitation",
+        "land_sea_mask",
+        "geopotential_at_surface",
+    } == set(got.data_vars)
     assert got["level"].values.tolist() == [500, 850, 1000]
     np.testing.assert_array_equal(got["geopotential"].sel(level=1000).values, src["pl"]["z"].values[:, 0])
     np.testing.assert_array_equal(got["geopotential_at_surface"].values, src["sl"]["z"].values[0])
@@ -304,11 +375,19 @@ def write_grib(path, values: np.ndarray, short_name: str, times: np.ndarray, lev
             for j, level in enumerate(levels or [None]):
                 sample = "regular_ll_pl_grib2" if level else "regular_ll_sfc_grib2"
                 h = eccodes.codes_grib_new_from_samples(sample)
-                keys = {"Ni": N_LON, "Nj": N_LAT, "latitudeOfFirstGridPointInDegrees": 90.0,
-                        "latitudeOfLastGridPointInDegrees": -90.0, "longitudeOfFirstGridPointInDegrees": 0.0,
-                        "longitudeOfLastGridPointInDegrees": 330.0, "iDirectionIncrementInDegrees": 30.0,
-                        "jDirectionIncrementInDegrees": 30.0, "dataDate": int(str(t)[:10].replace("-", "")),
-                        "dataTime": int(str(t)[11:13]) * 100, "shortName": short_name}
+                keys = {
+                    "Ni": N_LON,
+                    "Nj": N_LAT,
+                    "latitudeOfFirstGridPointInDegrees": 90.0,
+                    "latitudeOfLastGridPointInDegrees": -90.0,
+                    "longitudeOfFirstGridPointInDegrees": 0.0,
+                    "longitudeOfLastGridPointInDegrees": 330.0,
+                    "iDirectionIncrementInDegrees": 30.0,
+                    "jDirectionIncrementInDegrees": 30.0,
+                    "dataDate": int(str(t)[:10].replace("-", "")),
+                    "dataTime": int(str(t)[11:13]) * 100,
+                    "shortName": short_name,
+                }
                 for key, value in keys.items():
                     eccodes.codes_set(h, key, value)
                 if level:
@@ -347,8 +426,13 @@ def test_for_mesh_plans_large_grids_and_meets_the_read_bound(tmp_path, grid):
     root = zarr.open_group(str(tmp_path / "m.zarr"), mode="w", zarr_format=3)
     from jigsaw_earth.data.writer import create_variable, write_coords
 
-    write_coords(root, hours("2020-01-01", [0, 6]), np.array([500, 850]),
-                 np.linspace(90, -90, n_lat), np.arange(n_lon) * 360.0 / n_lon)
+    write_coords(
+        root,
+        hours("2020-01-01", [0, 6]),
+        np.array([500, 850]),
+        np.linspace(90, -90, n_lat),
+        np.arange(n_lon) * 360.0 / n_lon,
+    )
     dims = ["time", "level", "latitude", "longitude"]
     create_variable(root, "geopotential", (2, 2, n_lat, n_lon), dims, layout)
     create_variable(root, "2m_temperature", (2, n_lat, n_lon), ["time", "latitude", "longitude"], layout)
@@ -356,14 +440,20 @@ def test_for_mesh_plans_large_grids_and_meets_the_read_bound(tmp_path, grid):
     spec = VariableSpec(("geopotential",), (500, 850), ("2m_temperature",), static=())
     grid_ = TileGrid(n_lat, n_lon, 2, 2)
     # what training reads (tiles, no halo) stays within 0.30 of a sample per rank, in whole-tile rows
-    fractions = [planned_fraction(TileReader(view, spec, grid_, grid_.tile_of(k), Halo()), 1)
-                 for k in range(4)]
+    fractions = [
+        planned_fraction(TileReader(view, spec, grid_, grid_.tile_of(k), Halo()), 1) for k in range(4)
+    ]
     assert max(fractions) <= 0.3, fractions
     assert layout.lon_chunk == layout.lon_shard == n_lon // 2  # chunks as wide as a tile: one run per level
     whole = ChunkLayout()  # one chunk per field: every rank reads everything
     root2 = zarr.open_group(str(tmp_path / "w.zarr"), mode="w", zarr_format=3)
-    write_coords(root2, hours("2020-01-01", [0, 6]), None, np.linspace(90, -90, n_lat),
-                 np.arange(n_lon) * 360.0 / n_lon)
+    write_coords(
+        root2,
+        hours("2020-01-01", [0, 6]),
+        None,
+        np.linspace(90, -90, n_lat),
+        np.arange(n_lon) * 360.0 / n_lon,
+    )
     create_variable(root2, "2m_temperature", (2, n_lat, n_lon), ["time", "latitude", "longitude"], whole)
     view2 = StoreView.open(tmp_path / "w.zarr")
     spec2 = VariableSpec((), (), ("2m_temperature",), static=())
@@ -380,11 +470,17 @@ def test_io_report_warns_on_whole_field_chunks(tmp_path, capsys):
 # ---- 7. validation and preflight ------------------------------------------------------------
 def test_no_climatology_is_not_beaten():
     nan = float("nan")
-    table = format_table({"z500@24h/model": 1.0, "z500@24h/persistence": 2.0, "z500@24h/climatology": nan},
-                         ["geopotential@500"], [24])
+    table = format_table(
+        {"z500@24h/model": 1.0, "z500@24h/persistence": 2.0, "z500@24h/climatology": nan},
+        ["geopotential@500"],
+        [24],
+    )
     assert "both: yes" not in table and "persistence: yes (no climatology)" in table
-    table = format_table({"z500@24h/model": 3.0, "z500@24h/persistence": 2.0, "z500@24h/climatology": 4.0},
-                         ["geopotential@500"], [24])
+    table = format_table(
+        {"z500@24h/model": 3.0, "z500@24h/persistence": 2.0, "z500@24h/climatology": 4.0},
+        ["geopotential@500"],
+        [24],
+    )
     assert "both: NO" in table
 
 
@@ -396,8 +492,17 @@ def test_config_validate_checks_the_store(tmp_path, capsys):
     path = tmp_path / "c.yaml"
     err = fail(["config", "validate", str(path), "--quiet"], capsys)
     assert "data.upper_air" in err and "set data.upper_air: []" in err
-    ok = ["config", "validate", str(path), "--quiet", "data.upper_air=[]", "data.static=[land_sea_mask]",
-          "data.surface=[2m_temperature]", "data.step_hours=12", "validation.lead_hours=[12]"]
+    ok = [
+        "config",
+        "validate",
+        str(path),
+        "--quiet",
+        "data.upper_air=[]",
+        "data.static=[land_sea_mask]",
+        "data.surface=[2m_temperature]",
+        "data.step_hours=12",
+        "validation.lead_hours=[12]",
+    ]
     assert main(ok) == 0, capsys.readouterr().err
     assert "fits the config" in capsys.readouterr().out
     assert cfg.data.allow_gaps is False

@@ -92,15 +92,48 @@ def test_prepare_from_netcdf_folder_normalises(tmp_path):
 
 def test_cli_synth_inspect_io_report(tmp_path, capsys):
     out = tmp_path / "t.zarr"
-    assert main(["data", "synth", "--out", str(out), "--grid", "32x64", "--start", "2020-01-01",
-                 "--end", "2020-01-02", "--levels", "500,850", "--for-mesh", "2x2", "--no-climatology"]) == 0
+    assert (
+        main(
+            [
+                "data",
+                "synth",
+                "--out",
+                str(out),
+                "--grid",
+                "32x64",
+                "--start",
+                "2020-01-01",
+                "--end",
+                "2020-01-02",
+                "--levels",
+                "500,850",
+                "--for-mesh",
+                "2x2",
+                "--no-climatology",
+            ]
+        )
+        == 0
+    )
     assert main(["data", "inspect", str(out), "--json", str(tmp_path / "i.json")]) == 0
     info = json.loads((tmp_path / "i.json").read_text())
     assert info["grid"]["latitude_order"] == "descending" and info["time"]["step_hours"] == 6.0
     assert all(v.get("nans", 0) == 0 for v in info["variables"])
     report = tmp_path / "io.json"
-    main(["data", "io-report", str(out), "--mesh", "2x2", "--mesh", "1x4", "--halo", "0",
-          "--json", str(report)])
+    main(
+        [
+            "data",
+            "io-report",
+            str(out),
+            "--mesh",
+            "2x2",
+            "--mesh",
+            "1x4",
+            "--halo",
+            "0",
+            "--json",
+            str(report),
+        ]
+    )
     records = json.loads(report.read_text())
     by_mesh = {r["mesh"]: r for r in records}
     # halo 0, tile-wide chunks for 2x2: every 2x2 rank reads about a quarter; a 1x4 rank's tile is half

@@ -26,15 +26,22 @@ from .data_helpers import (
 
 T = truth()
 SPEC = VariableSpec(UPPER, (500, 850, 250), SURFACE, static=("land_sea_mask", "geopotential_at_surface"))
-HALOS = [Halo(), Halo.uniform(1), Halo((2, 1), (3, 2), "pole"), Halo.uniform(2, "replicate"),
-         Halo((3, 3), (1, 1), "pole"), Halo((1, 0), (0, 2), "zeros", "zeros")]
+HALOS = [
+    Halo(),
+    Halo.uniform(1),
+    Halo((2, 1), (3, 2), "pole"),
+    Halo.uniform(2, "replicate"),
+    Halo((3, 3), (1, 1), "pole"),
+    Halo((1, 0), (0, 2), "zeros", "zeros"),
+]
 MESHES = [(1, 1), (2, 2), (3, 2), (1, 3), (4, 1)]  # 13 x 16 grid: uneven rows and columns
 
 LAYOUTS = {
     "descending": ({}, {"latitude": 4, "longitude": 4}),
     "ascending_swapped_renamed_pa": (
         {"ascending": True, "swap": True, "rename": True, "levels_desc": True, "pascal": True},
-        {"lat": 5, "lon": 3}),
+        {"lat": 5, "lon": 3},
+    ),
 }
 
 
@@ -67,15 +74,17 @@ def test_inputs_targets_static_equal_pad_reference(view):
                 tile = grid.tile_of(k)
                 reader = TileReader(view, SPEC, grid, tile, halo)
                 x, y = reader.read_sample(3, np.array([4, 7]))
-                np.testing.assert_array_equal(x, padded_window(want_in, tile, halo),
-                                              err_msg=f"{mesh} {halo} {k}")
+                np.testing.assert_array_equal(
+                    x, padded_window(want_in, tile, halo), err_msg=f"{mesh} {halo} {k}"
+                )
                 rows, cols = tile.slices
                 np.testing.assert_array_equal(y, want_tg[..., rows, cols])
                 s, names = reader.read_static()
                 np.testing.assert_array_equal(s[:2], padded_window(static, tile, halo))
                 lat = np.deg2rad(T["lat"])[:, None] * np.ones((1, 16))
-                np.testing.assert_allclose(s[names.index("cos_latitude")],
-                                           padded_window(np.cos(lat), tile, halo), atol=1e-6)
+                np.testing.assert_allclose(
+                    s[names.index("cos_latitude")], padded_window(np.cos(lat), tile, halo), atol=1e-6
+                )
 
 
 def test_fsspec_memory_store():
@@ -99,8 +108,9 @@ def _needed_chunks(tile, halo, chunk):
 def test_reads_only_needed_chunks(tmp_path):
     """Bytes read = exactly the chunks holding needed cells (zeros: one block group per tile)."""
     chunk = (2, 4)
-    path = write(dataset(T), tmp_path / "c.zarr", {"latitude": chunk[0], "longitude": chunk[1]},
-                 zarr_format=3)
+    path = write(
+        dataset(T), tmp_path / "c.zarr", {"latitude": chunk[0], "longitude": chunk[1]}, zarr_format=3
+    )
     spec = VariableSpec((), (), ("2m_temperature",), static=())
     grid = TileGrid(13, 16, 3, 2)
     for halo in (Halo.uniform(1), Halo((2, 1), (1, 3), "pole")):
@@ -125,11 +135,20 @@ def test_channel_order_and_batch_checks():
     import torch
 
     from jigsaw_earth.distributed.tiles import Tile
+
     tile = Tile(0, 4, 0, 6)
-    ok = {"inputs": torch.zeros(2, 3, 6, 8), "targets": torch.zeros(2, 1, 3, 4, 6),
-          "static": torch.zeros(1, 6, 8), "time_features": torch.zeros(2, 4), "channels": ["a", "b", "c"],
-          "static_channels": ["s"], "times": np.zeros(2), "target_times": np.zeros((2, 1)),
-          "tile": tile, "halo": Halo.uniform(1)}
+    ok = {
+        "inputs": torch.zeros(2, 3, 6, 8),
+        "targets": torch.zeros(2, 1, 3, 4, 6),
+        "static": torch.zeros(1, 6, 8),
+        "time_features": torch.zeros(2, 4),
+        "channels": ["a", "b", "c"],
+        "static_channels": ["s"],
+        "times": np.zeros(2),
+        "target_times": np.zeros((2, 1)),
+        "tile": tile,
+        "halo": Halo.uniform(1),
+    }
     assert Batch(**ok).lead_steps == 1
     with pytest.raises(ValueError, match="needs 6x8"):
         Batch(**{**ok, "inputs": torch.zeros(2, 3, 4, 6)})

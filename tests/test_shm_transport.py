@@ -42,13 +42,15 @@ def _exchange_everything(mesh: DomainMesh) -> dict:
         for tag in (0, 1, 2):
             for k in range(4):
                 sends = [(p, _payload(rank, p, tag, k, dtype)) for p in peers]
-                posted.append(comm.exchange(axis, sends, [], op="test.send", dtype=dtype, device=mesh.device,
-                                            tag=tag))
+                posted.append(
+                    comm.exchange(axis, sends, [], op="test.send", dtype=dtype, device=mesh.device, tag=tag)
+                )
         for tag in (2, 1, 0):
             for k in range(4):
                 recvs = [(p, _payload(p, rank, tag, k, dtype).shape) for p in peers]
-                got = comm.exchange(axis, [], recvs, op="test.recv", dtype=dtype, device=mesh.device,
-                                    tag=tag).wait()
+                got = comm.exchange(
+                    axis, [], recvs, op="test.recv", dtype=dtype, device=mesh.device, tag=tag
+                ).wait()
                 for p, t in zip(peers, got):
                     assert torch.equal(t, _payload(p, rank, tag, k, dtype)), (p, tag, k, dtype)
                     checked += 1
@@ -68,8 +70,9 @@ def test_every_message_arrives_in_order_per_peer_and_tag(lon: int) -> None:
 def _sizes_disagree(mesh: DomainMesh) -> str:
     axis = mesh.axis("lon")
     peer = axis.peer(1)
-    send = comm.exchange(axis, [(peer, torch.zeros(8 + mesh.rank))], [], op="t", dtype=torch.float32,
-                         device=mesh.device)
+    send = comm.exchange(
+        axis, [(peer, torch.zeros(8 + mesh.rank))], [], op="t", dtype=torch.float32, device=mesh.device
+    )
     try:
         comm.exchange(axis, [], [(peer, (8,))], op="t", dtype=torch.float32, device=mesh.device).wait()
     except RuntimeError as err:

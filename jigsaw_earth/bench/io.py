@@ -47,10 +47,14 @@ def _boxes(reader: TileReader, t: int, ts: np.ndarray) -> list[tuple[str, tuple]
         for times, plans in (([t], reader._padded_plans), (list(ts), reader._tile_plans)):
             for _, rows, cols in plans:
                 for rr, cc in itertools.product(rows.runs, cols.runs):
-                    pick = {"time": slice(min(times), max(times) + 1),
-                            "level": slice(None) if f.levels is None else
-                            slice(int(min(f.levels)), int(max(f.levels)) + 1),
-                            "latitude": slice(rr.start, rr.stop), "longitude": slice(cc.start, cc.stop)}
+                    pick = {
+                        "time": slice(min(times), max(times) + 1),
+                        "level": slice(None)
+                        if f.levels is None
+                        else slice(int(min(f.levels)), int(max(f.levels)) + 1),
+                        "latitude": slice(rr.start, rr.stop),
+                        "longitude": slice(cc.start, cc.stop),
+                    }
                     out.append((f.store_name, tuple(pick[d] for d in dims)))
     return out
 
@@ -58,16 +62,33 @@ def _boxes(reader: TileReader, t: int, ts: np.ndarray) -> list[tuple[str, tuple]
 class _Methods:
     """The four ways of reading one rank's sample, set up once (files opened, buffers allocated)."""
 
-    def __init__(self, path: str, spec: VariableSpec, mesh: tuple[int, int], rank: int, halo: Halo,
-                 lead_steps: int, threads: int):
+    def __init__(
+        self,
+        path: str,
+        spec: VariableSpec,
+        mesh: tuple[int, int],
+        rank: int,
+        halo: Halo,
+        lead_steps: int,
+        threads: int,
+    ):
         view = StoreView.open(path)
         self.reader = TileReader.for_rank(view, spec, *mesh, rank, halo, threads=threads)
         times = view.times
-        inits, targets = sample_index(times, np.arange(len(times)), int(self._step_hours(times)),
-                                      lead_steps, True, f"store {path!r}", "bench io")
+        inits, targets = sample_index(
+            times,
+            np.arange(len(times)),
+            int(self._step_hours(times)),
+            lead_steps,
+            True,
+            f"store {path!r}",
+            "bench io",
+        )
         if not len(inits):
-            raise ValueError(f"store {path!r} has no time with {lead_steps} target(s) after it; "
-                             f"lower --lead-steps or use a store with more times")
+            raise ValueError(
+                f"store {path!r} has no time with {lead_steps} target(s) after it; "
+                f"lower --lead-steps or use a store with more times"
+            )
         self.samples = list(zip(inits.tolist(), targets))
         self.boxes = _boxes(self.reader, *self.samples[0])
         src = self.reader.source
@@ -100,12 +121,17 @@ class _Methods:
             return None
         fmt = self.group.metadata.zarr_format
         driver = "zarr3" if fmt == 3 else "zarr"
-        ctx = ts.Context({"data_copy_concurrency": {"limit": os.cpu_count() or 1},
-                          "cache_pool": {"total_bytes_limit": 0}})
-        return {name: ts.open({"driver": driver, "kvstore": {"driver": "file",
-                                                              "path": os.path.join(path, name)}},
-                              read=True, context=ctx).result()
-                for name in {n for n, _ in self.boxes}}
+        ctx = ts.Context(
+            {"data_copy_concurrency": {"limit": os.cpu_count() or 1}, "cache_pool": {"total_bytes_limit": 0}}
+        )
+        return {
+            name: ts.open(
+                {"driver": driver, "kvstore": {"driver": "file", "path": os.path.join(path, name)}},
+                read=True,
+                context=ctx,
+            ).result()
+            for name in {n for n, _ in self.boxes}
+        }
 
     def available(self) -> list[str]:
         out = ["reader"]
@@ -154,7 +180,7 @@ def _measure(methods: _Methods, repeats: int, cold: bool, barrier: Any = None) -
         methods.run(m)
     times: dict[str, list[tuple[float, float]]] = {m: [] for m in names}
     for rep in range(repeats):
-        order = names[rep % len(names):] + names[: rep % len(names)]  # rotate: A B C, B C A, ...
+        order = names[rep % len(names) :] + names[: rep % len(names)]  # rotate: A B C, B C A, ...
         for m in order:
             if cold:
                 methods.drop_cache()
@@ -166,9 +192,13 @@ def _measure(methods: _Methods, repeats: int, cold: bool, barrier: Any = None) -
     out = {}
     for m, tv in times.items():
         wall = statistics.median(a for a, _ in tv)
-        out[m] = {"ms": 1e3 * wall, "cpu_ms": 1e3 * statistics.median(b for _, b in tv),
-                  "gbps": methods.bytes / wall / 1e9, "delivered_gbps": methods.delivered / wall / 1e9,
-                  "ms_all": [1e3 * a for a, _ in tv]}
+        out[m] = {
+            "ms": 1e3 * wall,
+            "cpu_ms": 1e3 * statistics.median(b for _, b in tv),
+            "gbps": methods.bytes / wall / 1e9,
+            "delivered_gbps": methods.delivered / wall / 1e9,
+            "ms_all": [1e3 * a for a, _ in tv],
+        }
     return out
 
 
@@ -178,16 +208,31 @@ def _one_rank(args: tuple, barrier: Any = None, queue: Any = None) -> dict[str, 
 
     torch.set_num_threads(1)
     methods = _Methods(path, spec, mesh, rank, halo, lead, threads)
-    res = {"rank": rank, "bytes": methods.bytes, "delivered": methods.delivered,
-           "requests": len(methods.ranges), "files": len(methods.files),
-           "methods": _measure(methods, repeats, cold, barrier)}
+    res = {
+        "rank": rank,
+        "bytes": methods.bytes,
+        "delivered": methods.delivered,
+        "requests": len(methods.ranges),
+        "files": len(methods.files),
+        "methods": _measure(methods, repeats, cold, barrier),
+    }
     if queue is not None:
         queue.put(res)
     return res
 
 
-def bench_io(path: str, spec: VariableSpec, mesh: tuple[int, int], *, ranks: str = "0", halo: Halo,
-             lead_steps: int = 1, threads: int = 2, repeats: int = 5, cold: bool = False) -> dict[str, Any]:
+def bench_io(
+    path: str,
+    spec: VariableSpec,
+    mesh: tuple[int, int],
+    *,
+    ranks: str = "0",
+    halo: Halo,
+    lead_steps: int = 1,
+    threads: int = 2,
+    repeats: int = 5,
+    cold: bool = False,
+) -> dict[str, Any]:
     """Per-rank timings (see the module docstring); ``ranks``: "all", or comma-separated ranks
     each measured alone."""
     n = mesh[0] * mesh[1]
@@ -195,8 +240,9 @@ def bench_io(path: str, spec: VariableSpec, mesh: tuple[int, int], *, ranks: str
     if ranks == "all":
         ctx = mp.get_context("spawn")
         barrier, queue = ctx.Barrier(n), ctx.Queue()
-        procs = [ctx.Process(target=_one_rank, args=((*base[:3], k, *base[4:]), barrier, queue))
-                 for k in range(n)]
+        procs = [
+            ctx.Process(target=_one_rank, args=((*base[:3], k, *base[4:]), barrier, queue)) for k in range(n)
+        ]
         for p in procs:
             p.start()
         results = [queue.get() for _ in procs]
@@ -208,8 +254,10 @@ def bench_io(path: str, spec: VariableSpec, mesh: tuple[int, int], *, ranks: str
         wanted = parse_list(ranks, "--ranks", int, example="0,3 or all")
         bad = [k for k in wanted if not 0 <= k < n]
         if bad or not wanted:
-            raise ValueError(f"--ranks {ranks!r}: ranks {bad} are not in a {mesh[0]}x{mesh[1]} mesh "
-                             f"(0..{n - 1}); give 'all' or ranks in that range")
+            raise ValueError(
+                f"--ranks {ranks!r}: ranks {bad} are not in a {mesh[0]}x{mesh[1]} mesh "
+                f"(0..{n - 1}); give 'all' or ranks in that range"
+            )
         results = [_one_rank((*base[:3], k, *base[4:])) for k in wanted]
     results.sort(key=lambda r: r["rank"])
     for r in results:
@@ -217,26 +265,38 @@ def bench_io(path: str, spec: VariableSpec, mesh: tuple[int, int], *, ranks: str
         for m in ms.values():
             m["x_raw"] = m["ms"] / ms["raw"]["ms"] if "raw" in ms else None
             m["x_tensorstore"] = m["ms"] / ms["tensorstore"]["ms"] if "tensorstore" in ms else None
-    return {"store": path, "mesh": f"{mesh[0]}x{mesh[1]}", "ranks": ranks,
-            "cache": "cold" if cold else "warm",
-            "halo": [list(halo.lat), list(halo.lon), halo.lat_mode], "lead_steps": lead_steps,
-            "read_threads": threads, "repeats": repeats, "channels": spec.n_channels, "results": results}
+    return {
+        "store": path,
+        "mesh": f"{mesh[0]}x{mesh[1]}",
+        "ranks": ranks,
+        "cache": "cold" if cold else "warm",
+        "halo": [list(halo.lat), list(halo.lon), halo.lat_mode],
+        "lead_steps": lead_steps,
+        "read_threads": threads,
+        "repeats": repeats,
+        "channels": spec.n_channels,
+        "results": results,
+    }
 
 
 def format_io(r: dict[str, Any]) -> str:
     """The table of one ``bench_io`` result."""
-    lines = [f"bench io {r['store']}: mesh {r['mesh']}, ranks {r['ranks']} "
-             f"({'all reading at once' if r['ranks'] == 'all' else 'each alone'}), {r['cache']} cache, "
-             f"{r['channels']} channels, halo {r['halo'][0]}x{r['halo'][1]}, "
-             f"{r['lead_steps']} target step(s), "
-             f"reader threads {r['read_threads']}, median of {r['repeats']}",
-             "  (MB and GB/s: bytes as stored; plan --io-json prices the float32 values delivered)",
-             f"  {'rank':>4} {'method':<12} {'MB':>8} {'ms':>9} {'cpu ms':>9} {'GB/s':>7} {'x raw':>7} "
-             f"{'x tensorstore':>13}"]
+    lines = [
+        f"bench io {r['store']}: mesh {r['mesh']}, ranks {r['ranks']} "
+        f"({'all reading at once' if r['ranks'] == 'all' else 'each alone'}), {r['cache']} cache, "
+        f"{r['channels']} channels, halo {r['halo'][0]}x{r['halo'][1]}, "
+        f"{r['lead_steps']} target step(s), "
+        f"reader threads {r['read_threads']}, median of {r['repeats']}",
+        "  (MB and GB/s: bytes as stored; plan --io-json prices the float32 values delivered)",
+        f"  {'rank':>4} {'method':<12} {'MB':>8} {'ms':>9} {'cpu ms':>9} {'GB/s':>7} {'x raw':>7} "
+        f"{'x tensorstore':>13}",
+    ]
     for res in r["results"]:
         for name, m in res["methods"].items():
             xr_ = "-" if m["x_raw"] is None else f"{m['x_raw']:.2f}"
             xt = "-" if m["x_tensorstore"] is None else f"{m['x_tensorstore']:.2f}"
-            lines.append(f"  {res['rank']:>4} {name:<12} {res['bytes'] / 1e6:>8.1f} {m['ms']:>9.1f} "
-                         f"{m['cpu_ms']:>9.1f} {m['gbps']:>7.2f} {xr_:>7} {xt:>13}")
+            lines.append(
+                f"  {res['rank']:>4} {name:<12} {res['bytes'] / 1e6:>8.1f} {m['ms']:>9.1f} "
+                f"{m['cpu_ms']:>9.1f} {m['gbps']:>7.2f} {xr_:>7} {xt:>13}"
+            )
     return "\n".join(lines)

@@ -44,7 +44,6 @@ __all__ = ["Run", "link_rate", "run_scaling", "scaling_runs", "scaling_worker", 
 log = logging.getLogger(__name__)
 
 
-
 @dataclass(frozen=True)
 class Run:
     """One configuration: ``mesh`` (data, lat, lon) of ``world`` processes, ``threads`` each."""
@@ -228,8 +227,14 @@ def link_worker(mesh: DomainMesh, nbytes: int, repeats: int) -> float:
     for _ in range(repeats + 1):
         dist.barrier()
         t0 = time.perf_counter()
-        exchange(axis, [(axis.peer(1), buf)], [(axis.peer(-1), buf.shape)], op="bench.link", dtype=buf.dtype,
-                 device=buf.device).wait()
+        exchange(
+            axis,
+            [(axis.peer(1), buf)],
+            [(axis.peer(-1), buf.shape)],
+            op="bench.link",
+            dtype=buf.dtype,
+            device=buf.device,
+        ).wait()
         times.append(time.perf_counter() - t0)
     return nbytes / statistics.median(times[1:])
 

@@ -33,7 +33,6 @@ __all__ = ["largest_grids", "read_bytes", "run_problem"]
 log = logging.getLogger(__name__)
 
 
-
 def problem_from_config(
     cfg: Any, grid: tuple[int, int], overrides: dict | None = None
 ) -> tuple[Problem, VariableSpec]:

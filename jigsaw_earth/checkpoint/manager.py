@@ -230,7 +230,10 @@ def _make_room(root: Path, expected_bytes: int, keep_last: int) -> None:
     for old in _prunable(root, max(keep_last - 1, 0)):
         log.warning(
             "only %.1f MiB free for a ~%.1f MiB checkpoint: removing %s before saving (checkpoint.keep=%d)",
-            free / 2**20, expected_bytes / 2**20, old, keep_last,
+            free / 2**20,
+            expected_bytes / 2**20,
+            old,
+            keep_last,
         )
         _remove_unpinned(old)
         free = _free_bytes(root)
@@ -271,8 +274,10 @@ def pinned(path: str | os.PathLike) -> Iterator[Path]:
         pin = None
     try:
         if not (path / "meta.json").is_file():  # pruned between read_meta and the pin
-            raise FileNotFoundError(f"checkpoint {path} was pruned by a training run while predict started; "
-                                    f"run again (the newest checkpoint is used)")
+            raise FileNotFoundError(
+                f"checkpoint {path} was pruned by a training run while predict started; "
+                f"run again (the newest checkpoint is used)"
+            )
         yield path
     finally:
         if pin is not None:

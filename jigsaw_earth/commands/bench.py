@@ -119,14 +119,25 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     io = kinds.add_parser("io", help="a training sample per rank through the tile reader, against raw reads")
     io.add_argument("inputs", nargs="*", type=Path, metavar="STORE", help="the Zarr store")
     io.add_argument("--mesh", default="2x2", metavar="LATxLON", help="the mesh (default 2x2)")
-    io.add_argument("--ranks", default="0", help="'all' (one process each, reading at once) or ranks "
-                    "measured alone, e.g. 0,3 (default 0)")
+    io.add_argument(
+        "--ranks",
+        default="0",
+        help="'all' (one process each, reading at once) or ranks measured alone, e.g. 0,3 (default 0)",
+    )
     io.add_argument("--lead-steps", type=int, default=1, help="target steps per sample (default 1)")
-    io.add_argument("--halo", type=int, default=0,
-                    help="halo width read around each tile, across the pole (default 0: as training)")
+    io.add_argument(
+        "--halo",
+        type=int,
+        default=0,
+        help="halo width read around each tile, across the pole (default 0: as training)",
+    )
     io.add_argument("--read-threads", type=int, default=2, help="the reader's threads (default 2)")
-    io.add_argument("--cache", choices=["warm", "cold", "both"], default="both",
-                    help="page cache warm, dropped before each read, or both (default)")
+    io.add_argument(
+        "--cache",
+        choices=["warm", "cold", "both"],
+        default="both",
+        help="page cache warm, dropped before each read, or both (default)",
+    )
     io.add_argument("--repeats", type=int, help="timed repeats (default 5)")
     _json(io)
     p.set_defaults(run=run)

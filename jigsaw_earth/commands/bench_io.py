@@ -19,8 +19,9 @@ log = logging.getLogger(__name__)
 
 def run_io(args: argparse.Namespace) -> int:
     if len(args.inputs) != 1:
-        raise ValueError(f"bench io takes one store, got {len(args.inputs)}: jigsaw-earth bench io STORE "
-                         f"--mesh 2x2")
+        raise ValueError(
+            f"bench io takes one store, got {len(args.inputs)}: jigsaw-earth bench io STORE --mesh 2x2"
+        )
     path = str(args.inputs[0])
     shape = parse_mesh(args.mesh)
     if args.lead_steps < 1:
@@ -37,8 +38,17 @@ def run_io(args: argparse.Namespace) -> int:
     halo = Halo.uniform(args.halo, lat_mode="pole")
     results = []
     for cold in (False, True) if args.cache == "both" else (args.cache == "cold",):
-        r = bench_io(path, spec, (shape.lat, shape.lon), ranks=args.ranks, halo=halo,
-                     lead_steps=args.lead_steps, threads=args.read_threads, repeats=repeats, cold=cold)
+        r = bench_io(
+            path,
+            spec,
+            (shape.lat, shape.lon),
+            ranks=args.ranks,
+            halo=halo,
+            lead_steps=args.lead_steps,
+            threads=args.read_threads,
+            repeats=repeats,
+            cold=cold,
+        )
         print(format_io(r))
         results.append(r)
     if args.json:

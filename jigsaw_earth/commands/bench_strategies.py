@@ -24,6 +24,7 @@ __all__ = ["parse_variant", "run_strategies"]
 
 log = logging.getLogger(__name__)
 
+
 def _value(text: str) -> object:
     try:
         return json.loads(text)

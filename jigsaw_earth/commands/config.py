@@ -42,8 +42,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run_validate(args: argparse.Namespace) -> int:
     if args.world_size is not None and args.world_size < 1:
-        raise ValueError(f"--world-size {args.world_size}: give the number of ranks, a positive integer "
-                         f"(e.g. --world-size 4), or leave it out")
+        raise ValueError(
+            f"--world-size {args.world_size}: give the number of ranks, a positive integer "
+            f"(e.g. --world-size 4), or leave it out"
+        )
     cfg = load_config(args.config, args.overrides, world_size=args.world_size)
     note = _preflight(cfg)
     if not args.quiet:

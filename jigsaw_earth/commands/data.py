@@ -29,13 +29,24 @@ def _names(items: list[str] | None) -> dict[str, str]:
 
 def _csv(text: str | None, what: str, cast=str) -> list | None:
     return None if text is None else parse_list(text, what, cast, example="500,850")
+
+
 def _variables(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--upper-air", help="comma-separated upper-air variables (WB2 names); default: every "
-                   "known one in the store; '' = none")
-    p.add_argument("--levels", help="comma-separated levels in hPa, or 'all' (default: all, for io-report "
-                   "500,850 when the store has them)")
-    p.add_argument("--surface", help="comma-separated surface variables (WB2 names); default: every known "
-                   "one in the store; '' = none")
+    p.add_argument(
+        "--upper-air",
+        help="comma-separated upper-air variables (WB2 names); default: every "
+        "known one in the store; '' = none",
+    )
+    p.add_argument(
+        "--levels",
+        help="comma-separated levels in hPa, or 'all' (default: all, for io-report "
+        "500,850 when the store has them)",
+    )
+    p.add_argument(
+        "--surface",
+        help="comma-separated surface variables (WB2 names); default: every known "
+        "one in the store; '' = none",
+    )
     p.add_argument(
         "--name",
         action="append",
@@ -54,9 +65,12 @@ def _layout_args(p: argparse.ArgumentParser) -> None:
         help="tile-aligned layout for this mesh: one shard "
         "per tile, inner chunks ~1/16 of a tile (overrides --chunk/--shard)",
     )
-    p.add_argument("--compression", choices=["none", "zstd", "lz4"],
-                   help="chunk compression (default: zstd for prepare, none for synth); none reads fastest "
-                        "(memory-mapped), lz4 decodes ~2x faster than zstd (docs/data.md)")
+    p.add_argument(
+        "--compression",
+        choices=["none", "zstd", "lz4"],
+        help="chunk compression (default: zstd for prepare, none for synth); none reads fastest "
+        "(memory-mapped), lz4 decodes ~2x faster than zstd (docs/data.md)",
+    )
     p.add_argument("--overwrite", action="store_true", help="replace an existing output")
 
 
@@ -81,18 +95,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--start", help="first time to keep")
     r.add_argument("--end", help="last time to keep")
     r.add_argument("--step-hours", type=int, help="keep times at multiples of N hours (regular axes)")
-    r.add_argument("--time-units", metavar="UNITS",
-                   help="CF units of a numeric time axis, e.g. 'hours since 1970-01-01' (default: the "
-                   "coordinate's units, else a store attribute such as time_units)")
+    r.add_argument(
+        "--time-units",
+        metavar="UNITS",
+        help="CF units of a numeric time axis, e.g. 'hours since 1970-01-01' (default: the "
+        "coordinate's units, else a store attribute such as time_units)",
+    )
     r.add_argument("--resample", metavar="HOURS", help="resample an irregular axis to this step, e.g. 6h")
-    r.add_argument("--resample-method", choices=["nearest", "linear"], default="nearest",
-                   help="nearest source time within the tolerance (default), or linear interpolation")
-    r.add_argument("--resample-tolerance", type=float, metavar="HOURS",
-                   help="nearest: max distance to a source time (default half the step); linear: max "
-                   "span between the two source times (default two steps)")
-    r.add_argument("--accumulate", metavar="HOURS",
-                   help="sum shorter accumulations (hourly total_precipitation) to totals over this "
-                   "period, e.g. 6h -> total_precipitation_6hr")
+    r.add_argument(
+        "--resample-method",
+        choices=["nearest", "linear"],
+        default="nearest",
+        help="nearest source time within the tolerance (default), or linear interpolation",
+    )
+    r.add_argument(
+        "--resample-tolerance",
+        type=float,
+        metavar="HOURS",
+        help="nearest: max distance to a source time (default half the step); linear: max "
+        "span between the two source times (default two steps)",
+    )
+    r.add_argument(
+        "--accumulate",
+        metavar="HOURS",
+        help="sum shorter accumulations (hourly total_precipitation) to totals over this "
+        "period, e.g. 6h -> total_precipitation_6hr",
+    )
     r.add_argument("--stats-start", help="first time of the statistics period")
     r.add_argument("--stats-end", help="last time of the statistics period")
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -112,9 +140,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     o = dsub.add_parser("io-report", help="bytes each rank of a mesh reads for one sample")
     o.add_argument("path", help="store to read one sample from")
     o.add_argument("--mesh", action="append", metavar="LATxLON", help="repeatable; default 2x2")
-    o.add_argument("--halo", type=int, default=0,
-                   help="halo rows/columns read around each tile (default 0: training reads tiles; layers "
-                        "exchange halos over the network)")
+    o.add_argument(
+        "--halo",
+        type=int,
+        default=0,
+        help="halo rows/columns read around each tile (default 0: training reads tiles; layers "
+        "exchange halos over the network)",
+    )
     o.add_argument("--pole", default="zeros", choices=["zeros", "replicate", "pole"])
     o.add_argument("--lead-steps", type=int, default=1, help="target steps per sample")
     o.add_argument("--time-index", type=int, default=0, help="which time to read")
@@ -254,8 +286,10 @@ def _inspect(args: argparse.Namespace) -> int:
     if t["irregular"]:
         suggest = max(h for h in (1, 2, 3, 6, 12, 24) if h <= max(1, t["step_hours"]))
         spacing = ", ".join(f"{h:g} h x{n}" for h, n in sorted(t["spacing_hours"].items()))
-        print(f"  IRREGULAR time axis: spacings {spacing}; not gaps. Fix: jigsaw-earth data prepare "
-              f"{r['path']} --out DST --resample {suggest}h")
+        print(
+            f"  IRREGULAR time axis: spacings {spacing}; not gaps. Fix: jigsaw-earth data prepare "
+            f"{r['path']} --out DST --resample {suggest}h"
+        )
         for a, b in t["irregular"][:5]:
             print(f"  irregular {a} -> {b}")
     print(f"{'variable':<28} {'dims':<40} {'chunks':<22} {'shards':<22} NaNs ({r['nan_scan']})")

@@ -22,6 +22,7 @@ from ..models.plan_eval import EvalPlan, plan_evaluation, writes
 
 __all__ = ["add_parser", "run"]
 
+
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plan", help="rank the data × lat × lon meshes of a world size for a model")
     p.add_argument("--model", required=True, help="a registered model or package.module:Class")
@@ -53,19 +54,35 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--channels", default="69,2,4", metavar="STATE,STATIC,TIME", help="input channels")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="activations and messages")
-    p.add_argument("--read-gbps", type=float, metavar="X",
-                   help="float32 GB/s one rank's tile reader delivers: prices reading each batch (prefetched "
-                        "beside the step) and flags I/O-bound meshes")
-    p.add_argument("--io-json", type=Path, metavar="PATH",
-                   help="take --read-gbps from a `jigsaw-earth bench io --json` file (the reader's median "
-                        "float32 GB/s delivered over ranks, warm cache, all ranks at once where measured)")
-    p.add_argument("--evaluate", metavar="INITSxSTEPS",
-                   help="also size an evaluation: INITS initialisations × STEPS model steps, e.g. 732x40 "
-                        "(WB2 2020, 6 h steps to 10 days): time and bytes written")
+    p.add_argument(
+        "--read-gbps",
+        type=float,
+        metavar="X",
+        help="float32 GB/s one rank's tile reader delivers: prices reading each batch (prefetched "
+        "beside the step) and flags I/O-bound meshes",
+    )
+    p.add_argument(
+        "--io-json",
+        type=Path,
+        metavar="PATH",
+        help="take --read-gbps from a `jigsaw-earth bench io --json` file (the reader's median "
+        "float32 GB/s delivered over ranks, warm cache, all ranks at once where measured)",
+    )
+    p.add_argument(
+        "--evaluate",
+        metavar="INITSxSTEPS",
+        help="also size an evaluation: INITS initialisations × STEPS model steps, e.g. 732x40 "
+        "(WB2 2020, 6 h steps to 10 days): time and bytes written",
+    )
     p.add_argument("--eval-mesh", metavar="DxLATxLON", help="the evaluation's mesh (default: recommended)")
     p.add_argument("--eval-batch", type=int, metavar="B", help="inits per forward (default: what fits)")
-    p.add_argument("--write-gbps", type=float, default=1.0, metavar="X",
-                   help="GB/s one rank writes to the forecast store (default 1)")
+    p.add_argument(
+        "--write-gbps",
+        type=float,
+        default=1.0,
+        metavar="X",
+        help="GB/s one rank writes to the forecast store (default 1)",
+    )
     p.add_argument("--json", type=Path, metavar="PATH", help="write every mesh's figures as JSON")
     p.set_defaults(run=run)
 
@@ -74,8 +91,10 @@ def _gpu_memory(text: str) -> int:
     """``--gpu-memory``: ``80GB``, ``80 GiB``, ``8e10`` → bytes, at least 256 MiB."""
     size = parse_bytes(text, "--gpu-memory", "80GB or 80GiB")
     if size < 2**28:  # 256 MiB: smaller than any accelerator's memory, so a missing unit or a typo
-        raise ValueError(f"--gpu-memory {text!r} is {size} bytes, less than any GPU holds; write the memory "
-                         f"of one GPU with its unit, such as 80GB or 80GiB")
+        raise ValueError(
+            f"--gpu-memory {text!r} is {size} bytes, less than any GPU holds; write the memory "
+            f"of one GPU with its unit, such as 80GB or 80GiB"
+        )
     return size
 
 
@@ -99,8 +118,10 @@ def _hardware(args: argparse.Namespace) -> Hardware:
         raise ValueError(f"--efficiency {args.efficiency}: use a fraction in (0, 1]")
     nodes = args.nodes if args.nodes is not None else max(1, args.world_size // 8)
     if args.nodes is None and args.world_size % nodes:
-        raise ValueError(f"--world-size {args.world_size} does not split over the default --nodes {nodes} "
-                         f"(8 GPUs per node); pass --nodes K, K dividing {args.world_size} (e.g. --nodes 1)")
+        raise ValueError(
+            f"--world-size {args.world_size} does not split over the default --nodes {nodes} "
+            f"(8 GPUs per node); pass --nodes K, K dividing {args.world_size} (e.g. --nodes 1)"
+        )
     if nodes < 1 or args.world_size % nodes:
         raise ValueError(f"--nodes {nodes}: use a positive divisor of --world-size {args.world_size}")
     return Hardware(
@@ -131,9 +152,11 @@ def _read_gbps(args: argparse.Namespace) -> float:
         pick = next((r for r in warm if r["ranks"] == "all"), warm[0])
         return statistics.median(res["methods"]["reader"]["delivered_gbps"] for res in pick["results"])
     except (OSError, ValueError, KeyError, IndexError, TypeError) as err:
-        raise ValueError(f"--io-json {str(args.io_json)!r}: not a `jigsaw-earth bench io --json` file "
-                         f"({type(err).__name__}: {err}); write one with jigsaw-earth bench io STORE "
-                         f"--mesh LATxLON --json PATH") from None
+        raise ValueError(
+            f"--io-json {str(args.io_json)!r}: not a `jigsaw-earth bench io --json` file "
+            f"({type(err).__name__}: {err}); write one with jigsaw-earth bench io STORE "
+            f"--mesh LATxLON --json PATH"
+        ) from None
 
 
 def _rate_curve(text: str | None) -> tuple[tuple[float, float], ...]:
@@ -236,24 +259,39 @@ def _evaluation(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan], g
     if args.eval_mesh:
         d, lat, lon = parse_ints(args.eval_mesh, "--eval-mesh", 3, example="1x2x2")
         if d * lat * lon != args.world_size:
-            raise ValueError(f"--eval-mesh {args.eval_mesh}: {d}×{lat}×{lon} = {d * lat * lon} ranks, not "
-                             f"--world-size {args.world_size}")
+            raise ValueError(
+                f"--eval-mesh {args.eval_mesh}: {d}×{lat}×{lon} = {d * lat * lon} ranks, not "
+                f"--world-size {args.world_size}"
+            )
         shape = MeshShape(d, lat, lon)
     else:
         best, _ = recommend(plans)
         if best is None:
             raise ValueError("no mesh fits for training, so none is recommended: pass --eval-mesh DxLATxLON")
         shape = MeshShape(best.data, best.lat, best.lon)
-    e = plan_evaluation(args.model, args.preset, (grid[0], grid[1]), shape, channels, hw, inits=inits,
-                        steps=steps, writes=writes(channels[0], steps), batch=args.eval_batch, elsize=elsize,
-                        write_gbps=args.write_gbps)
+    e = plan_evaluation(
+        args.model,
+        args.preset,
+        (grid[0], grid[1]),
+        shape,
+        channels,
+        hw,
+        inits=inits,
+        steps=steps,
+        writes=writes(channels[0], steps),
+        batch=args.eval_batch,
+        elsize=elsize,
+        write_gbps=args.write_gbps,
+    )
     if e.error:
         raise ValueError(f"--eval-mesh {e.mesh}: {e.error}")
     fit = "fits" if e.fits else "DOES NOT FIT"
     print(f"evaluation: {inits} inits × {steps} steps on {e.mesh}, batch {e.batch} per data replica "
           f"({_gb(e.memory['total'])} GB per GPU for the forward: {fit})")  # fmt: skip
-    print(f"  forward of {e.batch} inits {e.forward_s * 1e3:.1f} ms; {inits * steps} model steps in "
-          f"{e.time_s / 3600:.2f} h of forwards ({e.steps_per_s:.1f} steps/s)")
+    print(
+        f"  forward of {e.batch} inits {e.forward_s * 1e3:.1f} ms; {inits * steps} model steps in "
+        f"{e.time_s / 3600:.2f} h of forwards ({e.steps_per_s:.1f} steps/s)"
+    )
     print(f"  written at {args.write_gbps:g} GB/s per rank beside the forward (the longer of the two):")
     for label, nbytes in e.written.items():
         print(f"    {label:<40} {_size(nbytes):>10}  {e.total_s[label] / 3600:8.2f} h")

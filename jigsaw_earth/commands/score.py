@@ -60,8 +60,10 @@ def _open(path: Path, what: str) -> xr.Dataset:
             raise FileNotFoundError(f"{what} store {path} not found")
         why = unfinished_reason(path)
         if why is not None:
-            raise ValueError(f"{what} store: {why}; score a finished store (run the command that writes it "
-                             f"again, then delete {path})")
+            raise ValueError(
+                f"{what} store: {why}; score a finished store (run the command that writes it "
+                f"again, then delete {path})"
+            )
     return open_dataset(path)
 
 
@@ -78,8 +80,10 @@ def _distinct(args: argparse.Namespace) -> None:
             continue
         key = str(path) if "://" in str(path) else str(Path(path).resolve())
         if key in seen:
-            raise ValueError(f"{option} {path} is the same store as {seen[key]}; pass the verifying analysis "
-                             f"(e.g. the ERA5 store) as --truth and its climatology as --climatology")
+            raise ValueError(
+                f"{option} {path} is the same store as {seen[key]}; pass the verifying analysis "
+                f"(e.g. the ERA5 store) as --truth and its climatology as --climatology"
+            )
         seen[key] = option
 
 

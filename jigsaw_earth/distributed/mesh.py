@@ -273,7 +273,9 @@ def _connect_transport(transport: str, device: torch.device, timeout_s: float) -
     from . import comm, shm
 
     if transport not in ("auto", "backend"):
-        raise ValueError(f"transport {transport!r}: use auto (shared memory between CPU ranks of one host) "
-                         f"or backend (the process group's own)")
+        raise ValueError(
+            f"transport {transport!r}: use auto (shared memory between CPU ranks of one host) "
+            f"or backend (the process group's own)"
+        )
     use = transport == "auto" and device.type == "cpu"
     comm.set_transport(shm.connect(timeout_s) if use else None)

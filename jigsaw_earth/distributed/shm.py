@@ -85,8 +85,15 @@ class _Doorbells:
 
     def sleep(self, rank: int, seen: int) -> None:
         """Sleep until rank's word differs from ``seen`` (or ``NAP_S``)."""
-        self._libc.syscall(_SYS_FUTEX, self._c_addr(rank), _FUTEX_WAIT, ctypes.c_uint32(seen),
-                           ctypes.byref(self._nap), None, 0)
+        self._libc.syscall(
+            _SYS_FUTEX,
+            self._c_addr(rank),
+            _FUTEX_WAIT,
+            ctypes.c_uint32(seen),
+            ctypes.byref(self._nap),
+            None,
+            0,
+        )
 
     def _c_addr(self, rank: int) -> ctypes.c_void_p:
         return ctypes.c_void_p(self._base + 64 * rank)
@@ -221,8 +228,10 @@ class _Incoming:
 
 def _check_size(size: int, op: _Op, tag: int) -> None:
     if size != op.dest.nbytes:  # type: ignore[union-attr]
-        raise RuntimeError(f"rank {op.peer} sent {size} bytes with tag {tag} where this rank posted a "
-                           f"receive of {op.dest.nbytes}: the ranks run different programs")  # type: ignore[union-attr]
+        raise RuntimeError(
+            f"rank {op.peer} sent {size} bytes with tag {tag} where this rank posted a "
+            f"receive of {op.dest.nbytes}: the ranks run different programs"
+        )  # type: ignore[union-attr]
 
 
 class _Handle:
@@ -239,15 +248,24 @@ class _Handle:
 class SharedMemoryTransport:
     """Rings to and from every other rank of this host (``connect`` builds it)."""
 
-    def __init__(self, rank: int, outgoing: dict[int, _Ring], incoming: dict[int, _Ring],
-                 bells: _Doorbells, pids: Sequence[int], timeout_s: float, oversubscribed: bool):
+    def __init__(
+        self,
+        rank: int,
+        outgoing: dict[int, _Ring],
+        incoming: dict[int, _Ring],
+        bells: _Doorbells,
+        pids: Sequence[int],
+        timeout_s: float,
+        oversubscribed: bool,
+    ):
         self.rank, self.pids, self.timeout_s, self.bells = rank, list(pids), timeout_s, bells
         self.out = {p: _Outgoing(r, functools.partial(bells.ring, p)) for p, r in outgoing.items()}
         self.inc = {p: _Incoming(r, p, functools.partial(bells.ring, p)) for p, r in incoming.items()}
         self.spin = 0 if oversubscribed else 200  # polls before sleeping (one core per rank)
 
-    def post(self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]],
-             tag: int) -> _Handle:
+    def post(
+        self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]], tag: int
+    ) -> _Handle:
         """Queue ``sends`` (peer, contiguous CPU tensor) and post ``recvs`` (peer, tensor to fill)."""
         ops: list[_Op] = []
         for peer, buf in recvs:
@@ -302,11 +320,15 @@ class SharedMemoryTransport:
             try:
                 os.kill(self.pids[peer], 0)
             except ProcessLookupError:
-                raise RuntimeError(f"rank {peer} (pid {self.pids[peer]}) exited while rank {self.rank} "
-                                   f"waited for a message from or to it") from None
+                raise RuntimeError(
+                    f"rank {peer} (pid {self.pids[peer]}) exited while rank {self.rank} "
+                    f"waited for a message from or to it"
+                ) from None
             if waited > self.timeout_s:
-                raise RuntimeError(f"rank {self.rank} waited {waited:.0f} s for a message from or to rank "
-                                   f"{peer} (distributed.timeout_s = {self.timeout_s:g}): a rank hangs")
+                raise RuntimeError(
+                    f"rank {self.rank} waited {waited:.0f} s for a message from or to rank "
+                    f"{peer} (distributed.timeout_s = {self.timeout_s:g}): a rank hangs"
+                )
 
 
 def _ring_path(token: str, src: int, dst: int) -> str:
@@ -336,14 +358,24 @@ def connect(timeout_s: float) -> SharedMemoryTransport | None:
         free = os.statvfs(_DIR).f_bavail * os.statvfs(_DIR).f_frsize
     except OSError:
         free = 0
-    me = (socket.gethostname(), os.getpid(), platform.machine(), free, uuid.uuid4().hex[:12],
-          len(os.sched_getaffinity(0)))
+    me = (
+        socket.gethostname(),
+        os.getpid(),
+        platform.machine(),
+        free,
+        uuid.uuid4().hex[:12],
+        len(os.sched_getaffinity(0)),
+    )
     everyone: list = [None] * world
     dist.all_gather_object(everyone, me)
     rings = world * (world - 1)
     capacity = min(RING_BYTES, SHM_BUDGET // rings) // HEADER * HEADER
-    usable = (len({e[0] for e in everyone}) == 1 and all(e[2] in ("x86_64", "AMD64") for e in everyone)
-              and capacity >= (1 << 20) and everyone[0][3] > 2 * rings * (capacity + _CTRL))
+    usable = (
+        len({e[0] for e in everyone}) == 1
+        and all(e[2] in ("x86_64", "AMD64") for e in everyone)
+        and capacity >= (1 << 20)
+        and everyone[0][3] > 2 * rings * (capacity + _CTRL)
+    )
     if not usable:
         log.debug("shared-memory transport off (ranks on several hosts, not x86-64, or /dev/shm full)")
         return None
@@ -366,8 +398,11 @@ def connect(timeout_s: float) -> SharedMemoryTransport | None:
     outgoing: dict[int, _Ring] = {}
     try:
         if not any(errors):
-            outgoing = {dst: _Ring(_map(_ring_path(token, rank, dst), size, False), capacity)
-                        for dst in range(world) if dst != rank}
+            outgoing = {
+                dst: _Ring(_map(_ring_path(token, rank, dst), size, False), capacity)
+                for dst in range(world)
+                if dst != rank
+            }
             bells_map = bells_map or _map(bells_path, bells_size, False)
     finally:
         dist.barrier()
@@ -379,5 +414,12 @@ def connect(timeout_s: float) -> SharedMemoryTransport | None:
         return None
     cores = everyone[0][5]
     log.debug("shared-memory transport: %d rings of %d MiB", rings, capacity >> 20)
-    return SharedMemoryTransport(rank, outgoing, incoming, _Doorbells(bells_map, world),  # type: ignore[arg-type]
-                                 [e[1] for e in everyone], timeout_s, oversubscribed=world > max(cores, 1))
+    return SharedMemoryTransport(
+        rank,
+        outgoing,
+        incoming,
+        _Doorbells(bells_map, world),  # type: ignore[arg-type]
+        [e[1] for e in everyone],
+        timeout_s,
+        oversubscribed=world > max(cores, 1),
+    )

@@ -93,8 +93,9 @@ def _check_options(out: str | Path | None, every_hours: int, max_inits: int, bat
             what = "0 (all) or more" if least == 0 else f"at least {least}"
             raise ValueError(f"{option} {value}: must be {what}; e.g. {option} {max(least, 1)}")
     if out is None and score is None:
-        raise ValueError("nothing to do: give --out STORE to write the forecast, --score to score it, "
-                         "or both")
+        raise ValueError(
+            "nothing to do: give --out STORE to write the forecast, --score to score it, or both"
+        )
     if out is not None and not str(out).strip():
         raise ValueError("--out '' is empty; give the forecast store to write, e.g. --out fc.zarr")
 

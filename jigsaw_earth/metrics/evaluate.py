@@ -93,13 +93,17 @@ def check_times(times: np.ndarray, what: str) -> None:
     if (counts > 1).any():
         dup = [stamps[int(np.nonzero(times == v)[0][0])] for v in values[counts > 1]]
         more = " …" if len(dup) > 10 else ""
-        raise ValueError(f"{what} repeat {dup[:10]}{more} ({len(dup)} duplicated): each would be counted "
-                         f"twice; write each init once (e.g. ds.drop_duplicates('time'))")
+        raise ValueError(
+            f"{what} repeat {dup[:10]}{more} ({len(dup)} duplicated): each would be counted "
+            f"twice; write each init once (e.g. ds.drop_duplicates('time'))"
+        )
     back = np.nonzero(times[1:] < times[:-1])[0]
     if back.size:
         k = int(back[0])
-        raise ValueError(f"{what} are not sorted: {stamps[k]} comes before {stamps[k + 1]}; sort them first "
-                         f"(ds.sortby('time'))")
+        raise ValueError(
+            f"{what} are not sorted: {stamps[k]} comes before {stamps[k + 1]}; sort them first "
+            f"(ds.sortby('time'))"
+        )
 
 
 def _lacks(name: str, fc: xr.Dataset, other: xr.Dataset | None, what: str) -> str | None:
@@ -111,8 +115,10 @@ def _lacks(name: str, fc: xr.Dataset, other: xr.Dataset | None, what: str) -> st
     if "level" in fc[name].dims and "level" in other[name].dims:
         missing = np.setdiff1d(fc[name]["level"].values, other[name]["level"].values)
         if missing.size:
-            return (f"the {what} has {name!r} without levels {missing.tolist()[:5]} of the forecast "
-                    f"(it has {other[name]['level'].values.tolist()})")
+            return (
+                f"the {what} has {name!r} without levels {missing.tolist()[:5]} of the forecast "
+                f"(it has {other[name]['level'].values.tolist()})"
+            )
     return None
 
 
@@ -134,8 +140,10 @@ def _variables(
         elif variables:
             log.warning("skipped %s: %s", name, why)
         else:
-            raise ValueError(f"forecast variable {name!r} cannot be scored: {why}; use a store that has "
-                             f"it, or score --variables without it")
+            raise ValueError(
+                f"forecast variable {name!r} cannot be scored: {why}; use a store that has "
+                f"it, or score --variables without it"
+            )
     if not kept:
         raise ValueError(f"none of --variables {names} can be scored against this truth/climatology")
     return kept

@@ -47,9 +47,14 @@ class Source(Protocol):
     def targets(self, ts: np.ndarray) -> np.ndarray: ...  # (L, C, h, w)
     def static(self) -> np.ndarray: ...  # (S, h, w), already normalised
     def climatology(self, times: np.ndarray) -> np.ndarray | None: ...  # (N, C, h, w) or None
-    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray,
-              out: tuple[np.ndarray, np.ndarray] | None = None,
-              ) -> tuple[np.ndarray, np.ndarray]: ...  # normalised (B, C, h, w), (B, L, C, h, w)
+    def batch(
+        self,
+        inits: np.ndarray,
+        targets: np.ndarray,
+        mean: np.ndarray,
+        std: np.ndarray,
+        out: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]: ...  # normalised (B, C, h, w), (B, L, C, h, w)
 
 
 @dataclass
@@ -79,8 +84,14 @@ class MemorySource:
     def static(self) -> np.ndarray:
         return self._cut(self.static_fields)
 
-    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray,
-              out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def batch(
+        self,
+        inits: np.ndarray,
+        targets: np.ndarray,
+        mean: np.ndarray,
+        std: np.ndarray,
+        out: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         x = np.stack([(self.inputs(int(t)) - mean) / std for t in inits])
         y = np.stack([(self.targets(ts) - mean) / std for ts in targets])
         return x.astype(np.float32), y.astype(np.float32)
@@ -160,8 +171,9 @@ class TrainData:
 
     def _inits(self, mask: np.ndarray, lead_steps: int, what: str) -> np.ndarray:
         """Time indices in ``mask`` whose ``lead_steps`` targets exist and also lie in ``mask``."""
-        inits, targets = sample_index(self.times, np.nonzero(mask)[0], self.step_hours, lead_steps,
-                                      self.allow_gaps, self.where, what)
+        inits, targets = sample_index(
+            self.times, np.nonzero(mask)[0], self.step_hours, lead_steps, self.allow_gaps, self.where, what
+        )
         return inits[mask[targets[:, -1]]] if len(inits) else inits
 
     def valid_inits(self, candidates: np.ndarray, lead_steps: int) -> np.ndarray:

@@ -145,7 +145,12 @@ class Monitor:
             "Raise data.read_threads or data.prefetch, write the store for this mesh (jigsaw-earth data "
             "prepare SRC --out DST --for-mesh %s --compression none), and compare jigsaw-earth bench io "
             "%s --mesh %s with the step time",
-            step, 1e3 * waited / max(steps, 1), 100 * share, mesh, self.cfg.data.store, mesh,
+            step,
+            1e3 * waited / max(steps, 1),
+            100 * share,
+            mesh,
+            self.cfg.data.store,
+            mesh,
         )
 
     def summary(self, step: int, breakdown: dict[str, float]) -> None:

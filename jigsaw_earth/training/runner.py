@@ -65,8 +65,12 @@ def setup_mesh(cfg: TrainConfig) -> DomainMesh:
     backend = None if cfg.distributed.backend == "auto" else cfg.distributed.backend
     try:
         _init_elastic_group(backend, cfg.distributed.timeout_s)
-        return init_mesh(cfg.mesh.shape, backend=backend, timeout_s=cfg.distributed.timeout_s,
-                         transport=cfg.distributed.transport)
+        return init_mesh(
+            cfg.mesh.shape,
+            backend=backend,
+            timeout_s=cfg.distributed.timeout_s,
+            transport=cfg.distributed.transport,
+        )
     except (RuntimeError, dist.DistError) as err:
         if isinstance(err, ValueError):
             raise

@@ -65,8 +65,14 @@ class StoreSource:
     def targets(self, ts: np.ndarray) -> np.ndarray:
         return self.reader.read_targets(np.asarray(ts))
 
-    def batch(self, inits: np.ndarray, targets: np.ndarray, mean: np.ndarray, std: np.ndarray,
-              out: tuple[np.ndarray, np.ndarray] | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def batch(
+        self,
+        inits: np.ndarray,
+        targets: np.ndarray,
+        mean: np.ndarray,
+        std: np.ndarray,
+        out: tuple[np.ndarray, np.ndarray] | None = None,
+    ) -> tuple[np.ndarray, np.ndarray]:
         """Normalised inputs ``(B, C, h, w)`` and targets ``(B, L, C, h, w)``, every field of every
         sample read in parallel and normalised as it lands (into ``out`` when it fits)."""
         return self.reader.read_batch(inits, targets, Normalisation(mean.reshape(-1), std.reshape(-1)), out)
@@ -83,8 +89,9 @@ class TileClimatology:
     """One tile of a WB2-layout climatology store, the fields of ``spec``, physical units."""
 
     def __init__(self, ds: xr.Dataset, spec: VariableSpec, tile: Tile):
-        self.ds = ds.isel(latitude=slice(tile.lat_start, tile.lat_stop),
-                          longitude=slice(tile.lon_start, tile.lon_stop))
+        self.ds = ds.isel(
+            latitude=slice(tile.lat_start, tile.lat_stop), longitude=slice(tile.lon_start, tile.lon_stop)
+        )
         self.spec = spec
 
     @classmethod
@@ -129,8 +136,15 @@ def _warn_over_read(source: StoreSource, grid: TileGrid, mesh: DomainMesh) -> No
             "store %s: each rank reads %.2fx its tile (%.3f of every sample; its share is %.3f): the "
             "chunks do not follow the %dx%d tiles. Rewrite it: jigsaw-earth data prepare %s --out DST "
             "--for-mesh %dx%d",
-            source.path, planned / share, planned, share, mesh.shape.lat, mesh.shape.lon,
-            source.path, mesh.shape.lat, mesh.shape.lon,
+            source.path,
+            planned / share,
+            planned,
+            share,
+            mesh.shape.lat,
+            mesh.shape.lon,
+            source.path,
+            mesh.shape.lat,
+            mesh.shape.lon,
         )
 
 
@@ -166,6 +180,10 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh, *, training: bool = True) -> 
         prefetch=d.prefetch,
     )
     if mesh.rank == 0 and training:
-        log.info("data: %d read thread(s), %d batch(es) read ahead; batches take %.1f MiB of host "
-                 "memory per rank", d.read_threads, d.prefetch, (d.prefetch + 1) * data.batch_bytes() / 2**20)
+        log.info(
+            "data: %d read thread(s), %d batch(es) read ahead; batches take %.1f MiB of host memory per rank",
+            d.read_threads,
+            d.prefetch,
+            (d.prefetch + 1) * data.batch_bytes() / 2**20,
+        )
     return data

@@ -183,7 +183,6 @@ class PlainWeatherMixer(PlainForecaster):
     predict = weathermixer.WeatherMixer.predict
 
 
-
 def build_twin(
     name: str,
     grid: tuple[int, int],
