@@ -217,7 +217,7 @@ def _predict(
     replicas, replica = mesh.axis("data").size, mesh.axis("data").index
     mine = np.arange(len(inits))[replica::replicas]
     if batch_size is None:
-        batch_size = auto_batch(model, data, max(1, len(mine)), 2 if bf16 else 4, dev)
+        batch_size = auto_batch(model, data, max(1, len(mine)), 2 if bf16 else 4, mesh)
     writer = None
     if out is not None:
         writer = ForecastWriter(out, layout, data.grid, mesh.rank, overwrite=overwrite, protected=protected)

@@ -24,6 +24,8 @@ import torch
 import torch.distributed as dist
 
 from ..data.times import N_TIME_FEATURES
+from ..distributed.comm import all_reduce_
+from ..distributed.mesh import DomainMesh
 from ..models.plan_eval import inference_memory
 
 __all__ = ["MEMORY_FRACTION", "QUEUED", "Pipeline", "auto_batch", "free_memory", "training_forward_rate"]
@@ -47,17 +49,17 @@ def free_memory(device: torch.device) -> int:
     return avail // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
-def auto_batch(model: torch.nn.Module, data: Any, n_local: int, elsize: int, device: torch.device) -> int:
+def auto_batch(model: torch.nn.Module, data: Any, n_local: int, elsize: int, mesh: DomainMesh) -> int:
     """Inits per forward: as many as fit in ``MEMORY_FRACTION`` of the free memory (at most
-    ``n_local``, this replica's inits), the same on every rank (collective)."""
+    ``n_local``, this replica's inits), the same on every rank (collective over ``mesh.world``)."""
     h, w = data.tile.shape
     channels = (len(data.channels), data.n_static, N_TIME_FEATURES)
     one = inference_memory(model, 1, elsize, h * w, channels)
     per = max(1, one["total"] - one["parameters"])
-    budget = int(free_memory(device) * MEMORY_FRACTION)
-    batch = torch.tensor([max(1, min(n_local, budget // per))], dtype=torch.int64)
+    budget = int(free_memory(mesh.device) * MEMORY_FRACTION)
+    batch = torch.tensor([max(1, min(n_local, budget // per))], dtype=torch.int64, device=mesh.device)
     if dist.is_initialized():
-        dist.all_reduce(batch, op=dist.ReduceOp.MIN)
+        all_reduce_(batch, mesh.world, op="predict.batch", reduce=dist.ReduceOp.MIN)
     return int(batch.item())
 
 
