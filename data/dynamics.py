@@ -8,6 +8,8 @@ import numpy as np
 
 from jigsaw_earth.sphere import grid_latitudes, grid_longitudes
 
+from .store import UPPER_AIR_VARIABLES
+
 __all__ = ["Dynamics"]
 
 log = logging.getLogger(__name__)
@@ -15,14 +17,7 @@ log = logging.getLogger(__name__)
 G = 9.80665
 OMEGA = 7.292e-5
 RADIUS = 6.371e6
-UPPER = (
-    "geopotential",
-    "temperature",
-    "u_component_of_wind",
-    "v_component_of_wind",
-    "specific_humidity",
-    "vertical_velocity",
-)
+UPPER = UPPER_AIR_VARIABLES  # every upper-air variable synth can make: the naming table's
 
 
 def _height(p: np.ndarray) -> np.ndarray:
