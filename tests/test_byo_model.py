@@ -25,7 +25,7 @@ from jigsaw_earth.cli import main
 from jigsaw_earth.config import parse_config
 from jigsaw_earth.distributed.spawn import free_port
 
-from .train_helpers import TINY_YAML, merge_sections
+from .train_helpers import TINY_YAML, merge_sections, rank_env
 
 EXAMPLES = Path(__file__).parents[1] / "examples"
 CONVNET = "jigsaw_examples.convnet:ConvNet"
@@ -67,17 +67,9 @@ def _config(path: Path, store: Path, model: str, lat: int, lon: int) -> Path:
 def _train(config: Path, world: int, *overrides: str) -> None:
     """``jigsaw-earth train`` on ``world`` processes started as srun starts them."""
     port, procs = free_port(), []
+    path = os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")])
     for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": os.pathsep.join([str(EXAMPLES), os.environ.get("PYTHONPATH", "")]),
-        }
+        env = rank_env(rank, world, port, PYTHONPATH=path)
         cmd = [sys.executable, "-m", "jigsaw_earth", "train", str(config), *overrides]
         procs.append(
             subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -10,7 +10,6 @@ per rank, ``RANK``/``WORLD_SIZE``/``MASTER_ADDR`` in the environment, no torchru
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ import yaml
 
 from jigsaw_earth.distributed.spawn import free_port
 
-from .train_helpers import TINY_YAML, merge_sections
+from .train_helpers import TINY_YAML, merge_sections, rank_env
 
 STEPS = 10
 
@@ -56,15 +55,7 @@ def _config(tmp_path: Path, store: Path, lon: int) -> Path:
 def _start(config: Path, world: int, port: int) -> list[subprocess.Popen]:
     procs = []
     for rank in range(world):
-        env = {
-            **os.environ,
-            "RANK": str(rank),
-            "WORLD_SIZE": str(world),
-            "LOCAL_RANK": str(rank),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
-            "OMP_NUM_THREADS": "1",
-        }
+        env = rank_env(rank, world, port)
         cmd = [sys.executable, "-m", "jigsaw_earth", "train", str(config)]
         procs.append(
             subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -8,6 +8,7 @@ distributed matmul exactly as in the real models.
 from __future__ import annotations
 
 import copy
+import os
 from typing import Any
 
 import numpy as np
@@ -148,3 +149,17 @@ def merge_sections(base: dict[str, Any], change: dict[str, Any]) -> dict[str, An
         else:
             out[section] = values
     return out
+
+
+def rank_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
+    """The environment of one of ``world`` training processes started by hand, as srun/torchrun would."""
+    return {
+        **os.environ,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "OMP_NUM_THREADS": "1",
+        **extra,
+    }
