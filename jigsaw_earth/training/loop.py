@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
@@ -45,6 +46,7 @@ from .data import TrainData
 from .evaluate import format_table, validate
 from .loss import channel_weights, global_value, weighted_sq_error
 from .monitor import Monitor, memory_mb
+from .noise import forecast_sample_index, member_noise, train_sample_index
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
 from .rundir import claim_run_dir, config_hash, record_start
@@ -153,22 +155,56 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ compute
-    def forward(self, state: torch.Tensor, static: torch.Tensor, time_features: torch.Tensor) -> torch.Tensor:
-        """One model step as configured (``step.model_step``: autocast, tendency scaling); float32."""
+    def forward(
+        self,
+        state: torch.Tensor,
+        static: torch.Tensor,
+        time_features: torch.Tensor,
+        noise: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One model step as configured (``step.model_step``: autocast, tendency scaling, noise); float32."""
         bf16 = self.cfg.training.precision == "bf16"
-        return model_step(self.model, state, static, time_features, bf16=bf16, tendency=self.tendency)
+        return model_step(
+            self.model, state, static, time_features, bf16=bf16, tendency=self.tendency, noise=noise
+        )
 
-    def _loss_local(self, batch: Batch) -> torch.Tensor:
+    def noise(self, batch: Batch, samples: torch.Tensor, members: range, k: int) -> torch.Tensor | None:
+        """Noise channels ``(len(members) · B, K, h, w)`` of rollout step ``k`` (member-major rows);
+        ``None`` for a deterministic model (``noise.py`` has the stream's definition)."""
+        n = self.cfg.model.noise_channels
+        if not n:
+            return None
+        g = self.data.grid
+        shape = (batch.inputs.shape[0], n, *batch.tile.shape)
+        parts = [
+            member_noise(
+                shape,
+                seed=self.cfg.run.seed,
+                member=m,
+                sample_index=samples,
+                step=k,
+                tile=batch.tile,
+                grid=(g.n_lat, g.n_lon),
+                device=batch.inputs.device,
+            )
+            for m in members
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def _loss_local(self, batch: Batch, step: int) -> torch.Tensor:
         dev = self.mesh.device
         state, static = batch.inputs, batch.static
         lat_w, ch_w = self.data.lat_weights.to(dev), self.ch_weights.to(dev)
+        rows = self.data.replica * self.data.local_batch + np.arange(batch.inputs.shape[0])
+        samples = train_sample_index(step, self.cfg.training.batch_size, rows)
         total = torch.zeros((), device=dev)
         for k in range(batch.lead_steps):
             tf = self.data.step_time_features(batch, k).to(dev)
+            noise = self.noise(batch, samples, range(1), k)
             if self.cfg.training.activation_checkpointing:
-                state = recompute(self.forward, state, static, tf, use_reentrant=False)
+                state = recompute(self.forward, state, static, tf, noise, use_reentrant=False)
             else:
-                state = self.forward(state, static, tf)
+                state = self.forward(state, static, tf, noise)
             total = total + weighted_sq_error(state, batch.targets[:, k], lat_w, ch_w)
         return total / self.count
 
@@ -182,7 +218,7 @@ class Trainer:
         with clock.phase("data"):  # the data wait: blocked until this step's batch is here
             batch = self.data.train_batch(step - 1).to(self.mesh.device, non_blocking=True)
         with clock.phase("compute"):
-            local = self._loss_local(batch)
+            local = self._loss_local(batch, step)
             local.backward()
             sync_gradients(self.params, self.mesh, self.holders)
         with clock.phase("other"):
@@ -227,9 +263,13 @@ class Trainer:
         }
 
     def run_validation(self) -> dict[str, float]:
-        result = validate(self.model, self.data, self.cfg, self.forward)
+        result = validate(self.model, self.data, self.cfg, self.forward, self._val_noise)
         self.validation = result
         return result
+
+    def _val_noise(self, batch: Batch, k: int) -> torch.Tensor | None:
+        """Validation scores member 0, with predict's noise stream (``noise.forecast_sample_index``)."""
+        return self.noise(batch, forecast_sample_index(batch.times), range(1), k)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
