@@ -42,6 +42,7 @@ from ..distributed.grads import replication
 from ..distributed.mesh import DomainMesh
 from ..layers.base import init_model
 from .accounting import StepClock, device_peak_tflops, step_flops, summarize_steps
+from .crps import ensemble_loss
 from .data import TrainData
 from .evaluate import format_table, validate
 from .loss import channel_weights, global_value, weighted_sq_error
@@ -115,7 +116,7 @@ class Trainer:
         on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
         # step accounting (``accounting.py``): phases of every step, declared FLOPs, the peak
         self.clock = StepClock(mesh.device)
-        replica_batch = cfg.training.batch_size // mesh.shape.data
+        replica_batch = cfg.training.batch_size // mesh.shape.data * len(self.members)
         self.flops = step_flops(self.model, replica_batch, cfg.training.rollout_steps)
         self.peak_tflops = device_peak_tflops(mesh.device, cfg.training.precision, cfg.logging.peak_tflops)
 
@@ -191,21 +192,41 @@ class Trainer:
         ]
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
+    @property
+    def members(self) -> range:
+        """Global numbers of the ensemble members this rank runs (batched, member-major rows)."""
+        m = self.cfg.training.members // self.mesh.shape.ensemble
+        e = self.mesh.ensemble_index
+        return range(e * m, (e + 1) * m)
+
     def _loss_local(self, batch: Batch, step: int) -> torch.Tensor:
         dev = self.mesh.device
+        members, n_members, loss = self.members, self.cfg.training.members, self.cfg.loss
+        m, b = len(members), batch.inputs.shape[0]
         state, static = batch.inputs, batch.static
+        if m > 1:  # members batched: rows [i·B, (i+1)·B) are member members[i]
+            state = state.repeat(m, 1, 1, 1)
         lat_w, ch_w = self.data.lat_weights.to(dev), self.ch_weights.to(dev)
-        rows = self.data.replica * self.data.local_batch + np.arange(batch.inputs.shape[0])
+        rows = self.data.replica * self.data.local_batch + np.arange(b)
         samples = train_sample_index(step, self.cfg.training.batch_size, rows)
         total = torch.zeros((), device=dev)
         for k in range(batch.lead_steps):
             tf = self.data.step_time_features(batch, k).to(dev)
-            noise = self.noise(batch, samples, range(1), k)
+            tf = tf.repeat(m, 1) if m > 1 else tf
+            noise = self.noise(batch, samples, members, k)
             if self.cfg.training.activation_checkpointing:
                 state = recompute(self.forward, state, static, tf, noise, use_reentrant=False)
             else:
                 state = self.forward(state, static, tf, noise)
-            total = total + weighted_sq_error(state, batch.targets[:, k], lat_w, ch_w)
+            target = batch.targets[:, k]
+            if n_members == 1 and loss.kind == "mse":
+                total = total + weighted_sq_error(state, target, lat_w, ch_w)
+            else:  # this rank's share of the ensemble loss; the ensemble axis holds the other members
+                pred = state.view(m, b, *state.shape[1:])
+                total = total + ensemble_loss(
+                    loss.kind, pred, target, lat_w, ch_w, n_members=n_members, alpha=loss.alpha,
+                    mse_weight=loss.mse_weight, members=self.mesh.ensemble,
+                )  # fmt: skip
         return total / self.count
 
     def train_step(self, step: int) -> dict[str, float]:
