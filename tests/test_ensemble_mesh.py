@@ -58,7 +58,7 @@ def test_config_checks_members_against_the_ensemble_axis_and_the_noise() -> None
         ok.check(world_size=2)
     with pytest.raises(ValueError, match=r"training.members=3 must split evenly over mesh.ensemble=2"):
         tiny_config("r", (1, 1, 1, 2), training={"members": 3}, model={"noise_channels": 1}).check()
-    with pytest.raises(ValueError, match="model.noise_channels=0 gives identical members"):
+    with pytest.raises(ValueError, match=r"model\.noise_channels=0 gives identical members"):
         tiny_config("r", (1, 1, 1), training={"members": 2}).check()
     with pytest.raises(ValueError, match="alpha"):
         tiny_config("r", (1, 1, 1), loss={"kind": "almost_fair_crps", "alpha": 1.5})

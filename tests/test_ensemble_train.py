@@ -22,7 +22,9 @@ from jigsaw_earth.distributed.tiles import TileGrid
 from jigsaw_earth.layers.base import spec_of
 from jigsaw_earth.training import Trainer
 from jigsaw_earth.training.crps import ensemble_crps
+from jigsaw_earth.validation.registry import run_checks
 
+from .conftest import assert_records_pass
 from .train_helpers import PixelMLP, tiny_config, tiny_data
 
 M, B, C, H, W = 4, 2, 3, 5, 7
@@ -98,7 +100,11 @@ def mesh_domain(mesh: DomainMesh, data):
 
 
 def _everything(mesh: DomainMesh, base: str) -> dict:
-    return {"crps": _crps_on_tiles(mesh), "train": _train(mesh, f"{base}/{mesh.shape}")}
+    return {
+        "crps": _crps_on_tiles(mesh),
+        "train": _train(mesh, f"{base}/{mesh.shape}"),
+        "validator": run_checks(mesh, ["ensemble"]),
+    }
 
 
 def _run(meshes: dict[str, MeshShape]) -> dict:
@@ -145,6 +151,13 @@ def _check_train(ranks: list[dict], ref: dict) -> None:
             block = tuple(slice(o, o + n) for o, n in zip(g["offsets"], g["shape"]))
             want = whole[g["name"]][block]
             np.testing.assert_allclose(np.asarray(g["grad"]).reshape(g["shape"]), want, rtol=2e-3, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", list(FAST))
+def test_validator_entries_pass(fast: dict, name: str) -> None:
+    records = fast[name][0]["validator"]
+    assert {r["op"] for r in records} == {"ensemble_gather", "ensemble_crps", "ensemble_grad_sum"}
+    assert_records_pass(tuple(records))
 
 
 def test_serial_ensemble_training_learns(fast: dict) -> None:
