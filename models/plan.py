@@ -406,8 +406,9 @@ def recommend(plans: list[MeshPlan]) -> tuple[MeshPlan | None, list[str]]:
         f"{best.exposed_s * 1e3:.1f} ms of it not hidden behind compute",
         *io,
     ]
-    others = {"the runner-up": fitting[1:2], "pure domain parallelism": [p for p in fitting if p.data == 1]}
-    others["pure data parallelism"] = [p for p in fitting if p.data == p.data * p.lat * p.lon]
+    pure_domain = [p for p in fitting if p.data == 1 and p.ensemble == 1]
+    others = {"the runner-up": fitting[1:2], "pure domain parallelism": pure_domain}
+    others["pure data parallelism"] = [p for p in fitting if p.lat * p.lon * p.ensemble == 1]
     for label, group in others.items():
         if group and group[0] is not best:
             other = group[0]
