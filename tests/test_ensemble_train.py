@@ -178,3 +178,22 @@ def test_same_on_2x2_groups_and_wider_ensembles(fast: dict) -> None:
     for name in SLOW:
         _check_crps(runs[name])
         _check_train(runs[name], fast["serial"][0]["train"])
+
+
+def test_crps_with_tendency_scaling_counts_each_channels_tendency_equally(tmp_path) -> None:
+    """With one member CRPS is the absolute error; under tendency scaling it is measured in units of
+    each channel's tendency std (weights variable x level), as MSE is in squared units."""
+    from jigsaw_earth.layers import Domain
+
+    cfg = tiny_config(str(tmp_path), (1, 1, 1), loss={"kind": "crps"}, training={"batch_size": 2})
+    mesh = DomainMesh(MeshShape())
+    data = tiny_data(cfg, mesh)
+    model = PixelMLP(Domain.create(mesh, data.grid.n_lat, data.grid.n_lon), 3, data.n_static, 4)
+    trainer = Trainer(cfg, mesh, data=data, model=model)
+    batch = data.train_batch(0)
+    with torch.no_grad():
+        got = trainer._loss_local(batch, 1)
+        pred = trainer.forward(batch.inputs, batch.static, data.step_time_features(batch, 0))
+        err = (pred - batch.targets[:, 0]).abs() / data.tendency_std.view(1, -1, 1, 1)
+        want = (err * data.lat_weights.view(1, 1, -1, 1)).sum() / trainer.count
+    assert float(got) == pytest.approx(float(want), rel=1e-5)

@@ -148,7 +148,8 @@ class LossConfig(Section):
         "mse (of each member, averaged over training.members), or an ensemble CRPS per grid point "
         "over the members: crps (of the empirical distribution), fair_crps (unbiased, Zamo & Naveau "
         "2018), almost_fair_crps (anemoi's, Lang et al. 2024, with loss.alpha); same weights as mse "
-        "(docs/ensembles.md)",
+        "(docs/ensembles.md); with loss.tendency_scaling the CRPS kinds compare fields in units of the "
+        "tendency std, so each channel's tendency counts equally as for mse",
         "mse",
     )
     alpha: float = doc("almost_fair_crps's α in [0, 1]: 1 = fair CRPS, 0 = plain CRPS", 0.95, ge=0, le=1)

@@ -98,8 +98,11 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.ch_weights = channel_weights(data.channels, cfg.loss.variable_weights, cfg.loss.level_weights)
         self.tendency = data.tendency_std.to(mesh.device) if cfg.loss.tendency_scaling else None
+        # the CRPS kinds compare fields in units of the tendency std (its L1 analogue of the weights below)
+        self.crps_weights, self.crps_scale = self.ch_weights, None
         if self.tendency is not None:
             self.ch_weights = self.ch_weights / data.tendency_std.square()
+            self.crps_scale = (1.0 / data.tendency_std).view(1, -1, 1, 1)
         g = data.grid
         self.count = (
             cfg.training.batch_size * cfg.training.rollout_steps * len(data.channels) * g.n_lat * g.n_lon
@@ -222,9 +225,12 @@ class Trainer:
             if n_members == 1 and loss.kind == "mse":
                 total = total + weighted_sq_error(state, target, lat_w, ch_w)
             else:  # this rank's share of the ensemble loss; the ensemble axis holds the other members
-                pred = state.view(m, b, *state.shape[1:])
+                pred, w = state.view(m, b, *state.shape[1:]), ch_w
+                if loss.kind != "mse" and self.crps_scale is not None:  # in tendency-std units
+                    scale = self.crps_scale.to(dev)
+                    pred, target, w = pred * scale, target * scale, self.crps_weights.to(dev)
                 total = total + ensemble_loss(
-                    loss.kind, pred, target, lat_w, ch_w, n_members=n_members, alpha=loss.alpha,
+                    loss.kind, pred, target, lat_w, w, n_members=n_members, alpha=loss.alpha,
                     mse_weight=loss.mse_weight, members=self.mesh.ensemble,
                 )  # fmt: skip
         return total / self.count
