@@ -82,7 +82,7 @@ def _train(mesh: DomainMesh, run_dir: str) -> dict:
     summary = trainer.fit()
     grads = [
         {"name": n, "offsets": list(spec_of(p).offsets), "grad": p.grad.double().reshape(-1).tolist(),
-         "shape": list(p.grad.shape)}
+         "shape": list(p.grad.shape), "value": p.detach().double().reshape(-1).tolist()}
         for n, p in trainer.model.named_parameters()
     ]  # fmt: skip
     return {
@@ -107,14 +107,17 @@ def _everything(mesh: DomainMesh, base: str) -> dict:
     }
 
 
-def _run(meshes: dict[str, MeshShape]) -> dict:
-    with tempfile.TemporaryDirectory(prefix="jigsaw-ens-") as base:
+def _run(meshes: dict[str, MeshShape], base: str | None = None) -> dict:
+    if base is not None:
         return {name: spawn(shape, _everything, base) for name, shape in meshes.items()}
+    with tempfile.TemporaryDirectory(prefix="jigsaw-ens-") as tmp:
+        return _run(meshes, tmp)
 
 
 @pytest.fixture(scope="module")
-def fast() -> dict:
-    return _run(FAST)
+def fast(tmp_path_factory) -> dict:
+    base = tmp_path_factory.mktemp("ens")
+    return {"base": str(base), **_run(FAST, str(base))}
 
 
 def _rel(a, b) -> float:
@@ -170,6 +173,24 @@ def test_serial_ensemble_training_learns(fast: dict) -> None:
 def test_same_on_meshes_with_an_ensemble_axis(fast: dict, name: str) -> None:
     _check_crps(fast[name])
     _check_train(fast[name], fast["serial"][0]["train"])
+
+
+def test_checkpoint_of_an_ensemble_mesh_loads_on_one_process(fast: dict) -> None:
+    """Members share the weights: the 2 x 1x3 run's checkpoint (written by ensemble group 0) loads
+    on one rank, every block equal to what the ranks held."""
+    from jigsaw_earth.checkpoint import latest_checkpoint, load_checkpoint
+
+    mesh = DomainMesh(MeshShape())
+    cfg = tiny_config(fast["base"], (1, 1, 1))
+    data = tiny_data(cfg, mesh)
+    model = PixelMLP(mesh_domain(mesh, data), len(data.channels), data.n_static + NOISE, 4)
+    load_checkpoint(latest_checkpoint(f"{fast['base']}/{FAST['ens2x1x3']}"), model, None, mesh)
+    whole = dict(model.named_parameters())
+    for r in fast["ens2x1x3"]:
+        for g in r["train"]["grads"]:
+            block = tuple(slice(o, o + n) for o, n in zip(g["offsets"], g["shape"]))
+            held = np.asarray(g["value"]).reshape(g["shape"])
+            np.testing.assert_array_equal(whole[g["name"]].detach().double().numpy()[block], held)
 
 
 @pytest.mark.slow
