@@ -1,4 +1,11 @@
-"""The synthetic atmosphere behind ``data synth`` (see ``synth.py`` for what it is meant to be)."""
+"""The synthetic atmosphere behind ``data synth`` (see ``synth.py`` for what it is meant to be).
+
+``stochastic = σ > 0`` adds a second red-noise stream to the wave field, of stationary amplitude
+``σ × 200`` m²/s² and 6-hourly correlation 0.9: its innovations (``σ × 200 × √(1 − 0.81)`` per step)
+are unpredictable from any past state, so forecast uncertainty grows with lead (std
+``σ × 200 × √(1 − 0.9^(2k))`` after ``k`` steps) and an ensemble has a spread to learn. ``σ = 0``
+(the default) computes nothing more: the fields are bit-identical to those without the option.
+"""
 
 from __future__ import annotations
 
@@ -37,7 +44,10 @@ def _smooth_field(rng: np.random.Generator, lat: np.ndarray, lon: np.ndarray, m_
 class Dynamics:
     """Synthetic fields on a ``n_lat × n_lon`` grid (latitude descending, cell-centred)."""
 
-    def __init__(self, n_lat: int, n_lon: int, seed: int = 0):
+    def __init__(self, n_lat: int, n_lon: int, seed: int = 0, stochastic: float = 0.0):
+        if not (stochastic >= 0 and np.isfinite(stochastic)):
+            raise ValueError(f"stochastic amplitude {stochastic}: use a number >= 0 (0 = off, 1 = 200 m²/s²)")
+        self.stochastic = float(stochastic)
         self.lat_deg = grid_latitudes(n_lat, centred=True)
         self.lon_deg = grid_longitudes(n_lon)
         self.phi = np.deg2rad(self.lat_deg)[:, None]
@@ -67,12 +77,13 @@ class Dynamics:
         self.noise_seed = seed
 
     # ---- shared state ---------------------------------------------------------------------
-    def _noise(self, times: np.ndarray) -> np.ndarray:
-        """AR(1) red noise, a deterministic function of the 6-hourly step index (unit std)."""
+    def _noise(self, times: np.ndarray, stream: int = 0, rho: float = 0.85) -> np.ndarray:
+        """AR(1) red noise, a deterministic function of the 6-hourly step index (unit std);
+        ``stream`` 1 is the ``stochastic`` option's, independent of the default stream 0."""
         steps = ((times.astype("datetime64[h]") - np.datetime64("1970-01-01T00", "h")).astype(np.int64)) // 6
         lo, hi = int(steps.min()), int(steps.max())
-        rng = np.random.default_rng([self.noise_seed, lo])
-        rho, k = 0.85, len(self.noise_basis)
+        rng = np.random.default_rng([self.noise_seed, lo] + ([stream] if stream else []))
+        k = len(self.noise_basis)
         coef = np.empty((hi - lo + 1, k))
         state = rng.normal(size=k)
         for i in range(hi - lo + 1):
@@ -102,6 +113,8 @@ class Dynamics:
         hour = (t - t.astype("datetime64[D]")).astype(np.float64) / 60.0
         season = np.cos(2 * np.pi * (doy - 15.0) / 365.25)[:, None, None]
         psi = np.zeros((len(t), *self.lsm.shape)) if mean_only else self._waves(days) + 200.0 * self._noise(t)
+        if self.stochastic and not mean_only:
+            psi = psi + self.stochastic * 200.0 * self._noise(t, stream=1, rho=0.9)
         phi, c2, s = self.phi, np.cos(self.phi) ** 2 - 0.5, np.sin(self.phi)
         h500 = _height(np.array(500.0))
         out: dict[str, np.ndarray] = {}

@@ -7,7 +7,10 @@ variable adds latitude-dependent means, a seasonal cycle and (2m temperature) a 
 tied to local solar time and stronger over land; winds are geostrophic from the wave field
 plus a jet. Magnitudes follow ERA5 (z500 ≈ 5.0–5.9e4 m²/s², t850 ≈ 255–295 K, msl ≈ 1e5 Pa), so
 RMSE figures mean something. A model that learns the advection beats persistence and
-climatology 24 h ahead; the noise keeps it from being perfect.
+climatology 24 h ahead; the noise keeps it from being perfect. ``stochastic`` (``data synth
+--stochastic SIGMA``) adds a second, less persistent red-noise stream of amplitude ``SIGMA × 200``
+m²/s² to the waves (``dynamics.py``): weather an ensemble can learn the spread of (off by default,
+and then the store is the same as without the option).
 
 The climatology store (WB2 layout: hour, dayofyear, [level], latitude, longitude) holds the
 deterministic mean part, i.e. the fields without waves and noise.
@@ -46,6 +49,7 @@ class SynthConfig:
     upper_air: tuple[str, ...] = DEFAULT_UPPER_AIR
     surface: tuple[str, ...] = DEFAULT_SURFACE
     seed: int = 0
+    stochastic: float = 0.0  # amplitude of the unpredictable red-noise stream (dynamics.py); 0 = off
     layout: ChunkLayout = field(default_factory=lambda: ChunkLayout(time_shard=124, compression="none"))
 
     def times(self) -> np.ndarray:
@@ -122,7 +126,7 @@ def synth_store(
     cfg = cfg or SynthConfig()
     cfg.check()
     times = cfg.times()
-    dyn = Dynamics(cfg.n_lat, cfg.n_lon, seed=cfg.seed)
+    dyn = Dynamics(cfg.n_lat, cfg.n_lon, seed=cfg.seed, stochastic=cfg.stochastic)
     levels = np.array(sorted(cfg.levels))
     block = max(cfg.layout.time_shard, 1) * max(1, 124 // max(cfg.layout.time_shard, 1))
     import zarr
@@ -151,9 +155,9 @@ def synth_store(
         }
         static = {"land_sea_mask": dyn.lsm, "geopotential_at_surface": dyn.zs}
         write_statistics(tmp, running.result(levels if cfg.upper_air else None, static, attrs))
-        mark_complete(
-            tmp, source="synth", grid=[cfg.n_lat, cfg.n_lon], seed=cfg.seed, layout=cfg.layout.describe()
-        )
+        extra = {"stochastic": cfg.stochastic} if cfg.stochastic else {}  # default: the attributes of old
+        grid = [cfg.n_lat, cfg.n_lon]
+        mark_complete(tmp, source="synth", grid=grid, seed=cfg.seed, layout=cfg.layout.describe(), **extra)
     info = {"store": str(out), "times": len(times), "grid": [cfg.n_lat, cfg.n_lon], "levels": levels.tolist()}
     if climatology:
         info["climatology"] = str(write_climatology(climatology_path(out), dyn, cfg, overwrite))

@@ -99,12 +99,15 @@ def assemble_inputs(
     time: torch.Tensor,
     coords: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``(B, n_state + n_static + n_time [+ 4], h, w)``: state, static broadcast over the batch,
-    time features broadcast to every pixel, and optionally the coordinate channels."""
+    """``(B, n_state + n_static + n_time [+ 4], h, w)``: state, static broadcast over the batch
+    (or per sample, ``(B, n_static, h, w)``: a stochastic model's noise channels), time features
+    broadcast to every pixel, and optionally the coordinate channels."""
     B, _, h, w = state.shape
     parts = [
         state,
-        static.to(state.dtype).unsqueeze(0).expand(B, -1, h, w),
+        (static.to(state.dtype) if static.dim() == 4 else static.to(state.dtype).unsqueeze(0)).expand(
+            B, -1, h, w
+        ),
         time.to(state.dtype)[:, :, None, None].expand(-1, -1, h, w),
     ]
     if coords is not None:
@@ -116,7 +119,8 @@ class Forecaster(nn.Module):
     """Base class: ``forward(state, static, time) → next state`` on this rank's tile.
 
     * ``state``: ``(B, n_state, h, w)`` normalised variables × levels;
-    * ``static``: ``(n_static, h, w)`` static fields (land–sea mask, orography, …);
+    * ``static``: ``(n_static, h, w)`` static fields (land–sea mask, orography, …), or
+      ``(B, n_static, h, w)`` per sample (with noise channels, ``training/noise.py``);
     * ``time``: ``(B, n_time)`` time features;
     * returns ``(B, n_state, h, w)``: ``state + Δ`` when ``residual`` (the default), else ``Δ``.
 
@@ -159,7 +163,7 @@ class Forecaster(nn.Module):
         tile, name = self.domain.tile.shape, type(self).__name__
         want = {
             "state": ((-1, self.n_state, *tile), state),
-            "static": ((self.n_static, *tile), static),
+            "static": ((self.n_static, *tile) if static.dim() != 4 else (-1, self.n_static, *tile), static),
             "time": ((-1, self.n_time), time),
         }
         for key, (shape, t) in want.items():
@@ -169,6 +173,10 @@ class Forecaster(nn.Module):
                     f"(this rank's {tile[0]}x{tile[1]} tile of the {self.domain.grid.n_lat}x"
                     f"{self.domain.grid.n_lon} grid), got {tuple(t.shape)}"
                 )
+        if static.dim() == 4 and static.shape[0] != state.shape[0]:
+            raise ValueError(
+                f"{name}.forward: static has {static.shape[0]} rows for a batch of {state.shape[0]}"
+            )
         if time.shape[0] != state.shape[0]:
             raise ValueError(f"{name}.forward: time has {time.shape[0]} rows for a batch of {state.shape[0]}")
 

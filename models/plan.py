@@ -22,6 +22,13 @@ A module that holds parameters but declares no ``cost`` (a plain ``nn.Linear`` i
 own, outside any priced layer) cannot be priced: that mesh's plan is refused with the module's
 path. Parameter-free torch ops in a ``forward`` are priced at zero.
 
+**Ensembles** (``members > 1``): ``members / ensemble`` members are batched on each rank (memory
+and compute of ``batch × batched`` rows), the CRPS loss gathers the other groups' members of the
+tile (``ensemble.gather``: ``(E − 1) · batched · batch · C · h · w`` fp32 per rank and step; the
+gathered members and the spread terms are priced as activations), and the gradients are summed
+over data × ensemble. ``plan_meshes`` tries every ensemble size dividing both ``members`` and the
+world size, so it chooses between batching members and spreading them over groups.
+
 Meshes are ranked by samples per second (``data × batch`` samples per step) among those that
 fit; a mesh that the grid or the model's token layout cannot be split into is reported with
 the layer's own error.
@@ -126,6 +133,8 @@ class MeshPlan:
     read_bytes: int = 0  # bytes rank 0 reads per step (its tile of inputs and one target per sample)
     io_s: float = 0.0  # seconds to read them at Hardware.read_gbps (0: not priced)
     io_bound: bool = False  # reading takes longer than the step: prefetch cannot hide it
+    ensemble: int = 1  # groups the members are spread over (the mesh's ensemble axis)
+    members: int = 1  # ensemble members per sample in all (members / ensemble batched per rank)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -157,10 +166,16 @@ def plan_mesh(
     hw: Hardware,
     batch: int = 1,
     elsize: int = 4,
+    members: int = 1,
     **overrides: Any,
 ) -> MeshPlan:
     """Memory, communication and step time of rank 0 of ``shape`` (see the module docstring)."""
     plan = MeshPlan(str(shape), shape.data, shape.lat, shape.lon, batch=batch)
+    plan.ensemble, plan.members = shape.ensemble, members
+    if members % shape.ensemble:
+        plan.error = f"{members} members do not split over {shape.ensemble} ensemble groups"
+        return plan
+    rows = batch * members // shape.ensemble  # the model's batch on one rank: samples x batched members
     try:
         with meta_construction():
             domain = Domain.create(DomainMesh(MeshShape(1, shape.lat, shape.lon)), *grid)
@@ -178,28 +193,59 @@ def plan_mesh(
             f"{type(module).__name__} a cost method (docs/models.md)"
         )
         return plan
-    costs = model_cost(model, batch, elsize, input_grad=False)
+    costs = model_cost(model, rows, elsize, input_grad=False)
     params = sum(p.numel() for p in model.parameters()) * 4
     h, w = domain.tile.shape
-    io = batch * h * w * (channels[0] * LOSS_FIELDS * 4 + sum(channels[:2]) * elsize)
+    io = rows * h * w * (channels[0] * LOSS_FIELDS * 4 + sum(channels[:2]) * elsize)
     grads, acts = _backward_peak(model, costs)
     plan.memory = {
         "parameters": params,
         "optimizer": (TRAIN_STATES - 2) * params,
         "gradients": grads,
-        "activations": acts + io,
+        "activations": acts + io + ensemble_loss_bytes(members, rows // batch, batch * channels[0] * h * w),
         "transient": max((c.peak for c in costs.values()), default=0),
     }
     plan.memory["total"] = sum(plan.memory.values())
     plan.headroom = hw.memory - plan.memory["total"]
     plan.fits = plan.headroom >= 0
     if hw.rate_curve:  # the measured rate at this rank's forward work per sample
-        work = sum(c.flops[0] for c in costs.values()) / batch / 1e12
+        work = sum(c.flops[0] for c in costs.values()) / rows / 1e12
         plan.rate_tflops = hw.rate_at(work)
         hw = replace(hw, tflops=plan.rate_tflops, efficiency=1.0)
     _time(plan, model, costs, shape, hw, params, batch)
+    _price_ensemble(plan, shape, hw, rows // batch, batch * channels[0] * h * w)
     _price_reads(plan, hw, h * w * channels[0], batch)
     return plan
+
+
+def ensemble_loss_bytes(members: int, batched: int, field_values: int) -> int:
+    """Bytes the CRPS loss holds on one rank (``training/crps.py``): every member's field gathered
+    (``members`` × the tile's fields), and the spread and slope of this rank's ``batched``."""
+    if members < 2:
+        return 0
+    return 4 * field_values * (members + 2 * batched)
+
+
+def ensemble_gather_bytes(ensemble: int, batched: int, field_values: int) -> int:
+    """Bytes one rank sends per loss evaluation: its ``batched`` members' tile, fp32, to each of the
+    ``ensemble − 1`` other groups (``training.crps.gather_members``)."""
+    return 4 * field_values * batched * (ensemble - 1)
+
+
+def _price_ensemble(plan: MeshPlan, shape: MeshShape, hw: Hardware, batched: int, field_values: int) -> None:
+    """The members' gather over the ensemble axis before the loss: exposed (the loss waits for it)."""
+    if shape.ensemble < 2:
+        return
+    sent = ensemble_gather_bytes(shape.ensemble, batched, field_values)
+    plan.comm["ensemble.gather"] = sent
+    t = hw.transfer(sent, shape.domain_size * shape.ensemble > hw.gpus_per_node)
+    plan.kinds.setdefault("ensemble loss", {"compute_s": 0.0, "comm_s": 0.0, "step_s": 0.0})
+    plan.kinds["ensemble loss"]["comm_s"] += t
+    plan.kinds["ensemble loss"]["step_s"] += t
+    plan.comm_s += t
+    plan.step_s += t
+    plan.exposed_s += t
+    plan.samples_per_s = shape.data * plan.batch / plan.step_s if plan.step_s > 0 else math.inf
 
 
 def _whole(p: Any) -> bool:
@@ -277,8 +323,8 @@ def _time(plan: MeshPlan, model, costs, shape: MeshShape, hw: Hardware, params: 
         kinds["replicated parameters"]["step_s"] += t
         plan.comm_s += t
         plan.step_s += t
-    if shape.data > 1:  # the gradients' ring all-reduce over the data axis, after the backward
-        sent = all_reduce_bytes(shape.data, params) // shape.data
+    if shape.replicas > 1:  # the gradients' ring all-reduce over data x ensemble, after the backward
+        sent = all_reduce_bytes(shape.replicas, params) // shape.replicas
         comm["data.grad_allreduce"] = sent
         t = hw.transfer(sent, inter_data)
         kinds["data parallel"]["comm_s"] += t
@@ -301,6 +347,7 @@ def plan_meshes(
     batch: int = 1,
     elsize: int = 4,
     global_batch: int | None = None,
+    members: int = 1,
     **overrides: Any,
 ) -> list[MeshPlan]:
     """Every factorisation of ``world``: the feasible ones ranked (fitting first, by samples
@@ -308,16 +355,23 @@ def plan_meshes(
 
     ``batch`` samples per data replica; or ``global_batch`` samples per step split over the
     replicas (then every mesh does the same work per step and samples per second ranks by step
-    time; a data size that does not divide it is impossible)."""
+    time; a data size that does not divide it is impossible). ``members`` > 1: also every
+    ensemble axis dividing both ``members`` and ``world`` (``data × ensemble × lat × lon``)."""
     plans = []
-    for d, lat, lon in factorisations(world):
-        shape = MeshShape(d, lat, lon)
+    layouts = [
+        (MeshShape(d, lat, lon, e), d, lat, lon)
+        for e in range(1, world + 1)
+        if world % e == 0 and members % e == 0
+        for d, lat, lon in factorisations(world // e)
+    ]
+    for shape, d, lat, lon in layouts:
         if global_batch is not None and global_batch % d:
             plans.append(MeshPlan(str(shape), d, lat, lon, error=f"{d} data replicas do not divide "
-                                  f"the global batch of {global_batch}"))  # fmt: skip
+                                  f"the global batch of {global_batch}", ensemble=shape.ensemble,
+                                  members=members))  # fmt: skip
             continue
         b = batch if global_batch is None else global_batch // d
-        plans.append(plan_mesh(name, preset, grid, shape, channels, hw, b, elsize, **overrides))
+        plans.append(plan_mesh(name, preset, grid, shape, channels, hw, b, elsize, members, **overrides))
     return sorted(plans, key=_rank_key)
 
 
@@ -352,8 +406,9 @@ def recommend(plans: list[MeshPlan]) -> tuple[MeshPlan | None, list[str]]:
         f"{best.exposed_s * 1e3:.1f} ms of it not hidden behind compute",
         *io,
     ]
-    others = {"the runner-up": fitting[1:2], "pure domain parallelism": [p for p in fitting if p.data == 1]}
-    others["pure data parallelism"] = [p for p in fitting if p.data == p.data * p.lat * p.lon]
+    pure_domain = [p for p in fitting if p.data == 1 and p.ensemble == 1]
+    others = {"the runner-up": fitting[1:2], "pure domain parallelism": pure_domain}
+    others["pure data parallelism"] = [p for p in fitting if p.lat * p.lon * p.ensemble == 1]
     for label, group in others.items():
         if group and group[0] is not best:
             other = group[0]

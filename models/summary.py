@@ -8,7 +8,10 @@ measures), summed over all ranks of one domain group, for one training step (for
 backward; the input needs no gradient) at ``batch`` samples per group, fp32. FLOPs are per
 sample, summed over the group's ranks, from the same declarations (matmuls as 2·m·n·k, norms;
 elementwise activations and additions are not counted). The per-rank
-memory of a training step is ``plan``'s (``plan_mesh``), from the same declarations.
+memory of a training step is ``plan``'s (``plan_mesh``), from the same declarations. With an
+ensemble (``members`` > 1 on a mesh with an ``ensemble`` axis) the step memory holds the batched
+members and the CRPS loss's gathered fields, and ``ensemble_gather_bytes`` is what the domain
+group's ranks send for the members' gather before the loss.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from ..layers.base import Domain, spec_of
 from ..layers.cost import model_cost
 from . import build_model
 from .meta import meta_construction
-from .plan import TRAIN_STATES, Hardware, plan_mesh
+from .plan import TRAIN_STATES, Hardware, ensemble_gather_bytes, plan_mesh
 
 __all__ = [
     "CHECKPOINT_STATES",
@@ -91,6 +94,8 @@ class ModelSummary:
     data_parallel_allreduce_bytes: int = 0
     checkpoint_bytes: int = 0  # model + AdamW state in a checkpoint, fp32 (metadata not counted)
     step_memory: dict[str, int] = field(default_factory=dict)  # rank 0 in a training step, as plan has it
+    members: int = 1  # ensemble members per sample (members / ensemble batched per rank)
+    ensemble_gather_bytes: int = 0  # per step, all ranks of one domain group (fp32 fields of the loss)
     seconds: float = 0.0
     config: dict[str, Any] = field(default_factory=dict)
 
@@ -112,6 +117,7 @@ def summarize(
     preset: str = "tiny",
     batch: int = 1,
     elsize: int = 4,
+    members: int = 1,
     **overrides: Any,
 ) -> ModelSummary:
     """Parameter counts, per-rank bytes and analytical communication of one training step."""
@@ -134,15 +140,18 @@ def summarize(
             flops[0], flops[1] = flops[0] + cost.flops[0], flops[1] + cost.flops[1]
     train = TRAIN_STATES * elsize
     n_tensors = len(list(models[0].parameters()))
-    d = shape.data
-    dp = ring_bytes("all_reduce", max(per_rank) * elsize, d) * shape.domain_size
+    dp = ring_bytes("all_reduce", max(per_rank) * elsize, shape.replicas) * shape.domain_size
     cfg = getattr(models[0], "cfg", None)
     chans = (n_state, n_static, n_time)
-    step = plan_mesh(name, preset, grid, shape, chans, Hardware(), batch, elsize, **overrides)
+    step = plan_mesh(name, preset, grid, shape, chans, Hardware(), batch, elsize, members, **overrides)
+    if step.error:
+        raise ValueError(f"model summary on mesh {shape}: {step.error}")
+    batched = members // shape.ensemble
+    gather = ensemble_gather_bytes(shape.ensemble, batched, batch * n_state * grid[0] * grid[1])
     return ModelSummary(
         model=name,
         preset=preset,
-        mesh=f"{shape.data}x{shape.lat}x{shape.lon}",
+        mesh=str(shape),
         grid=grid,
         channels={"state": n_state, "static": n_static, "time": n_time},
         batch=batch,
@@ -160,6 +169,8 @@ def summarize(
         data_parallel_allreduce_bytes=dp,
         checkpoint_bytes=checkpoint_bytes(total, n_tensors, shape.domain_size, elsize),
         step_memory=step.memory,
+        members=members,
+        ensemble_gather_bytes=gather,
         seconds=round(time.perf_counter() - start, 3),
         config=asdict(cfg) if cfg is not None else {},
     )

@@ -60,10 +60,11 @@ class PixelMLP(nn.Module):
         return state + y.permute(0, 3, 1, 2)
 
 
-def tiny_config(run_dir: str, mesh: tuple[int, int, int], **sections: dict[str, Any]) -> TrainConfig:
+def tiny_config(run_dir: str, mesh: tuple[int, ...], **sections: dict[str, Any]) -> TrainConfig:
+    """``mesh``: (data, lat, lon) or (data, lat, lon, ensemble)."""
     raw: dict[str, Any] = {
         "run": {"dir": run_dir, "seed": 3, "name": "test"},
-        "mesh": dict(zip(("data", "lat", "lon"), mesh)),
+        "mesh": dict(zip(("data", "lat", "lon", "ensemble"), mesh)),
         "data": {
             "store": "memory",
             "upper_air": ["geopotential", "temperature"],

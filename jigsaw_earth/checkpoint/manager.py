@@ -168,7 +168,7 @@ def save_checkpoint(
     tensors = model_blocks(model)
     if optimizer is not None:
         tensors.update(optimizer_blocks(model, optimizer))
-    writes_shards = mesh.coord[0] == 0  # data replicas hold identical shards: replica 0 writes
+    writes_shards = mesh.replicas.index == 0  # data × ensemble replicas hold identical shards: 0 writes
     writes_whole = writes_shards and mesh.domain.index == 0
     blocks = {k: b for k, (b, rep) in tensors.items() if (writes_whole if rep else writes_shards)}
     try:

@@ -63,11 +63,14 @@ def run_validate(args: argparse.Namespace) -> int:
         print(f"store {store!r} fits the config (variables, levels, statics, step, periods, climatology)")
     else:
         print(f"store {store!r} is not reachable from here: store checks skipped (give --store PATH)")
-    m = cfg.mesh
+    m, t = cfg.mesh, cfg.training
+    members = ""
+    if t.members > 1:
+        members = f", {t.members} members per sample ({t.members // m.ensemble} per rank)"
     print(
-        f"config {args.config} is valid: mesh data={m.data} × lat={m.lat} × lon={m.lon} "
-        f"({m.shape.world_size} ranks), global batch {cfg.training.batch_size} "
-        f"({cfg.training.batch_size // m.data} per replica), {cfg.training.steps} steps; {note}"
+        f"config {args.config} is valid: mesh {m.shape.describe()} "
+        f"({m.shape.world_size} ranks), global batch {t.batch_size} "
+        f"({t.batch_size // m.data} per replica){members}, {t.steps} steps; {note}"
     )
     return 0
 
@@ -99,7 +102,7 @@ def _checkpoint_estimate(cfg: TrainConfig) -> int | None:
         return None
     d = cfg.data
     n_state = len(d.upper_air) * len(d.levels) + len(d.surface)
-    n_static = len(d.static) + 4  # + geometry channels (training/sources.py)
+    n_static = len(d.static) + 4 + cfg.model.noise_channels  # + geometry channels (training/sources.py)
     m = cfg.model
     shape = MeshShape(1, cfg.mesh.lat, cfg.mesh.lon)
     s = summarize(m.name, shape, grid, n_state, n_static, 4, preset=m.preset, **m.overrides)

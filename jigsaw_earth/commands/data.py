@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import time
 from pathlib import Path
 
@@ -85,6 +86,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--end", default="2020-12-31T18", help="last time, 6-hourly (default 2020-12-31T18)")
     s.add_argument("--levels", default="500,850", help="comma-separated hPa levels, or 'all' (13)")
     s.add_argument("--seed", type=int, default=0, help="seed of the synthetic weather")
+    s.add_argument(
+        "--stochastic",
+        type=float,
+        default=0.0,
+        metavar="SIGMA",
+        help="add unpredictable weather: a red-noise stream of amplitude SIGMA x 200 m²/s² on the waves, "
+        "for ensembles to learn its spread (docs/ensembles.md; default 0 = off)",
+    )
     s.add_argument("--no-climatology", action="store_true", help="skip the WB2-layout climatology store")
     _layout_args(s)
 
@@ -210,7 +219,12 @@ def _synth(args: argparse.Namespace) -> int:
 
     n_lat, n_lon = parse_grid(args.grid)
     levels = WB2_LEVELS if args.levels == "all" else tuple(_csv(args.levels, "--levels", int) or ())
-    cfg = SynthConfig(n_lat=n_lat, n_lon=n_lon, start=args.start, end=args.end, levels=levels, seed=args.seed)
+    if not (args.stochastic >= 0 and math.isfinite(args.stochastic)):
+        raise ValueError(f"--stochastic {args.stochastic}: use an amplitude >= 0 (0 = off, 1 = 200 m²/s²)")
+    cfg = SynthConfig(
+        n_lat=n_lat, n_lon=n_lon, start=args.start, end=args.end, levels=levels, seed=args.seed,
+        stochastic=args.stochastic,
+    )  # fmt: skip
     if args.chunk or args.shard or args.for_mesh or args.time_shard or args.compression:
         layout = _layout(args, (n_lat, n_lon), cfg.layout.time_shard)
         cfg = replace(cfg, layout=replace(layout, compression=args.compression or "none"))

@@ -50,6 +50,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "config's data section, else 69,2,4 — the paper's 5 upper-air variables × 13 levels + 4 surface)",
     )
     s.add_argument("--batch", type=int, default=1, help="samples per domain group per step (default 1)")
+    s.add_argument(
+        "--members",
+        type=int,
+        metavar="M",
+        help="ensemble members per sample (default: the config's training.members, else 1); with a mesh "
+        "1xExLATxLON, M / E of them batched per rank",
+    )
     s.add_argument("--json", type=Path, metavar="PATH", help="write the summaries as JSON")
     s.set_defaults(run=run)
 
@@ -73,6 +80,8 @@ def model_spec(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]
             raise FileNotFoundError(f"--config {cfg}: no such file; pass an existing YAML or a preset name")
         doc = yaml.safe_load(path.read_text()) or {}
         args.channels = args.channels or _config_channels(doc)
+        if getattr(args, "members", 1) is None:
+            args.members = int((doc.get("training") or {}).get("members", 1))
         section = doc.get("model")
         if not isinstance(section, dict):
             raise ValueError(f"--config {cfg}: no 'model:' section (with name, preset and overrides)")
@@ -80,6 +89,10 @@ def model_spec(args: argparse.Namespace) -> list[tuple[str, str, dict[str, Any]]
         name = name or section.pop("name", None)
         preset = preset or section.pop("preset", None)
         section.pop("name", None), section.pop("preset", None)
+        noise = int(section.pop("noise_channels", 0) or 0)
+        if noise:  # noise channels are static inputs of a stochastic model
+            n_state, n_static, n_time = (args.channels or "69,2,4").split(",")
+            args.channels = f"{n_state},{int(n_static) + noise},{n_time}"
         overrides = section.pop("overrides", None) or section
     elif cfg:
         if ":" in cfg:  # name:preset
@@ -127,7 +140,15 @@ def _print(s: ModelSummary) -> None:
     for op, (f, b) in sorted(s.comm_by_layer.items()):
         print(f"    {op:<22} {_gib(f)} fwd {_gib(b)} bwd")
     if s.data_parallel_allreduce_bytes:
-        print(f"  data-parallel grads    {_gib(s.data_parallel_allreduce_bytes)} per step (ring all-reduce)")
+        print(
+            f"  data-parallel grads    {_gib(s.data_parallel_allreduce_bytes)} per step "
+            "(ring all-reduce over data x ensemble)"
+        )
+    if s.members > 1:
+        print(
+            f"  ensemble               {s.members} members per sample; members' gather before the loss "
+            f"{_gib(s.ensemble_gather_bytes).strip()} per step (all ranks of the domain group)"
+        )
     print(f"  summarised in {s.seconds:.2f} s")
 
 
@@ -138,9 +159,16 @@ def run(args: argparse.Namespace) -> int:
     chans = parse_ints(args.channels or "69,2,4", "--channels", 3, sep=",", minimum=0, example="69,2,4")
     if args.batch < 1:
         raise ValueError(f"--batch {args.batch}: use a positive number of samples")
+    members = 1 if args.members is None else args.members
+    if members < 1 or members % shape.ensemble:
+        raise ValueError(
+            f"--members {members}: use a positive number of members that splits over the mesh's "
+            f"ensemble axis of {shape.ensemble}"
+        )
     out = []
     for name, preset, overrides in specs:
-        s = summarize(name, shape, (grid[0], grid[1]), *chans, preset=preset, batch=args.batch, **overrides)
+        kw = {"preset": preset, "batch": args.batch, "members": members}
+        s = summarize(name, shape, (grid[0], grid[1]), *chans, **kw, **overrides)
         _print(s)
         out.append(s.as_dict())
     if args.json:

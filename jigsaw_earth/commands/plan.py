@@ -52,6 +52,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--global-batch", type=int, metavar="G", help="samples per step, all replicas (replaces --batch)"
     )
+    p.add_argument(
+        "--members",
+        type=int,
+        default=1,
+        metavar="M",
+        help="ensemble members per sample (training.members): also prices every ensemble axis dividing M "
+        "and the world size, members batched per rank vs spread over groups (docs/ensembles.md)",
+    )
     p.add_argument("--channels", default="69,2,4", metavar="STATE,STATIC,TIME", help="input channels")
     p.add_argument("--precision", choices=("fp32", "bf16"), default="fp32", help="activations and messages")
     p.add_argument(
@@ -99,7 +107,7 @@ def _gpu_memory(text: str) -> int:
 
 
 def _hardware(args: argparse.Namespace) -> Hardware:
-    for name in ("world_size", "batch", "global_batch"):
+    for name in ("world_size", "batch", "global_batch", "members"):
         if getattr(args, name) is not None and getattr(args, name) < 1:
             raise ValueError(f"--{name.replace('_', '-')} {getattr(args, name)}: use a positive integer")
     if args.gpu_tflops is None:
@@ -196,6 +204,8 @@ def _print(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan]) -> Non
     batch = f"batch {args.batch} per data replica"
     if args.global_batch is not None:
         batch = f"global batch {args.global_batch} (split over the data replicas)"
+    if args.members > 1:
+        batch += f", {args.members} ensemble members per sample"
     print(
         f"{args.model} {args.preset} on {args.grid}, {args.world_size} GPUs ({nodes} node(s) of "
         f"{hw.gpus_per_node}), {_gb(hw.memory)} GB each; {batch}, "
@@ -226,7 +236,9 @@ def _print(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan]) -> Non
     if best is None:
         print("no recommendation: " + "; ".join(why))
         return
-    print(f"recommended: {best.mesh} (data {best.data} × lat {best.lat} × lon {best.lon})")
+    ens = f" × ensemble {best.ensemble}" if best.ensemble > 1 else ""
+    batched = f"; {best.members // best.ensemble} member(s) batched per rank" if best.members > 1 else ""
+    print(f"recommended: {best.mesh} (data {best.data}{ens} × lat {best.lat} × lon {best.lon}{batched})")
     for reason in why:
         print(f"  - {reason}")
     print(f"  by layer kind on {best.mesh} (domain links {best.domain_link}, data links {best.data_link}):")
@@ -309,7 +321,7 @@ def run(args: argparse.Namespace) -> int:
     elsize = 4 if args.precision == "fp32" else 2
     plans = plan_meshes(
         args.model, args.preset, (grid[0], grid[1]), args.world_size, channels, hw, args.batch, elsize,
-        args.global_batch,
+        args.global_batch, args.members,
     )  # fmt: skip
     _print(args, hw, plans)
     evaluation = _evaluation(args, hw, plans, grid, channels, elsize)
@@ -323,6 +335,7 @@ def run(args: argparse.Namespace) -> int:
             "hardware": hw.__dict__,
             "batch": args.batch,
             "global_batch": args.global_batch,
+            "members": args.members,
             "precision": args.precision,
             "recommended": best.mesh if best else None,
             "reasons": why,

@@ -16,12 +16,12 @@ from pathlib import Path
 
 from ..distributed.mesh import parse_mesh
 from ..distributed.spawn import spawn
-from ..validation.registry import checks, run_checks
+from ..validation.registry import ENSEMBLE_OPS, checks, run_checks
 from ..validation.user_model import check_user_model
 from .output import write_json
 
 log = logging.getLogger(__name__)
-DEFAULT_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3", "2x3", "3x2"]
+DEFAULT_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3", "2x3", "3x2", "1x2x1x3", "1x2x2x3"]
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -30,7 +30,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--mesh",
         action="append",
         metavar="LATxLON",
-        help=f"mesh to check (repeatable; default {' '.join(DEFAULT_MESHES)})",
+        help=f"mesh to check: LATxLON, or 1xENSEMBLExLATxLON for the ensemble checks only (repeatable; "
+        f"default {' '.join(DEFAULT_MESHES)})",
     )
     p.add_argument(
         "--op",
@@ -68,7 +69,13 @@ def run(args: argparse.Namespace) -> int:
     meshes = [parse_mesh(m) for m in (args.mesh or DEFAULT_MESHES)]
     for shape in meshes:
         if shape.data != 1:
-            raise ValueError(f"validate checks domain meshes LATxLON; got data axis {shape.data}")
+            raise ValueError(
+                f"validate checks domain meshes LATxLON (or 1xENSEMBLExLATxLON); got data axis {shape.data}"
+            )
+        if args.model and shape.ensemble != 1:
+            raise ValueError(
+                f"validate --model checks LATxLON meshes; got mesh {shape} with an ensemble axis"
+            )
     header = (
         f"{'op':<30} {'mesh':>5} {'shape':<44} {'err fwd':>9} {'err bwd':>9} {'ser fwd':>9} {'ser bwd':>9} "
         f"{'judge':>6} {'comm B':>10} {'expected':>10} result"
@@ -95,11 +102,14 @@ def run(args: argparse.Namespace) -> int:
                     "field?): use the jigsaw layer or gather the field first",
                     flush=True,
                 )
-        else:
+        elif shape.ensemble == 1:
             rows = spawn(shape, run_checks, args.op)[0]
+        else:  # an ensemble axis: the ensemble checks only (the others check one lat x lon group)
+            only = [o for o in args.op or ENSEMBLE_OPS if o.startswith(ENSEMBLE_OPS)]
+            rows = spawn(shape, run_checks, only)[0] if only else []
         for r in rows:
             print(_row(r), flush=True)
-        log.info("mesh %sx%s: %d cases in %.1f s", shape.lat, shape.lon, len(rows), time.perf_counter() - t0)
+        log.info("mesh %s: %d cases in %.1f s", shape, len(rows), time.perf_counter() - t0)
         records.extend(rows)
     failed = [r for r in records if not r["passed"]]
     print(

@@ -71,6 +71,17 @@ def _section(entry: ModelEntry) -> type[Section]:
         name=(Literal[name], doc("model architecture", name if name == DEFAULT_MODEL else ...)),
         preset=(Literal[tuple(entry.presets)], doc(f"size preset of {name}", entry.default_preset)),
         overrides=(_overrides(entry), doc(f"{title} config fields over the preset's", factory=dict)),
+        noise_channels=(int, _noise_doc()),
+    )
+
+
+def _noise_doc() -> Any:
+    return doc(
+        "K standard-normal noise channels appended to the static inputs each step (a stochastic model "
+        "for ensembles, docs/ensembles.md; the model is built with n_static + K static channels); "
+        "0 = deterministic",
+        0,
+        ge=0,
     )
 
 
@@ -86,6 +97,7 @@ class ExternalModelSection(Section):
     )
     preset: str | None = doc("a preset of the class's presets (absent: its first, or 'tiny')", None)
     overrides: dict[str, Any] = doc("config_cls fields over the preset's", factory=dict)
+    noise_channels: int = _noise_doc()
 
     @model_validator(mode="after")
     def _resolve(self) -> ExternalModelSection:

@@ -83,12 +83,18 @@ class RunConfig(Section):
 
 class MeshConfig(Section):
     data: int = doc("data-parallel replicas (the global batch is split over them)", 1, gt=0)
+    ensemble: int = doc(
+        "groups the ensemble members are spread over (training.members split evenly over them; each "
+        "group is a lat × lon domain holding the same weights; docs/ensembles.md)",
+        1,
+        gt=0,
+    )
     lat: int = doc("latitude tiles per domain group", 1, gt=0)
     lon: int = doc("longitude tiles per domain group", 1, gt=0)
 
     @property
     def shape(self) -> MeshShape:
-        return MeshShape(self.data, self.lat, self.lon)
+        return MeshShape(self.data, self.lat, self.lon, self.ensemble)
 
 
 class DataConfig(Section):
@@ -138,6 +144,16 @@ class OptimConfig(Section):
 
 
 class LossConfig(Section):
+    kind: Literal["mse", "crps", "fair_crps", "almost_fair_crps"] = doc(
+        "mse (of each member, averaged over training.members), or an ensemble CRPS per grid point "
+        "over the members: crps (of the empirical distribution), fair_crps (unbiased, Zamo & Naveau "
+        "2018), almost_fair_crps (anemoi's, Lang et al. 2024, with loss.alpha); same weights as mse "
+        "(docs/ensembles.md); with loss.tendency_scaling the CRPS kinds compare fields in units of the "
+        "tendency std, so each channel's tendency counts equally as for mse",
+        "mse",
+    )
+    alpha: float = doc("almost_fair_crps's α in [0, 1]: 1 = fair CRPS, 0 = plain CRPS", 0.95, ge=0, le=1)
+    mse_weight: float = doc("CRPS kinds: add this multiple of the members' mean squared error", 0.0, ge=0)
     variable_weights: dict[str, float] = doc(
         "per-variable weight by WB2 name (or channel name such as geopotential@500); default 1", factory=dict
     )
@@ -153,6 +169,13 @@ class TrainingConfig(Section):
     steps: int = doc("optimizer steps to train", 100, gt=0)
     batch_size: int = doc("GLOBAL batch size: split over mesh.data replicas", 4, gt=0)
     rollout_steps: int = doc("autoregressive steps per sample in the loss (1 = one-step training)", 1, gt=0)
+    members: int = doc(
+        "ensemble members per sample: split evenly over the mesh.ensemble groups, the rest batched "
+        "within a group (members = mesh.ensemble x batched); members differ by their noise "
+        "(model.noise_channels); 1 = one forecast per sample",
+        1,
+        gt=0,
+    )
     precision: Literal["fp32", "bf16"] = doc("bf16 autocast of the forward pass (weights stay fp32)", "fp32")
     activation_checkpointing: bool = doc("recompute each rollout step in backward to save memory", False)
     nan_policy: Literal["stop", "skip"] = doc(
@@ -225,13 +248,13 @@ class TrainConfig(Section):
 
     data: DataConfig = doc("where samples come from")
     run: RunConfig = doc("run directory, name and seed", factory=RunConfig)
-    mesh: MeshConfig = doc("data × lat × lon process mesh", factory=MeshConfig)
+    mesh: MeshConfig = doc("data × ensemble × lat × lon process mesh", factory=MeshConfig)
     model: ModelConfig = doc(
         "architecture: model.name picks the model; preset and overrides are that model's",
         factory=MODEL_SECTIONS[DEFAULT_MODEL],
     )
     optim: OptimConfig = doc("optimizer and schedule", factory=OptimConfig)
-    loss: LossConfig = doc("latitude-weighted MSE weights", factory=LossConfig)
+    loss: LossConfig = doc("loss kind (MSE or ensemble CRPS) and its weights", factory=LossConfig)
     training: TrainingConfig = doc("steps, batch, rollout, precision, NaN policy", factory=TrainingConfig)
     validation: ValidationConfig = doc("periodic validation in physical units", factory=ValidationConfig)
     checkpoint: CheckpointConfig = doc("sharded checkpoints and resume", factory=CheckpointConfig)
@@ -244,9 +267,19 @@ class TrainConfig(Section):
         shape = m.shape
         if world_size is not None and shape.world_size != world_size:
             raise ValueError(
-                f"config mesh: data={m.data} × lat={m.lat} × lon={m.lon} = {shape.world_size} ranks, "
+                f"config mesh: {shape.describe()} = {shape.world_size} ranks, "
                 f"but the job has {world_size}; set mesh.* so the product is {world_size} "
                 f"or launch {shape.world_size} processes"
+            )
+        if t.members % m.ensemble:
+            raise ValueError(
+                f"config training.members={t.members} must split evenly over mesh.ensemble={m.ensemble} "
+                f"groups; use a multiple of {m.ensemble}"
+            )
+        if t.members > 1 and not self.model.noise_channels:
+            raise ValueError(
+                f"config training.members={t.members} with model.noise_channels=0 gives identical "
+                f"members; set model.noise_channels (e.g. 4) to make the model stochastic"
             )
         if t.batch_size % m.data:
             raise ValueError(

@@ -138,13 +138,14 @@ def sum_gradients(
     holders: Sequence[int] | None = None,
     bucket_elems: int = BUCKET_ELEMS,
 ) -> None:
-    """Once per step: sum every gradient over the data axis and replicated ones over the domain axis.
+    """Once per step: sum every gradient over the replicas (data × ensemble: every group holding the
+    same weights) and replicated ones over the domain axis.
 
     ``holders`` is ``domain_holders(params, mesh)`` (found once at set-up); without it no
     parameter is taken as replicated.
     """
     with comm_site("gradients"):
-        reduce_gradients(params, mesh.axis("data"), op="grad.data", bucket_elems=bucket_elems)
+        reduce_gradients(params, mesh.replicas, op="grad.data", bucket_elems=bucket_elems)
         if holders is not None and mesh.domain.size > 1:
             replicated = [p for p, n in zip(params, holders, strict=True) if n == mesh.domain.size]
             reduce_gradients(replicated, mesh.domain, op="grad.replicated", bucket_elems=bucket_elems)

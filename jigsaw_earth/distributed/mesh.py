@@ -1,4 +1,9 @@
-"""The domain mesh: named axes ``data × lat × lon`` over the ranks of a job.
+"""The domain mesh: named axes ``data × ensemble × lat × lon`` over the ranks of a job.
+
+``ensemble`` (default 1) spreads the members of an ensemble over groups of ranks: each member
+runs the same model (the same weights) on its own ``lat × lon`` domain group, so for weights,
+gradients and checkpoints the ensemble axis is like the data axis (``replicas`` = data ×
+ensemble); the ensemble loss reduces over it (``training/crps.py``).
 
 A ``DomainMesh`` is the one object that knows how ranks are arranged. Layers receive it (or one
 of its ``Axis`` objects) explicitly. With world size 1 and no launcher it needs no process group
@@ -22,16 +27,19 @@ from ..argtypes import parse_ints
 __all__ = ["Axis", "DomainMesh", "MeshShape", "init_mesh", "parse_mesh", "slurm_environment"]
 
 log = logging.getLogger(__name__)
-AXES = ("data", "lat", "lon")
+AXES = ("data", "ensemble", "lat", "lon")
 
 
 @dataclass(frozen=True)
 class MeshShape:
-    """Sizes of the three mesh axes. The domain group is ``lat × lon``."""
+    """Sizes of the mesh axes. The domain group is ``lat × lon``; rank order is row-major over
+    ``data × ensemble × lat × lon`` (``ensemble`` last in the fields so ``MeshShape(d, lat, lon)``
+    keeps its meaning)."""
 
     data: int = 1
     lat: int = 1
     lon: int = 1
+    ensemble: int = 1
 
     def __post_init__(self) -> None:
         for name in AXES:
@@ -41,18 +49,31 @@ class MeshShape:
 
     @property
     def world_size(self) -> int:
-        return self.data * self.lat * self.lon
+        return self.data * self.ensemble * self.lat * self.lon
+
+    @property
+    def replicas(self) -> int:
+        """Groups holding the same weights: data × ensemble."""
+        return self.data * self.ensemble
 
     @property
     def domain_size(self) -> int:
         return self.lat * self.lon
 
     def __str__(self) -> str:
-        return f"{self.data}x{self.lat}x{self.lon}"
+        if self.ensemble == 1:
+            return f"{self.data}x{self.lat}x{self.lon}"
+        return f"{self.data}x{self.ensemble}x{self.lat}x{self.lon}"
+
+    def describe(self) -> str:
+        """``data=2 × ensemble=2 × lat=1 × lon=2`` (the ensemble factor only when it is not 1)."""
+        ens = f" × ensemble={self.ensemble}" if self.ensemble != 1 else ""
+        return f"data={self.data}{ens} × lat={self.lat} × lon={self.lon}"
 
 
 def parse_mesh(text: str) -> MeshShape:
-    """Parse ``"2x2"`` (lat × lon) or ``"2x2x2"`` (data × lat × lon)."""
+    """Parse ``"2x2"`` (lat × lon), ``"2x2x2"`` (data × lat × lon) or ``"1x2x2x2"``
+    (data × ensemble × lat × lon)."""
     try:
         sizes = parse_ints(text, "mesh", minimum=0)  # 0 reaches MeshShape, whose error names the axis
     except ValueError:
@@ -61,7 +82,12 @@ def parse_mesh(text: str) -> MeshShape:
         return MeshShape(1, sizes[0], sizes[1])
     if len(sizes) == 3:
         return MeshShape(*sizes)
-    raise ValueError(f"cannot read mesh {text!r}: write LATxLON (e.g. 2x2) or DATAxLATxLON (e.g. 2x2x2)")
+    if len(sizes) == 4:
+        return MeshShape(sizes[0], sizes[2], sizes[3], sizes[1])
+    raise ValueError(
+        f"cannot read mesh {text!r}: write LATxLON (e.g. 2x2), DATAxLATxLON (e.g. 2x2x2) or "
+        f"DATAxENSEMBLExLATxLON (e.g. 1x2x1x2)"
+    )
 
 
 @dataclass(frozen=True)
@@ -87,26 +113,37 @@ class Axis:
 
 
 class DomainMesh:
-    """Ranks arranged as ``data × lat × lon``; rank order is row-major over that shape."""
+    """Ranks arranged as ``data × ensemble × lat × lon``; rank order is row-major over that shape.
+
+    ``coord`` is ``(data, lat, lon)``; ``ensemble_index`` the position on the ensemble axis.
+    """
 
     def __init__(self, shape: MeshShape, rank: int = 0, device: torch.device | None = None):
         self.shape = shape
         self.rank = rank
         self.device = device or torch.device("cpu")
-        self.coord = (
-            rank // shape.domain_size,
-            (rank // shape.lon) % shape.lat,
-            rank % shape.lon,
-        )
+        group = rank // shape.domain_size  # data × ensemble position
+        self.coord = (group // shape.ensemble, (rank // shape.lon) % shape.lat, rank % shape.lon)
+        self.ensemble_index = group % shape.ensemble
         self.device_mesh: DeviceMesh | None = None
         d, i, j = self.coord
+        e = self.ensemble_index
         self._axes = {
-            "data": self._axis("data", [self.global_rank(k, i, j) for k in range(shape.data)], d),
-            "lat": self._axis("lat", [self.global_rank(d, k, j) for k in range(shape.lat)], i),
-            "lon": self._axis("lon", [self.global_rank(d, i, k) for k in range(shape.lon)], j),
+            "data": self._axis("data", [self.global_rank(k, i, j, e) for k in range(shape.data)], d),
+            "ensemble": self._axis(
+                "ensemble", [self.global_rank(d, i, j, k) for k in range(shape.ensemble)], e
+            ),
+            # ranks holding the same block of the weights: gradients are summed over them
+            "replicas": self._axis(
+                "replicas",
+                [self.global_rank(a, i, j, b) for a in range(shape.data) for b in range(shape.ensemble)],
+                d * shape.ensemble + e,
+            ),
+            "lat": self._axis("lat", [self.global_rank(d, k, j, e) for k in range(shape.lat)], i),
+            "lon": self._axis("lon", [self.global_rank(d, i, k, e) for k in range(shape.lon)], j),
             "domain": self._axis(
                 "domain",
-                [self.global_rank(d, a, b) for a in range(shape.lat) for b in range(shape.lon)],
+                [self.global_rank(d, a, b, e) for a in range(shape.lat) for b in range(shape.lon)],
                 i * shape.lon + j,
             ),
             # every rank: the loss value and other whole-job sums (torch's default group)
@@ -117,11 +154,12 @@ class DomainMesh:
     def _axis(name: str, ranks: list[int], index: int) -> Axis:
         return Axis(name, tuple(ranks), index, None)
 
-    def global_rank(self, data: int, lat: int, lon: int) -> int:
-        return (data * self.shape.lat + lat) * self.shape.lon + lon
+    def global_rank(self, data: int, lat: int, lon: int, ensemble: int = 0) -> int:
+        return ((data * self.shape.ensemble + ensemble) * self.shape.lat + lat) * self.shape.lon + lon
 
     def axis(self, name: str) -> Axis:
-        """``"data"``, ``"lat"``, ``"lon"``, ``"domain"`` (lat × lon, lat-major) or ``"world"``."""
+        """``"data"``, ``"ensemble"``, ``"replicas"`` (data × ensemble, data-major), ``"lat"``,
+        ``"lon"``, ``"domain"`` (lat × lon, lat-major) or ``"world"``."""
         try:
             return self._axes[name]
         except KeyError:
@@ -130,6 +168,14 @@ class DomainMesh:
     @property
     def domain(self) -> Axis:
         return self._axes["domain"]
+
+    @property
+    def ensemble(self) -> Axis:
+        return self._axes["ensemble"]
+
+    @property
+    def replicas(self) -> Axis:
+        return self._axes["replicas"]
 
     @property
     def world(self) -> Axis:
@@ -151,32 +197,47 @@ class DomainMesh:
         """Create process groups; every rank must call this in the same order."""
         shape = self.shape
         self.device_mesh = init_device_mesh(
-            self.device.type, (shape.data, shape.lat, shape.lon), mesh_dim_names=AXES
+            self.device.type, (shape.data, shape.ensemble, shape.lat, shape.lon), mesh_dim_names=AXES
         )
         for name in AXES:
             if getattr(shape, name) > 1:
                 axis = self._axes[name]
                 self._axes[name] = Axis(name, axis.ranks, axis.index, self.device_mesh[name].get_group())
-        # One domain group per data replica. new_group must be called by all ranks for all groups.
+        # One domain group per (data, ensemble) replica, one replicas group per domain position.
+        # new_group must be called by all ranks for all groups, in the same order.
         for d in range(shape.data):
-            ranks = [self.global_rank(d, a, b) for a in range(shape.lat) for b in range(shape.lon)]
-            group = dist.new_group(ranks) if shape.domain_size > 1 else None
-            if d == self.coord[0]:
-                axis = self._axes["domain"]
-                self._axes["domain"] = Axis("domain", axis.ranks, axis.index, group)
+            for e in range(shape.ensemble):
+                ranks = [self.global_rank(d, a, b, e) for a in range(shape.lat) for b in range(shape.lon)]
+                group = dist.new_group(ranks) if shape.domain_size > 1 else None
+                if (d, e) == (self.coord[0], self.ensemble_index):
+                    axis = self._axes["domain"]
+                    self._axes["domain"] = Axis("domain", axis.ranks, axis.index, group)
+        if shape.data > 1 and shape.ensemble > 1:
+            for a in range(shape.lat):
+                for b in range(shape.lon):
+                    pairs = [(d, e) for d in range(shape.data) for e in range(shape.ensemble)]
+                    ranks = [self.global_rank(d, a, b, e) for d, e in pairs]
+                    group = dist.new_group(ranks)
+                    if (a, b) == self.coord[1:]:
+                        axis = self._axes["replicas"]
+                        self._axes["replicas"] = Axis("replicas", axis.ranks, axis.index, group)
+        else:  # one of the two axes has size 1: the replicas are the other one's ranks
+            axis, other = self._axes["replicas"], self._axes["data" if shape.data > 1 else "ensemble"]
+            self._axes["replicas"] = Axis("replicas", axis.ranks, axis.index, other.group)
         if shape.world_size > 1:
             axis = self._axes["world"]
             self._axes["world"] = Axis("world", axis.ranks, axis.index, dist.group.WORLD)
         # NCCL requires every rank of a group in its first batch_isend_irecv; a halo exchange
         # need not involve all of them, so open each group with a collective. Every rank visits
         # its groups in the same axis order, so this cannot deadlock.
-        for name in ("data", "lat", "lon", "domain"):
+        for name in ("data", "ensemble", "replicas", "lat", "lon", "domain"):
             group = self._axes[name].group
             if group is not None:
                 dist.all_reduce(torch.zeros(1, device=self.device), group=group)
 
     def __repr__(self) -> str:
-        return f"DomainMesh(shape={self.shape}, rank={self.rank}, coord={self.coord})"
+        ens = f", ensemble={self.ensemble_index}" if self.shape.ensemble > 1 else ""
+        return f"DomainMesh(shape={self.shape}, rank={self.rank}, coord={self.coord}{ens})"
 
 
 def _expand_nodelist(nodelist: str) -> list[str]:
@@ -218,7 +279,7 @@ def slurm_environment(env: dict[str, str] | None = None) -> dict[str, str]:
 def _check_world(shape: MeshShape, world_size: int) -> None:
     if shape.world_size != world_size:
         raise ValueError(
-            f"mesh data={shape.data} × lat={shape.lat} × lon={shape.lon} = {shape.world_size} ranks, "
+            f"mesh {shape.describe()} = {shape.world_size} ranks, "
             f"but the job has world size {world_size}; choose mesh factors whose product is "
             f"{world_size} or launch {shape.world_size} processes"
         )

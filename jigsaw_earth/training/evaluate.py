@@ -38,10 +38,14 @@ def short_name(channel: str) -> str:
 
 
 @torch.no_grad()
-def validate(model: torch.nn.Module, data: TrainData, cfg: TrainConfig, forward: Any) -> dict[str, float]:
+def validate(
+    model: torch.nn.Module, data: TrainData, cfg: TrainConfig, forward: Any, noise: Any = None
+) -> dict[str, float]:
     """RMSE per headline variable and lead for the model, persistence and climatology.
 
-    ``forward(state, static, time_features) -> next state`` runs the model (autocast etc.).
+    ``forward(state, static, time_features, noise) -> next state`` runs the model (autocast etc.);
+    ``noise(batch, k)`` gives a stochastic model's noise channels at rollout step ``k`` (``None``:
+    a deterministic model, and ``forward`` is called with three arguments).
     Returns ``{"<var>@<lead>h/<model|persistence|climatology>": rmse}``, the model's ACC as
     ``.../acc`` (when a climatology exists) and ``n_inits``. Sums go through the metrics
     package's ``MetricAccumulator`` (per-sample global weighted means, sqrt after the time mean).
@@ -64,7 +68,10 @@ def validate(model: torch.nn.Module, data: TrainData, cfg: TrainConfig, forward:
         for batch in data.val_batches(max(steps), v.max_samples, v.batch_size):
             state, preds = batch.inputs, []
             for k in range(1, max(steps) + 1):
-                state = forward(state, batch.static, data.step_time_features(batch, k - 1)).float()
+                tf = data.step_time_features(batch, k - 1)
+                eps = None if noise is None else noise(batch, k - 1)
+                args = (state, batch.static, tf) if eps is None else (state, batch.static, tf, eps)
+                state = forward(*args).float()
                 if k in steps:
                     preds.append(data.denormalise(state)[:, chans])
             pick = [k - 1 for k in steps]

@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
@@ -41,10 +42,12 @@ from ..distributed.grads import replication
 from ..distributed.mesh import DomainMesh
 from ..layers.base import init_model
 from .accounting import StepClock, device_peak_tflops, step_flops, summarize_steps
+from .crps import ensemble_loss
 from .data import TrainData
 from .evaluate import format_table, validate
 from .loss import channel_weights, global_value, weighted_sq_error
 from .monitor import Monitor, memory_mb
+from .noise import forecast_sample_index, member_noise, train_sample_index
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
 from .rundir import claim_run_dir, config_hash, record_start
@@ -95,8 +98,11 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, cfg.optim)
         self.ch_weights = channel_weights(data.channels, cfg.loss.variable_weights, cfg.loss.level_weights)
         self.tendency = data.tendency_std.to(mesh.device) if cfg.loss.tendency_scaling else None
+        # the CRPS kinds compare fields in units of the tendency std (its L1 analogue of the weights below)
+        self.crps_weights, self.crps_scale = self.ch_weights, None
         if self.tendency is not None:
             self.ch_weights = self.ch_weights / data.tendency_std.square()
+            self.crps_scale = (1.0 / data.tendency_std).view(1, -1, 1, 1)
         g = data.grid
         self.count = (
             cfg.training.batch_size * cfg.training.rollout_steps * len(data.channels) * g.n_lat * g.n_lon
@@ -113,7 +119,7 @@ class Trainer:
         on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
         # step accounting (``accounting.py``): phases of every step, declared FLOPs, the peak
         self.clock = StepClock(mesh.device)
-        replica_batch = cfg.training.batch_size // mesh.shape.data
+        replica_batch = cfg.training.batch_size // mesh.shape.data * len(self.members)
         self.flops = step_flops(self.model, replica_batch, cfg.training.rollout_steps)
         self.peak_tflops = device_peak_tflops(mesh.device, cfg.training.precision, cfg.logging.peak_tflops)
 
@@ -153,23 +159,80 @@ class Trainer:
         )
 
     # ------------------------------------------------------------------ compute
-    def forward(self, state: torch.Tensor, static: torch.Tensor, time_features: torch.Tensor) -> torch.Tensor:
-        """One model step as configured (``step.model_step``: autocast, tendency scaling); float32."""
+    def forward(
+        self,
+        state: torch.Tensor,
+        static: torch.Tensor,
+        time_features: torch.Tensor,
+        noise: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """One model step as configured (``step.model_step``: autocast, tendency scaling, noise); float32."""
         bf16 = self.cfg.training.precision == "bf16"
-        return model_step(self.model, state, static, time_features, bf16=bf16, tendency=self.tendency)
+        return model_step(
+            self.model, state, static, time_features, bf16=bf16, tendency=self.tendency, noise=noise
+        )
 
-    def _loss_local(self, batch: Batch) -> torch.Tensor:
+    def noise(self, batch: Batch, samples: torch.Tensor, members: range, k: int) -> torch.Tensor | None:
+        """Noise channels ``(len(members) · B, K, h, w)`` of rollout step ``k`` (member-major rows);
+        ``None`` for a deterministic model (``noise.py`` has the stream's definition)."""
+        n = self.cfg.model.noise_channels
+        if not n:
+            return None
+        g = self.data.grid
+        shape = (batch.inputs.shape[0], n, *batch.tile.shape)
+        parts = [
+            member_noise(
+                shape,
+                seed=self.cfg.run.seed,
+                member=m,
+                sample_index=samples,
+                step=k,
+                tile=batch.tile,
+                grid=(g.n_lat, g.n_lon),
+                device=batch.inputs.device,
+            )
+            for m in members
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    @property
+    def members(self) -> range:
+        """Global numbers of the ensemble members this rank runs (batched, member-major rows)."""
+        m = self.cfg.training.members // self.mesh.shape.ensemble
+        e = self.mesh.ensemble_index
+        return range(e * m, (e + 1) * m)
+
+    def _loss_local(self, batch: Batch, step: int) -> torch.Tensor:
         dev = self.mesh.device
+        members, n_members, loss = self.members, self.cfg.training.members, self.cfg.loss
+        m, b = len(members), batch.inputs.shape[0]
         state, static = batch.inputs, batch.static
+        if m > 1:  # members batched: rows [i·B, (i+1)·B) are member members[i]
+            state = state.repeat(m, 1, 1, 1)
         lat_w, ch_w = self.data.lat_weights.to(dev), self.ch_weights.to(dev)
+        rows = self.data.replica * self.data.local_batch + np.arange(b)
+        samples = train_sample_index(step, self.cfg.training.batch_size, rows)
         total = torch.zeros((), device=dev)
         for k in range(batch.lead_steps):
             tf = self.data.step_time_features(batch, k).to(dev)
+            tf = tf.repeat(m, 1) if m > 1 else tf
+            noise = self.noise(batch, samples, members, k)
             if self.cfg.training.activation_checkpointing:
-                state = recompute(self.forward, state, static, tf, use_reentrant=False)
+                state = recompute(self.forward, state, static, tf, noise, use_reentrant=False)
             else:
-                state = self.forward(state, static, tf)
-            total = total + weighted_sq_error(state, batch.targets[:, k], lat_w, ch_w)
+                state = self.forward(state, static, tf, noise)
+            target = batch.targets[:, k]
+            if n_members == 1 and loss.kind == "mse":
+                total = total + weighted_sq_error(state, target, lat_w, ch_w)
+            else:  # this rank's share of the ensemble loss; the ensemble axis holds the other members
+                pred, w = state.view(m, b, *state.shape[1:]), ch_w
+                if loss.kind != "mse" and self.crps_scale is not None:  # in tendency-std units
+                    scale = self.crps_scale.to(dev)
+                    pred, target, w = pred * scale, target * scale, self.crps_weights.to(dev)
+                total = total + ensemble_loss(
+                    loss.kind, pred, target, lat_w, w, n_members=n_members, alpha=loss.alpha,
+                    mse_weight=loss.mse_weight, members=self.mesh.ensemble,
+                )  # fmt: skip
         return total / self.count
 
     def train_step(self, step: int) -> dict[str, float]:
@@ -182,7 +245,7 @@ class Trainer:
         with clock.phase("data"):  # the data wait: blocked until this step's batch is here
             batch = self.data.train_batch(step - 1).to(self.mesh.device, non_blocking=True)
         with clock.phase("compute"):
-            local = self._loss_local(batch)
+            local = self._loss_local(batch, step)
             local.backward()
             sync_gradients(self.params, self.mesh, self.holders)
         with clock.phase("other"):
@@ -227,9 +290,13 @@ class Trainer:
         }
 
     def run_validation(self) -> dict[str, float]:
-        result = validate(self.model, self.data, self.cfg, self.forward)
+        result = validate(self.model, self.data, self.cfg, self.forward, self._val_noise)
         self.validation = result
         return result
+
+    def _val_noise(self, batch: Batch, k: int) -> torch.Tensor | None:
+        """Validation scores member 0, with predict's noise stream (``noise.forecast_sample_index``)."""
+        return self.noise(batch, forecast_sample_index(batch.times), range(1), k)
 
     # ------------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:

@@ -49,10 +49,24 @@ class RunDirError(ValueError):
     """This start would discard or shadow the checkpoints of another run."""
 
 
+_LATER_KEYS = (
+    ("model", "noise_channels", 0),
+    ("loss", "kind", "mse"),
+    ("loss", "alpha", 0.95),
+    ("loss", "mse_weight", 0.0),
+)
+
+
 def config_hash(cfg: TrainConfig) -> str:
     """Hash of what must not change across a resume (model, data, loss, global batch)."""
     key = {k: to_dict(getattr(cfg, k)) for k in ("model", "data", "loss")}
     key["batch_size"] = cfg.training.batch_size
+    if cfg.training.members != 1:
+        key["members"] = cfg.training.members
+    # keys added for ensembles count only when set, so runs started before them still resume
+    for section, name, default in _LATER_KEYS:
+        if key[section].get(name) == default:
+            del key[section][name]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -5,6 +5,10 @@
 ``loss.tendency_scaling`` the residual ``Δ = model(x) − x`` is scaled per channel by the
 one-step tendency std, so an output of order 1 is a typical 6-h change). The trainer and
 ``predict`` both call these, so a forecast is the step the model was trained with.
+
+A stochastic model (``model.noise_channels = K > 0``) is built with ``n_static + K`` static
+channels; ``model_step(..., noise=...)`` appends the ``(B, K, h, w)`` noise of ``noise.member_noise``
+to the static fields, which then reach the model per sample as ``(B, n_static + K, h, w)``.
 """
 
 from __future__ import annotations
@@ -30,7 +34,8 @@ def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.M
     )
 
     domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
-    model = model_from_config(cfg.model, domain, len(data.channels), data.n_static, N_TIME_FEATURES)
+    n_static = data.n_static + cfg.model.noise_channels
+    model = model_from_config(cfg.model, domain, len(data.channels), n_static, N_TIME_FEATURES)
     return init_model(model.to(mesh.device), cfg.run.seed)
 
 
@@ -42,8 +47,22 @@ def model_step(
     *,
     bf16: bool,
     tendency: torch.Tensor | None,
+    noise: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One model step from ``state`` ``(B, C, h, w)``; output float32, same shape."""
+    """One model step from ``state`` ``(B, C, h, w)``; output float32, same shape.
+
+    ``noise`` ``(B, K, h, w)`` (a stochastic model's noise channels) is appended to ``static``
+    ``(S, h, w)``, giving the model per-sample static fields ``(B, S + K, h, w)``.
+    """
+    if noise is not None:
+        if noise.dim() != 4 or noise.shape[0] != state.shape[0] or noise.shape[2:] != static.shape[-2:]:
+            raise ValueError(
+                f"noise {tuple(noise.shape)} must be (B={state.shape[0]}, K, {static.shape[-2]}, "
+                f"{static.shape[-1]}): one field per sample on this rank's tile"
+            )
+        if static.dim() == 3:
+            static = static.unsqueeze(0).expand(state.shape[0], -1, -1, -1)
+        static = torch.cat([static.to(noise.dtype), noise], dim=1)
     autocast = torch.autocast(state.device.type, dtype=torch.bfloat16) if bf16 else nullcontext()
     with autocast:
         out = model(state, static, time_features).float()

@@ -45,6 +45,7 @@ from ..distributed.mesh import DomainMesh
 __all__ = [
     "BF16_TOLERANCE",
     "CHECK_MODULES",
+    "ENSEMBLE_OPS",
     "FLOOR_ULPS",
     "NOISE_FACTOR",
     "Diff",
@@ -64,7 +65,10 @@ CHECK_MODULES = [
     "jigsaw_earth.validation.checks_conv",
     "jigsaw_earth.validation.checks_dense",
     "jigsaw_earth.validation.checks_models",
+    "jigsaw_earth.validation.checks_ensemble",
 ]
+# the checks that run on meshes with an ensemble axis (the others check one lat x lon group)
+ENSEMBLE_OPS = ("ensemble",)
 
 EPS32 = torch.finfo(torch.float32).eps
 NOISE_FACTOR = 8.0
