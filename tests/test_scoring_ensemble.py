@@ -6,6 +6,7 @@ members, the member dimension's aliases, and tiles on several meshes."""
 
 from __future__ import annotations
 
+import json
 import logging
 
 import numpy as np
@@ -245,3 +246,25 @@ def test_tile_accumulator_equals_evaluate(tiled: dict) -> None:
 @pytest.mark.slow
 def test_tile_accumulator_on_an_uneven_2x3_mesh(tiled: dict) -> None:
     _same(spawn(MeshShape(1, 2, 3), _accumulate_members), tiled["1x1"][0], "2x3")
+
+
+# ----------------------------------------------------------------------------- end to end
+def test_score_command_prints_writes_and_plots_the_ensemble(tmp_path, capsys) -> None:
+    from jigsaw_earth.cli import main
+
+    fc, truth, clim = _ensemble(3, dim="realization")
+    fc.to_zarr(tmp_path / "fc.zarr")
+    truth.to_zarr(tmp_path / "truth.zarr")
+    clim.to_zarr(tmp_path / "clim.zarr")
+    argv = ["score", str(tmp_path / "fc.zarr"), "--truth", str(tmp_path / "truth.zarr"), "--climatology",
+            str(tmp_path / "clim.zarr"), "--out", str(tmp_path / "scores"), "--plot", str(tmp_path / "png")]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "an ensemble of 3 members" in out and "spread/skill" in out
+    assert max(map(len, out.splitlines())) <= 100, "the scorecard fits 100 columns"
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    assert scores["members"] == 3
+    got = _table(scores["scores"])
+    assert _check(got, fc.rename({"realization": "number"}), truth, ["global"]) == 3 * 2 * len(METRICS)
+    pngs = sorted(p.name for p in (tmp_path / "png").glob("*.png"))
+    assert pngs == ["map-2m_temperature.png", "map-geopotential.png", "scorecard-global.png"]

@@ -24,6 +24,7 @@ from .engine import MEMBER, block_size, plan_regions, score_variable
 from .ensemble import POINTWISE, time_means
 from .grid import ForecastGrid
 from .regions import get_regions
+from .scorecard import UNITLESS
 from .units import unit_of
 
 __all__ = ["DIM_ALIASES", "VAR_ALIASES", "check_times", "evaluate", "members", "normalise"]
@@ -174,9 +175,6 @@ def _metrics(scores: dict[tuple[str, str, str], np.ndarray]) -> dict[tuple[str, 
         metric = {"se": "rmse", "e": "bias", "acc": "acc"}[quantity]
         out[(model, metric, region)] = np.sqrt(value) if metric == "rmse" else value
     return out
-
-
-UNITLESS = ("acc", "spread_skill")
 
 
 def _rows(
