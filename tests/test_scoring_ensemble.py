@@ -256,8 +256,9 @@ def test_score_command_prints_writes_and_plots_the_ensemble(tmp_path, capsys) ->
     fc.to_zarr(tmp_path / "fc.zarr")
     truth.to_zarr(tmp_path / "truth.zarr")
     clim.to_zarr(tmp_path / "clim.zarr")
-    argv = ["score", str(tmp_path / "fc.zarr"), "--truth", str(tmp_path / "truth.zarr"), "--climatology",
-            str(tmp_path / "clim.zarr"), "--out", str(tmp_path / "scores"), "--plot", str(tmp_path / "png")]  # fmt: skip
+    fc_path, truth_path, clim_path = (str(tmp_path / n) for n in ("fc.zarr", "truth.zarr", "clim.zarr"))
+    argv = ["score", fc_path, "--truth", truth_path, "--climatology", clim_path]
+    argv += ["--out", str(tmp_path / "scores"), "--plot", str(tmp_path / "png")]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "an ensemble of 3 members" in out and "spread/skill" in out
