@@ -55,6 +55,8 @@ class Block:
     #: of ``chunks[0]`` in it (``placement`` then reads long runs straight into place with ``preadv``)
     file: str | None = None
     offset: int = 0
+    #: the storage object's coordinates in the array's grid of objects (shards or chunks)
+    coords: tuple[int, ...] = ()
 
 
 def _bytes_decoder(codec: Any) -> Callable[[Any, Any], Any] | None:
@@ -319,6 +321,20 @@ class ChunkSource:
             self._scratch.buf = buf
         return buf[:n_bytes]
 
+    # ---- direct reads again (``placement.replay``) -------------------------------------------
+    def shard_file(self, fmt: ChunkFormat, coords: tuple[int, ...]) -> tuple[str, np.ndarray] | None:
+        """The local file and index of the shard at ``coords``; None where it is absent or not a
+        local shard (its bytes then go the general way)."""
+        if fmt.shard is None or self.root is None:
+            return None
+        key = fmt.key(coords)
+        index = self._shard_index(fmt, key)
+        return None if index is None else (self._file(key), index)
+
+    def count_direct(self, file: str, spans: list[tuple[int, int]]) -> None:
+        """Account one storage object's replayed direct reads (one request, as the first read)."""
+        self._count(sum(b - a for a, b in spans), 1, file, spans)
+
     # ---- blocks -------------------------------------------------------------------------------
     def blocks(self, fmt: ChunkFormat, array: Any, box: Box) -> Iterator[Block]:
         """The storage objects' chunks covering ``box``, one ``Block`` per object (see module)."""
@@ -337,7 +353,7 @@ class ChunkSource:
             k1 = tuple((x - 1) // c + 1 for x, c in zip(hi, fmt.chunk))
             chunks, grid, file, offset = self._object(fmt, fmt.key(oc), k0, k1)
             origin_cell = tuple(o + k * c for o, k, c in zip(origin, k0, fmt.chunk))
-            yield Block(origin_cell, chunks, grid, file, offset)
+            yield Block(origin_cell, chunks, grid, file, offset, oc)
 
     def _object(
         self, fmt: ChunkFormat, key: str, k0: tuple[int, ...], k1: tuple[int, ...]

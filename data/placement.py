@@ -15,13 +15,17 @@ from __future__ import annotations
 import ctypes
 import itertools
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from .chunks import Block
 
-__all__ = ["AxisPlan", "Run", "axis_plan", "place"]
+__all__ = ["AxisPlan", "DirectRead", "Recording", "Run", "axis_plan", "place", "recording", "replay"]
 
 
 @dataclass(frozen=True)
@@ -131,8 +135,10 @@ def place(block: Block, runs: tuple[Run, ...], dst: np.ndarray, scratch: np.ndar
             src = part[flat[0] : flat[-1] + 1].reshape(*ids.shape, *part.shape[1:])
             order = [k for j in range(n) for k in (j, n + j)]
             if not _read_direct(block, src, target, order):
+                _copied()
                 np.copyto(target, src.transpose(order), casting="unsafe")
             continue
+        _copied()
         row_bytes = ids.shape[-1] * part[0].nbytes
         for lead in np.ndindex(*ids.shape[:-1]):
             row = ids[lead]
@@ -148,46 +154,127 @@ def place(block: Block, runs: tuple[Run, ...], dst: np.ndarray, scratch: np.ndar
             np.copyto(target[sel], src.transpose(*range(1, n), 0, n), casting="unsafe")
 
 
-#: runs shorter than this are copied from the memory map (a strided copy beats many tiny reads)
+#: runs shorter than this are copied from the memory map (a strided copy beats many tiny reads),
+#: unless there are at most ``FEW_RUNS`` of them; reads of more file ranges than that are copied too
 DIRECT_MIN_BYTES = 4096
+FEW_RUNS = 64
 IOV_MAX = 1024  # buffers per preadv call (Linux's UIO_MAXIOV)
 
 
+@dataclass
+class DirectRead:
+    """One ``preadv``: ``len(starts)`` runs of ``run`` bytes from ``pos`` in the file of the storage
+    object ``coords``, landing at byte offsets ``starts`` from the lowest address of the output."""
+
+    coords: tuple[int, ...]
+    pos: int
+    starts: np.ndarray
+    run: int
+
+
+class Recording:
+    """What one read did, kept while ``recording`` is active in this thread: its direct reads, and
+    whether every cell came that way (``complete``; a copied block makes the read not replayable)."""
+
+    def __init__(self, low: int):
+        self.low, self.reads, self.complete = low, [], True
+
+
+_active = threading.local()
+
+
+@contextmanager
+def recording(out: np.ndarray) -> Iterator[Recording]:
+    """Record the direct reads into ``out`` made by ``place`` in this thread (for ``replay``)."""
+    rec = Recording(byte_bounds(out)[0])
+    _active.rec = rec
+    try:
+        yield rec
+    finally:
+        _active.rec = None
+
+
+def _copied() -> None:
+    rec = getattr(_active, "rec", None)
+    if rec is not None:
+        rec.complete = False
+
+
+def replay(reads: list[tuple[str, DirectRead]], out: np.ndarray) -> None:
+    """Do recorded direct reads again, from ``(file, read)`` pairs, into ``out`` (same shape and
+    strides as the recorded output)."""
+    low, high = byte_bounds(out)
+    window = memoryview((ctypes.c_char * (high - low)).from_address(low)).cast("B")
+    by_file: dict[str, list[DirectRead]] = {}
+    for file, r in reads:
+        by_file.setdefault(file, []).append(r)
+    for file, rs in by_file.items():
+        with _opened(file) as fd:
+            for r in rs:
+                _preadv(fd, file, window, r.starts, r.run, r.pos)
+
+
+@contextmanager
+def _opened(file: str) -> Iterator[int]:
+    fd = os.open(file, os.O_RDONLY)
+    try:
+        yield fd
+    finally:
+        os.close(fd)
+
+
+def _preadv(fd: int, file: str, window: memoryview, starts: np.ndarray, run: int, pos: int) -> None:
+    """Read ``len(starts)`` runs of ``run`` bytes from ``pos`` of ``fd`` to ``window[starts]``."""
+    for i in range(0, len(starts), IOV_MAX):
+        bufs = [window[a : a + run] for a in starts[i : i + IOV_MAX].tolist()]
+        got = os.preadv(fd, bufs, pos)
+        if got != run * len(bufs):
+            raise ValueError(
+                f"{file}: {got} bytes at offset {pos} where {run * len(bufs)} were "
+                f"expected: the shard is truncated"
+            )
+        pos += got
+
+
 def _read_direct(block: Block, src: np.ndarray, target: np.ndarray, order: list[int]) -> bool:
-    """Read ``src`` (whole chunks, contiguous in ``block.file``) into ``target`` (``src`` transposed
-    by ``order``) with ``preadv``: the kernel copies each run that is contiguous on both sides
-    from the page cache into place, without faulting the mapped pages in. False (nothing done)
-    where the runs are short, the dtypes differ or ``src`` is not one contiguous range."""
-    if block.file is None or src.dtype != target.dtype or not src.flags.c_contiguous or not src.size:
+    """Read ``src`` (cells of chunks in ``block.file``) into ``target`` (``src`` transposed by
+    ``order``) with ``preadv``: the kernel copies each run that is contiguous on both sides from
+    the page cache into place, without faulting the mapped pages in; one call per contiguous
+    range of the file. False (nothing done) where the dtypes differ or there are many short runs
+    or ranges (a strided copy from the memory map is then cheaper)."""
+    if block.file is None or src.dtype != target.dtype or not src.size or min(src.strides) < 0:
         return False
-    t = target.transpose(np.argsort(order))  # target's axes in file order
+    t = target.transpose(np.argsort(order))  # target's axes in src's order
     k, run = 0, t.itemsize
-    for size, stride in zip(t.shape[::-1], t.strides[::-1]):
-        if size != 1 and stride != run:
+    for size, t_stride, s_stride in zip(t.shape[::-1], t.strides[::-1], src.strides[::-1]):
+        if size != 1 and (t_stride != run or s_stride != run):
             break
         run *= size
         k += 1
-    if run < DIRECT_MIN_BYTES:
+    outer = t.ndim - k
+    n_runs = int(np.prod(t.shape[:outer]))
+    if run < DIRECT_MIN_BYTES and n_runs > FEW_RUNS:
         return False
-    starts = np.zeros(1, np.int64)  # byte offset of every run from t's first cell, in file order
-    for size, stride in zip(t.shape[: t.ndim - k], t.strides[: t.ndim - k]):
-        starts = (starts[:, None] + np.arange(size, dtype=np.int64) * stride).reshape(-1)
-    lo, hi = int(starts.min()), int(starts.max()) + run
+    t_starts = np.zeros(1, np.int64)  # byte offset of every run from t's first cell, in src's order
+    s_starts = np.zeros(1, np.int64)  # ... and from src's first cell
+    for size, t_stride, s_stride in zip(t.shape[:outer], t.strides[:outer], src.strides[:outer]):
+        step = np.arange(size, dtype=np.int64)
+        t_starts = (t_starts[:, None] + step * t_stride).reshape(-1)
+        s_starts = (s_starts[:, None] + step * s_stride).reshape(-1)
+    ranges = np.split(np.arange(n_runs), np.nonzero(np.diff(s_starts) != run)[0] + 1)
+    if len(ranges) > FEW_RUNS:
+        return False
+    lo, hi = int(t_starts.min()), int(t_starts.max()) + run
     window = memoryview((ctypes.c_char * (hi - lo)).from_address(t.ctypes.data + lo)).cast("B")
-    pos = block.offset + (src.ctypes.data - block.chunks.ctypes.data)
-    fd = os.open(block.file, os.O_RDONLY)
-    try:
-        for i in range(0, len(starts), IOV_MAX):
-            bufs = [window[a : a + run] for a in (starts[i : i + IOV_MAX] - lo).tolist()]
-            got = os.preadv(fd, bufs, pos)
-            if got != run * len(bufs):
-                raise ValueError(
-                    f"{block.file}: {got} bytes at offset {pos} where {run * len(bufs)} were "
-                    f"expected: the shard is truncated"
-                )
-            pos += got
-    finally:
-        os.close(fd)
+    first = block.offset + (src.ctypes.data - block.chunks.ctypes.data)
+    rec = getattr(_active, "rec", None)
+    with _opened(block.file) as fd:
+        for runs in ranges:
+            pos = first + int(s_starts[runs[0]])
+            _preadv(fd, block.file, window, t_starts[runs] - lo, run, pos)
+            if rec is not None:  # offsets from the lowest address of the recorded output
+                at = t_starts[runs] + (t.ctypes.data - rec.low)
+                rec.reads.append(DirectRead(block.coords, pos, at, run))
     return True
 
 

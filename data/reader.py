@@ -30,7 +30,7 @@ from jigsaw_earth.sphere import col_sources, coordinate_channels, row_sources
 
 from .batch import STATIC_GEOMETRY, VariableSpec
 from .chunks import ChunkFormat, ChunkSource
-from .placement import AxisPlan, axis_plan, place
+from .placement import AxisPlan, DirectRead, axis_plan, place, recording, replay
 from .store import StoreView
 
 __all__ = ["Normalisation", "TileReader", "chunk_source"]
@@ -121,6 +121,7 @@ class TileReader:
         self.threads = max(1, int(threads))
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()  # per-thread scratch (placement's chunk gathers)
+        self._replays: dict[tuple, tuple[int, list[DirectRead], dict]] = {}  # see ``_read_field``
         for f in self._fields:
             self._format(f.store_name)  # open the array's metadata now, not during the first sample
 
@@ -175,31 +176,103 @@ class TileReader:
     # ---- one field ------------------------------------------------------------------------
     def _read_field(self, f: _Field, times: np.ndarray | None, plans: list, out: np.ndarray) -> None:
         """Field ``f`` at storage ``times`` (None: no time axis) into ``out`` ``(T, L, R, C)``
-        (``T``, ``L`` = 1 where the field has no time / level axis)."""
+        (``T``, ``L`` = 1 where the field has no time / level axis).
+
+        A read that placed every cell with direct reads is remembered, and the same field read
+        again at other times (same plans, same output layout, shards indexed alike) repeats those
+        reads from the new times' shards without planning again (``_replayed``)."""
         name = f.store_name
-        fmt, array = self._format(name), self.view.array(name)
-        dims = self.view.dims(name)
+        fmt = self._format(name)
         try:
+            if not self._replayed(f, fmt, times, plans, out):
+                with recording(out) as rec:
+                    self._place_groups(f, fmt, times, plans, out)
+                if rec.complete and rec.reads:
+                    self._remember(f, fmt, times, plans, out, rec.reads)
             for pos, rows, cols in plans:
-                if not rows.runs and not cols.runs:
-                    continue
+                if rows.runs or cols.runs:
+                    self._fill(out, pos, rows, cols)
+        except (ValueError, OSError) as err:
+            raise ValueError(self._unreadable(name, times, err)) from err
+
+    def _place_groups(
+        self, f: _Field, fmt: ChunkFormat, times: np.ndarray | None, plans: list, out: np.ndarray
+    ) -> None:
+        """Place the stored cells of field ``f`` of every row group into ``out`` (see ``_read_field``)."""
+        array, dims = self.view.array(f.store_name), self.view.dims(f.store_name)
+        axes = {"time": 0, "level": 1, "latitude": 2, "longitude": 3}
+        present = [axes[d] for d in dims]
+        # the destination with the storage axes in storage order
+        dst = out.transpose([*present, *(a for a in range(4) if a not in present)])
+        dst = dst[(Ellipsis, *([0] * (4 - len(dims))))] if len(dims) < 4 else dst
+        for _, rows, cols in plans:
+            if rows.runs and cols.runs:
                 by_dim = {
                     "latitude": rows,
                     "longitude": cols,
                     "time": axis_plan(np.zeros(1, np.int64) if times is None else times),
                     "level": f.level_plan,
                 }
-                plans_ = [by_dim[d] for d in dims]
-                # the destination with the storage axes in storage order
-                axes = {"time": 0, "level": 1, "latitude": 2, "longitude": 3}
-                present = [axes[d] for d in dims]
-                dst = out.transpose([*present, *(a for a in range(4) if a not in present)])
-                dst = dst[(Ellipsis, *([0] * (4 - len(dims))))] if len(dims) < 4 else dst
-                if rows.runs and cols.runs:
-                    self._place(fmt, array, plans_, dims, dst)
-                self._fill(out, pos, rows, cols)
-        except (ValueError, OSError) as err:
-            raise ValueError(self._unreadable(name, times, err)) from err
+                self._place(fmt, array, [by_dim[d] for d in dims], dims, dst)
+
+    # ---- remembered direct reads --------------------------------------------------------------
+    def _replay_key(
+        self, f: _Field, fmt: ChunkFormat, times: np.ndarray | None, plans: list, out: np.ndarray
+    ) -> tuple[tuple, int, int]:
+        """(key of a read's layout, the time axis of its storage objects or -1, its first object's
+        time coordinate): reads with one key differ only by a shift of that coordinate."""
+        dims = self.view.dims(f.store_name)
+        layout = (f.store_name, f.channels.start, id(plans), out.shape, out.strides)
+        if times is None or "time" not in dims:
+            return (*layout, None), -1, 0
+        axis = dims.index("time")
+        per_object, t0 = fmt.object_shape[axis], int(times[0])
+        return (*layout, tuple((times - t0).tolist()), t0 % per_object), axis, t0 // per_object
+
+    def _remember(
+        self,
+        f: _Field,
+        fmt: ChunkFormat,
+        times: np.ndarray | None,
+        plans: list,
+        out: np.ndarray,
+        reads: list[DirectRead],
+    ) -> None:
+        key, _, t_object = self._replay_key(f, fmt, times, plans, out)
+        indexes = {}
+        for r in reads:
+            if r.coords not in indexes:
+                found = self.source.shard_file(fmt, r.coords)
+                if found is None:
+                    return
+                indexes[r.coords] = found[1]
+        self._replays[key] = (t_object, reads, indexes)
+
+    def _replayed(
+        self, f: _Field, fmt: ChunkFormat, times: np.ndarray | None, plans: list, out: np.ndarray
+    ) -> bool:
+        """Repeat a remembered read of ``f`` at ``times`` into ``out``; False where there is none or
+        a shard it needs is absent or indexed differently (then the read goes the general way)."""
+        key, axis, t_object = self._replay_key(f, fmt, times, plans, out)
+        remembered = self._replays.get(key)
+        if remembered is None:
+            return False
+        t_then, reads, indexes = remembered
+        files = {}
+        for coords, index in indexes.items():
+            moved = list(coords)
+            if axis >= 0:
+                moved[axis] += t_object - t_then
+            found = self.source.shard_file(fmt, tuple(moved))
+            if found is None or not np.array_equal(found[1], index):
+                return False
+            files[coords] = found[0]
+        replay([(files[r.coords], r) for r in reads], out)
+        for coords, file in files.items():
+            self.source.count_direct(
+                file, [(r.pos, r.pos + r.run * len(r.starts)) for r in reads if r.coords == coords]
+            )
+        return True
 
     def _place(
         self, fmt: ChunkFormat, array: Any, plans: list[AxisPlan], dims: tuple[str, ...], dst: np.ndarray
@@ -244,7 +317,7 @@ class TileReader:
         if scale != 1.0 or offset != 0.0:
             region *= np.float32(scale)
             region += np.float32(offset)
-        if not np.isfinite(region.sum()):  # one fast pass; NaN (or an overflow) -> look closer
+        if region.size and np.isnan(region.max()):  # max propagates NaN: one vectorised pass
             self._check_nan(f.store_name, region, times)
         if norm is not None:
             c = f.channels

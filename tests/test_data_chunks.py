@@ -86,6 +86,13 @@ LAYOUTS = {
         shards={"latitude": 9, "longitude": 16},
         compressors=[],
     ),
+    # two times per shard, one chunk per time: C order, so read (and replayed) directly
+    "sharded_raw_time_shard_2": dict(
+        fmt=3,
+        chunks={"latitude": 9, "longitude": 16},
+        shards={"time": 2, "latitude": 9, "longitude": 16},
+        compressors=[],
+    ),
     "sharded_raw_rows_ascending_swapped": dict(
         fmt=3,
         chunks={"latitude": 2, "longitude": 8},
@@ -143,7 +150,7 @@ def test_direct_reads_equal_the_truth(store, monkeypatch):
     monkeypatch.setattr(placement, "DIRECT_MIN_BYTES", 0)
     monkeypatch.setattr(placement.os, "preadv", preadv)
     _check_truth(name, view)
-    if name.startswith("sharded_raw_rows") or name == "sharded_time_shard_3":
+    if name.startswith(("sharded_raw_rows", "sharded_raw_time")) or name == "sharded_time_shard_3":
         assert calls, f"{name}: no direct read"
 
 
@@ -282,3 +289,46 @@ def test_synth_compression_choices_read_the_same(tmp_path):
     for comp in ("zstd", "lz4"):
         for a, b in zip(reads[comp], reads["none"]):
             np.testing.assert_array_equal(a, b)
+
+
+def test_repeated_reads_replay_and_equal_the_truth(store, monkeypatch):
+    """A reader reads field after field and time after time: the direct reads it remembers are
+    repeated from other times' shards (row-ordered and time-sharded stores), and every read still
+    equals the truth. Every run is read directly (no minimum length), so uncompressed local shards
+    of every layout are replayed, the time-sharded ones across shards (two or three times each)."""
+    from jigsaw_earth.data import reader as reader_module
+
+    name, view = store
+    monkeypatch.setattr(placement, "DIRECT_MIN_BYTES", 0)
+    monkeypatch.setattr(placement, "FEW_RUNS", 10**6)
+    replays, real = [], reader_module.replay
+    monkeypatch.setattr(reader_module, "replay", lambda reads, out: (replays.append(1), real(reads, out)))
+    levels = sorted(SPEC.levels)
+    grid = TileGrid(13, 16, 3, 2)
+    for k in (0, 3):
+        tile = grid.tile_of(k)
+        reader = TileReader(view, SPEC, grid, tile, Halo(), threads=1)
+        for t in (0, 1, 2, 3, 4, 5, 2):
+            x, y = reader.read_batch(np.array([t]), np.array([[(t + 1) % 6]]))
+            np.testing.assert_array_equal(x[0], channels_global(T, t, levels)[(Ellipsis, *tile.slices)])
+            want = channels_global(T, (t + 1) % 6, levels)[(Ellipsis, *tile.slices)]
+            np.testing.assert_array_equal(y[0, 0], want, err_msg=f"{name} tile {k} t={t}")
+    if name.startswith("sharded_raw"):
+        assert replays, f"{name}: nothing replayed"
+
+
+def test_replay_notices_a_missing_shard(tmp_path):
+    """A shard that is absent at a later time is not replayed from an earlier time's reads: the
+    read goes the general way (fill value: NaN here, so a clear error)."""
+    ds = dataset(T)
+    path = _write(ds, tmp_path / "s.zarr", **LAYOUTS["sharded_raw_rows"])
+    view = StoreView.open(path)
+    grid = TileGrid(13, 16, 2, 1)
+    reader = TileReader(view, SPEC, grid, grid.tile_of(0), Halo(), threads=1)
+    reader.read_batch(np.array([1]), np.array([[2]]))
+    assert reader._replays
+    for shard in (Path(path) / "2m_temperature" / "c" / "4").rglob("*"):
+        if shard.is_file():
+            shard.unlink()
+    with pytest.raises(ValueError, match="2m_temperature.*NaN"):
+        reader.read_batch(np.array([4]), np.array([[2]]))
