@@ -72,3 +72,32 @@ def test_members_of_a_deterministic_model_are_refused(run: Path, tmp_path: Path)
     with pytest.raises(ValueError, match="--members 0: give at least 1"):
         run_prediction(cfg, tmp_path / "fc.zarr", steps=2, members=0, **PERIOD)
     assert not list(tmp_path.iterdir())
+
+
+def test_predict_command_members_flag(run: Path, tmp_path: Path, capsys) -> None:
+    import yaml
+
+    from jigsaw_earth.cli import main
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(_config(run, (1, 1))))
+    argv = ["predict", str(config), "training.steps=1000", "--start", PERIOD["start"], "--end", PERIOD["end"]]
+    argv += [
+        "--max-inits",
+        "2",
+        "--steps",
+        "2",
+        "--members",
+        "1",
+        "--score",
+        "--out",
+        str(tmp_path / "fc.zarr"),
+    ]
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    assert (
+        "2 inits × 1 member × 2 steps" in out and "an ensemble of 1 member:" in out and "spread/skill" in out
+    )
+    assert xr.open_zarr(tmp_path / "fc.zarr").sizes["number"] == 1
+    assert main([*argv[:3], "--seed", "3", "--score"]) == 2
+    assert "--seed 3 is the ensemble's noise seed; add --members N" in capsys.readouterr().err

@@ -85,9 +85,11 @@ def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
 def _report(args: argparse.Namespace, result: Prediction) -> None:
     """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
     r = result
-    print(f"forecast {r.init_times.size} inits × {r.steps} steps, batch {r.batch_size}: {r.steps_per_s:.2f} "
-          f"model steps/s; the training forward on this mesh: {r.training_steps_per_s:.2f} steps/s "
-          f"({r.steps_per_s / r.training_steps_per_s:.2f}×)")  # fmt: skip
+    members = "" if r.members is None else f" × {r.members} member" + "s" * (r.members != 1)
+    ratio = r.steps_per_s / r.training_steps_per_s
+    print(f"forecast {r.init_times.size} inits{members} × {r.steps} steps, batch {r.batch_size}: "
+          f"{r.steps_per_s:.2f} model steps/s; the training forward on this mesh: "
+          f"{r.training_steps_per_s:.2f} steps/s ({ratio:.2f}×)")  # fmt: skip
     if result.rows is not None:
         from ..metrics.scorecard import (
             format_scorecard,

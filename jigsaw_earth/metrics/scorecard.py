@@ -158,7 +158,7 @@ def format_scorecard(
         f"the climatology (WB2, uncentred); RMSE and bias in the variable's unit."
     )
     if ensemble:
-        size = f"an ensemble of {members} members" if members else "an ensemble"
+        size = f"an ensemble of {members} member" + "s" * (members != 1) if members else "an ensemble"
         head += (
             f" {ensemble[0]} is {size}: its RMSE, ACC and bias are the ensemble mean's (WB2's "
             f"ensemble_mean_rmse); CRPS = skill − spread/2 (fair estimator), ens. stddev = sqrt of "
