@@ -93,6 +93,8 @@ ALIASES: dict[str, tuple[str, ...]] = {
     # WB2's ``time`` is a forecast's initialisation time: ``init_time`` wins over ``valid_time``
     "time": ("init_time", "valid_time", "datetime", "t_axis", "date"),
     "prediction_timedelta": ("lead_time", "step"),  # forecast stores' lead dimension
+    # an ensemble forecast's member dimension: WB2 and ECMWF call it ``number`` (also ``realization``)
+    "number": ("realization", "member", "ensemble_member"),
 }
 COORDS = ("time", "level", "latitude", "longitude")
 

@@ -330,5 +330,5 @@ def test_replay_notices_a_missing_shard(tmp_path):
     for shard in (Path(path) / "2m_temperature" / "c" / "4").rglob("*"):
         if shard.is_file():
             shard.unlink()
-    with pytest.raises(ValueError, match="2m_temperature.*NaN"):
+    with pytest.raises(ValueError, match=r"2m_temperature.*NaN"):
         reader.read_batch(np.array([4]), np.array([[2]]))

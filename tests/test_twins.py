@@ -15,6 +15,7 @@ from jigsaw_earth.twins.check import twin_errors
 from jigsaw_earth.validation.checks_models import PAPER_TINY
 
 TOL = 1e-5
+MODEL_TOL = 3e-5
 G = (9, 14)  # uneven: 9 rows, an even number of columns (across-the-pole needs one)
 
 
@@ -22,7 +23,7 @@ def _x(*shape: int, seed: int = 0) -> torch.Tensor:
     return torch.randn(*shape, generator=torch.Generator().manual_seed(seed))
 
 
-def _assert_equal(jig, twin, *inputs, seed: int = 1, dead: str | None = None) -> None:
+def _assert_equal(jig, twin, *inputs, seed: int = 1, dead: str | None = None, tol: float = TOL) -> None:
     """``dead``: parameter names ending so have an analytically zero gradient (a bias that a later
     LayerNorm cancels): both sides' are rounding noise, checked to be tiny instead of equal."""
     init_model(jig, seed)
@@ -32,7 +33,7 @@ def _assert_equal(jig, twin, *inputs, seed: int = 1, dead: str | None = None) ->
     grads = {name: p.grad.abs().max().item() for name, p in jig.named_parameters()}
     zero = {name for name in grads if dead and name.endswith(dead)}
     assert all(grads[name] <= 1e-5 * max(grads.values()) for name in zero), grads
-    bad = {k: v for k, v in errors.items() if not v <= TOL and k.removeprefix("grad:") not in zero}
+    bad = {k: v for k, v in errors.items() if not v <= tol and k.removeprefix("grad:") not in zero}
     assert not bad, bad
 
 
@@ -152,7 +153,10 @@ def test_model_twin(name, grid, overrides):
     jig = build_model(name, local_domain(*grid), 3, 2, 2, "tiny", **overrides)
     twin = T.build_twin(name, grid, 3, 2, 2, "tiny", **overrides)
     dead = "token_mixing.b2" if overrides.get("final_norm") else None
-    _assert_equal(jig, twin, _x(2, 3, *grid), _x(2, *grid, seed=1), _x(2, 2, seed=2), dead=dead)
+    # a whole model accumulates float32 rounding: the patch embedding is GEMMs here and a
+    # convolution in the twin (conv_ring), e.g. 1.1e-5 on the paper arrangement's static input
+    inputs = (_x(2, 3, *grid), _x(2, *grid, seed=1), _x(2, 2, seed=2))
+    _assert_equal(jig, twin, *inputs, dead=dead, tol=MODEL_TOL)
 
 
 def test_loader_names_what_does_not_fit():

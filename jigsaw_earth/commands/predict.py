@@ -1,4 +1,5 @@
-"""``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store."""
+"""``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store; ``--members N``
+writes an ensemble (a ``number`` dimension) of a stochastic model."""
 
 from __future__ import annotations
 
@@ -37,8 +38,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--batch-size", type=int, help="inits per forward (default: what half the free memory holds)"
     )
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out store")
+    p.add_argument(
+        "--members",
+        type=int,
+        metavar="N",
+        help="an ensemble of N members (store dimension 'number'; a stochastic model: model.noise_channels)",
+    )
+    p.add_argument("--seed", type=int, help="the ensemble's noise seed (default run.seed); with --members")
     g = p.add_argument_group("scoring while forecasting (--score)")
-    g.add_argument("--score", action="store_true", help="WB2 RMSE/bias/ACC as the rollout runs, as `score`")
+    g.add_argument(
+        "--score", action="store_true", help="WB2 RMSE/bias/ACC (ensembles: CRPS …) as it runs, as `score`"
+    )
     g.add_argument("--truth", metavar="ERA5.zarr", help="verifying analysis (default data.store)")
     g.add_argument("--climatology", metavar="CLIM.zarr", help="for ACC (default: the run's climatology)")
     g.add_argument("--regions", nargs="+", metavar="NAME", help="WB2 regions or 'all' (default global)")
@@ -75,9 +85,11 @@ def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
 def _report(args: argparse.Namespace, result: Prediction) -> None:
     """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
     r = result
-    print(f"forecast {r.init_times.size} inits × {r.steps} steps, batch {r.batch_size}: {r.steps_per_s:.2f} "
-          f"model steps/s; the training forward on this mesh: {r.training_steps_per_s:.2f} steps/s "
-          f"({r.steps_per_s / r.training_steps_per_s:.2f}×)")  # fmt: skip
+    members = "" if r.members is None else f" × {r.members} member" + "s" * (r.members != 1)
+    ratio = r.steps_per_s / r.training_steps_per_s
+    print(f"forecast {r.init_times.size} inits{members} × {r.steps} steps, batch {r.batch_size}: "
+          f"{r.steps_per_s:.2f} model steps/s; the training forward on this mesh: "
+          f"{r.training_steps_per_s:.2f} steps/s ({ratio:.2f}×)")  # fmt: skip
     if result.rows is not None:
         from ..metrics.scorecard import (
             format_scorecard,
@@ -89,13 +101,14 @@ def _report(args: argparse.Namespace, result: Prediction) -> None:
 
         period = init_period(result.init_times)
         resolution = grid_resolution(result.n_lon)
-        print(format_scorecard(result.rows, read_baselines(None), resolution, period))
+        print(format_scorecard(result.rows, read_baselines(None), resolution, period, members=result.members))
         if args.scores:
             first, last = result.init_times.min(), result.init_times.max()
             times = [str(np.datetime_as_string(t, unit="h")) for t in (first, last)]
             info = {"forecast": None if result.path is None else str(Path(result.path).resolve()),
                     "truth": args.truth, "climatology": args.climatology, "baselines": None,
-                    "resolution": resolution, "inits": [*times, int(result.init_times.size)]}  # fmt: skip
+                    "resolution": resolution, "inits": [*times, int(result.init_times.size)],
+                    "members": result.members}  # fmt: skip
             for path in write_scores(result.rows, Path(args.scores), info):
                 print(f"wrote {path}")
     if result.path is not None:
@@ -113,6 +126,8 @@ def run(args: argparse.Namespace) -> int:
     if not start or not end:
         raise ValueError("give --start and --end (the config has no data.val_period to default to)")
     _check_period(start, end)
+    if args.seed is not None and args.members is None:
+        raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
     score = _score_request(args)
     variables = [v for item in args.variables for v in item.split(",") if v] if args.variables else None
     result = run_prediction(
@@ -131,6 +146,8 @@ def run(args: argparse.Namespace) -> int:
         lead_hours=parse_int_list(args.lead_hours, "--lead-hours"),
         lead_every=args.lead_every,
         score=score,
+        members=args.members,
+        seed=args.seed,
     )
     if int(os.environ.get("RANK", "0")) == 0:
         _report(args, result)

@@ -1,5 +1,6 @@
 """``jigsaw-earth score``: WB2 metrics of a forecast store per region, beside persistence,
-climatology and the published baselines at the same resolution; optionally pictures (``--plot``)."""
+climatology and the published baselines at the same resolution; optionally pictures (``--plot``).
+A store with a member dimension (``number``) is scored as an ensemble (WB2's CRPS, spread/skill …)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import xarray as xr
 
 from ..data.outputs import unfinished_reason
 from ..data.store import open_dataset
-from ..metrics.evaluate import check_times, evaluate, normalise
+from ..metrics.evaluate import check_times, evaluate, members, normalise
 from ..metrics.regions import REGIONS
 from ..metrics.scorecard import (
     format_scorecard,
@@ -27,7 +28,9 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("score", help="WeatherBench 2 RMSE/bias/ACC of a forecast store, with a scorecard")
+    p = sub.add_parser(
+        "score", help="WeatherBench 2 RMSE/bias/ACC (and ensemble CRPS, spread/skill) of a forecast store"
+    )
     p.add_argument("forecast", type=Path, metavar="FORECAST.zarr", help="dims time, prediction_timedelta, …")
     p.add_argument("--truth", type=Path, required=True, metavar="ERA5.zarr", help="verifying analysis")
     p.add_argument("--climatology", type=Path, metavar="CLIM.zarr", help="dims hour, dayofyear, … (for ACC)")
@@ -106,7 +109,8 @@ def run(args: argparse.Namespace) -> int:
     times = forecast["time"].values
     first, last = (str(np.datetime_as_string(t, unit="h")) for t in (times.min(), times.max()))
     period = init_period(times)
-    print(format_scorecard(rows, baselines, resolution, period))
+    n_members = members(forecast)
+    print(format_scorecard(rows, baselines, resolution, period, members=n_members))
     prefix = args.out or args.forecast.with_name(args.forecast.name.removesuffix(".zarr") + "-scores")
     info = {  # absolute, so `plot` finds the stores from any directory
         "forecast": _absolute(args.forecast),
@@ -115,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
         "baselines": None if args.baselines is None else str(args.baselines),
         "resolution": resolution,
         "inits": [first, last, int(times.size)],
+        "members": n_members,
     }
     for path in write_scores(rows, prefix, info):
         print(f"wrote {path}")

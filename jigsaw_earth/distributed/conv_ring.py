@@ -12,6 +12,13 @@ owner; when the input needs no gradient, ``dX`` and its weight transfers are ski
 A message is one block flattened, bias appended: ``out_k·(in·kh·kw + 1)`` values — exactly the
 ``(in·kh·kw + 1) × out_k`` column block that ``channel_bytes("weights", ...)`` prices. On one
 rank this is a single ``F.conv2d`` / ``F.conv_transpose2d`` with plain autograd.
+
+A **patch convolution** (stride = kernel tiling the window exactly: ``PatchEmbed``) is computed as
+GEMMs on the window's patch rows ``(b, i, j) × (c, u, v)`` instead, forward and backward, on one
+rank too: oneDNN's convolution measured 2–7× slower than the GEMM there for the weight gradient
+(the fewer output channels, the slower: 99 ms against 13 ms per block of WeatherMixer ``small``'s
+embedding at 64 × 128 on 1×2). The output is then channels-last memory seen as
+``(B, out, h, w)``, as ``PatchEmbed`` returns it anyway.
 """
 
 from __future__ import annotations
@@ -95,6 +102,27 @@ def _patch_grad_field(acc: torch.Tensor, x: torch.Tensor, kernel: tuple[int, ...
     return acc.view(b, h // kh, w // kw, c, kh, kw).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
+def _patch_rows(x: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
+    """``x`` ``(B, C, H, W)`` as the rows ``(b, i, j)`` × columns ``(c, u, v)`` of its patches
+    (the inverse of ``_patch_grad_field``; one copy)."""
+    (b, c, h, w), (kh, kw) = x.shape, kernel
+    rows = b * (h // kh) * (w // kw)
+    return x.view(b, c, h // kh, kh, w // kw, kw).permute(0, 2, 4, 1, 3, 5).reshape(rows, c * kh * kw)
+
+
+def _patch_conv(rows: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> torch.Tensor:
+    """A patch convolution's ``(rows, out)`` output as one GEMM on the patch ``rows``."""
+    wt = w.reshape(w.shape[0], math.prod(w.shape[1:])).t()
+    return rows @ wt if b is None else torch.addmm(b, rows, wt)
+
+
+def _patch_grad_weight(dy: torch.Tensor, rows: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor:
+    """The weight gradient ``dYᵀ·X`` of a patch convolution as one GEMM on the patch ``rows``:
+    oneDNN's ``convolution_backward`` measured 2–7× slower for it (the fewer the output channels,
+    the slower)."""
+    return (dy.permute(1, 0, 2, 3).reshape(dy.shape[1], rows.shape[0]) @ rows).view(shape)
+
+
 def _grad_weight(dy, x, shape: tuple[int, ...], spec: ConvSpec) -> torch.Tensor:
     stride, dilation, transposed = spec
     dummy = dy.new_empty(1).expand(shape)  # only the weight's shape is read
@@ -112,6 +140,7 @@ class _ConvWeights(torch.autograd.Function):
         ctx.args = (axis, out_sizes, spec)
         cur = _message(w, b)
         outs: list = [None] * P
+        rows = _patch_rows(x, tuple(w.shape[-2:])) if _is_patch(x, w, spec) else None
         for s in range(P):
             k = (q + s) % P
             nxt = None
@@ -119,10 +148,14 @@ class _ConvWeights(torch.autograd.Function):
                 n = _msg_numel(w, out_sizes[(k + 1) % P], bias, transposed)
                 nxt = _send_recv(axis, -1, cur, 1, (n,), op="conv.weights", tag=_RING)
             wk, bk = _unmessage(cur, _block_shape(w, out_sizes[k], transposed), bias)
-            outs[k] = _conv(x, wk, bk, spec)
+            outs[k] = _conv(x, wk, bk, spec) if rows is None else _patch_conv(rows, wk, bk)
             if nxt is not None:
                 cur = nxt.wait()[0]
-        return torch.cat(outs, dim=1)
+        if rows is None:
+            return torch.cat(outs, dim=1)
+        b_, _, h, w_ = x.shape
+        kh, kw = w.shape[-2:]  # channels-last (B, h', w', O) as (B, O, h', w'): a view, as PatchEmbed wants
+        return torch.cat(outs, dim=1).view(b_, h // kh, w_ // kw, sum(out_sizes)).permute(0, 3, 1, 2)
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
@@ -135,6 +168,7 @@ class _ConvWeights(torch.autograd.Function):
         op = "conv.weights.backward"
         dys = [d.contiguous() for d in dy.split(list(out_sizes), dim=1)]
         patch = _is_patch(x, w, spec)
+        rows = _patch_rows(x, tuple(w.shape[-2:])) if patch else None
         dx = None
         cur = _message(w, b)
         acc_in = None
@@ -153,7 +187,12 @@ class _ConvWeights(torch.autograd.Function):
                     part_dx = _grad_input(dys[kw], x, wk, spec)
                     dx = part_dx if dx is None else dx.add_(part_dx)
             shape = _block_shape(w, out_sizes[kg], transposed)
-            dw = _grad_weight(dys[kg], x, shape, spec) if math.prod(shape) else dy.new_empty(shape)
+            if not math.prod(shape):
+                dw = dy.new_empty(shape)
+            elif rows is not None:
+                dw = _patch_grad_weight(dys[kg], rows, shape)
+            else:
+                dw = _grad_weight(dys[kg], x, shape, spec)
             part = _message(dw, dys[kg].sum((0, 2, 3)) if bias else None)
             if acc_in is not None:
                 part = part + acc_in.wait()[0]
@@ -192,5 +231,9 @@ def conv_ring(
         )
     spec: ConvSpec = (tuple(stride), tuple(dilation), transposed)  # type: ignore[assignment]
     if axis.size == 1:
+        if _is_patch(x, w, spec):  # the GEMMs of the ring below, differentiated by autograd
+            kh, kw = w.shape[-2:]
+            y = _patch_conv(_patch_rows(x, (kh, kw)), w, b)
+            return y.view(x.shape[0], x.shape[2] // kh, x.shape[3] // kw, w.shape[0]).permute(0, 3, 1, 2)
         return _conv(x, w, b, spec)
     return _ConvWeights.apply(x, w, b, axis, tuple(out_sizes), spec)

@@ -2,7 +2,10 @@
 
 Layout (WB2 forecast convention): upper-air variables ``(time, prediction_timedelta, level,
 latitude, longitude)``, surface variables ``(time, prediction_timedelta, latitude, longitude)``;
-``time`` is the initialisation time; latitude as the data (descending, WB2), levels ascending.
+``time`` is the initialisation time; latitude as the data (descending, WB2), levels ascending. An
+ensemble (``members``) has a member dimension ``number`` (WB2's and ECMWF's name, members 0…M−1)
+after the lead: ``(time, prediction_timedelta, number, [level], latitude, longitude)``, one chunk
+per member, so each rank writes its tile of its own members.
 
 Chunks are aligned with every tile boundary of the mesh (the greatest common divisor of the tile
 offsets along each axis), so no two ranks ever write the same chunk and no locking is needed. An
@@ -32,6 +35,7 @@ import zarr
 
 from ..data.outputs import MARKER, check_output, unique_tmp
 from ..distributed.tiles import Tile, TileGrid
+from ..metrics.engine import MEMBER
 from ..metrics.units import CF_ATTRS, UNITS
 
 __all__ = ["ForecastLayout", "ForecastWriter", "aligned_chunk"]
@@ -45,6 +49,7 @@ COORD_ATTRS = {
     "latitude": {"standard_name": "latitude", "units": "degrees_north"},
     "longitude": {"standard_name": "longitude", "units": "degrees_east"},
     "level": {"standard_name": "air_pressure", "long_name": "pressure level", "units": "hPa"},
+    MEMBER: {"standard_name": "realization", "long_name": "ensemble member"},
 }
 
 
@@ -67,6 +72,7 @@ class ForecastLayout:
     surface: tuple[str, ...]
     latitude: np.ndarray
     longitude: np.ndarray
+    members: int | None = None  # an ensemble's size (a ``number`` dimension); None: deterministic
 
     @property
     def channels(self) -> list[str]:
@@ -126,16 +132,17 @@ class ForecastWriter:
         lay, grid = self.layout, self.grid
         c_lat, c_lon = aligned_chunk(grid.lat_offsets), aligned_chunk(grid.lon_offsets)
         n_t, n_l, n_lev = len(lay.init_times), len(lay.leads), len(lay.levels)
+        lead = ("time", "prediction_timedelta", *((MEMBER,) if lay.members else ()))
+        sizes, chunks = (n_t, n_l, *((lay.members,) if lay.members else ())), (1,) * len(lead)
         data_vars = {}
         for name in lay.upper_air:
-            shape = (n_t, n_l, n_lev, grid.n_lat, grid.n_lon)
-            arr = da.full(shape, np.nan, dtype=np.float32, chunks=(1, 1, n_lev, c_lat, c_lon))
-            data_vars[name] = (("time", "prediction_timedelta", "level", "latitude", "longitude"), arr)
+            shape = (*sizes, n_lev, grid.n_lat, grid.n_lon)
+            arr = da.full(shape, np.nan, dtype=np.float32, chunks=(*chunks, n_lev, c_lat, c_lon))
+            data_vars[name] = ((*lead, "level", "latitude", "longitude"), arr)
         for name in lay.surface:
-            arr = da.full(
-                (n_t, n_l, grid.n_lat, grid.n_lon), np.nan, dtype=np.float32, chunks=(1, 1, c_lat, c_lon)
-            )
-            data_vars[name] = (("time", "prediction_timedelta", "latitude", "longitude"), arr)
+            shape = (*sizes, grid.n_lat, grid.n_lon)
+            arr = da.full(shape, np.nan, dtype=np.float32, chunks=(*chunks, c_lat, c_lon))
+            data_vars[name] = ((*lead, "latitude", "longitude"), arr)
         for name, (dims, arr) in data_vars.items():  # CF attributes: units as WB2 writes them
             data_vars[name] = xr.Variable(
                 dims, arr, attrs={**CF_ATTRS.get(name, {}), "units": UNITS.get(name, "")}
@@ -150,13 +157,23 @@ class ForecastWriter:
             "latitude": ("latitude", np.asarray(lay.latitude, dtype=np.float64), COORD_ATTRS["latitude"]),
             "longitude": ("longitude", np.asarray(lay.longitude, dtype=np.float64), COORD_ATTRS["longitude"]),
         }
+        if lay.members:
+            coords[MEMBER] = (MEMBER, np.arange(lay.members, dtype=np.int64), COORD_ATTRS[MEMBER])
         if lay.upper_air:
             coords["level"] = ("level", np.asarray(sorted(lay.levels), dtype=np.int64), COORD_ATTRS["level"])
         attrs = {MARKER: {"kind": KIND, "complete": False}, "Conventions": "CF-1.8"}
         return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
-    def write(self, init_index: int, lead_index: int, fields: np.ndarray, tile: Tile) -> None:
-        """Write this rank's tile: ``fields`` is ``(channels, h, w)`` in physical units."""
+    def write(
+        self, init_index: int, lead_index: int, fields: np.ndarray, tile: Tile, member: int | None = None
+    ) -> None:
+        """Write this rank's tile: ``fields`` is ``(channels, h, w)`` in physical units; ``member``
+        (0…M−1) for an ensemble store, None otherwise."""
+        if (member is None) != (not self.layout.members):
+            raise ValueError(
+                f"member {member} for a store with {self.layout.members or 'no'} members: pass the member "
+                f"number exactly when the layout has members"
+            )
         channels = self.layout.channels
         if fields.shape != (len(channels), *tile.shape):
             raise ValueError(
@@ -164,12 +181,13 @@ class ForecastWriter:
                 f"(channels {channels[:3]}...)"
             )
         rows, cols = tile.slices
+        at = (init_index, lead_index) if member is None else (init_index, lead_index, member)
         n_lev, k = len(self.layout.levels), 0
         for name in self.layout.upper_air:
-            self._arrays[name][init_index, lead_index, :, rows, cols] = fields[k : k + n_lev]
+            self._arrays[name][(*at, slice(None), rows, cols)] = fields[k : k + n_lev]
             k += n_lev
         for name in self.layout.surface:
-            self._arrays[name][init_index, lead_index, rows, cols] = fields[k]
+            self._arrays[name][(*at, rows, cols)] = fields[k]
             k += 1
 
     def close(self) -> Path:

@@ -2,7 +2,9 @@
 
 Every rank reads only its tile of the initial conditions, runs the model on its tile (weights
 sharded as in training), and writes its tile of every forecast into one Zarr store
-(``ForecastWriter``). Data-parallel replicas take disjoint initialisation times. The forecast
+(``ForecastWriter``). Data-parallel replicas take disjoint initialisation times. With ``members``
+the store has a member dimension ``number`` and every rank runs its members batched, each with its
+own noise stream (``members.py``). The forecast
 step is the trainer's (``training.step.model_step``: autocast and tendency scaling as configured),
 and the weights come from a sharded checkpoint written on any mesh.
 
@@ -39,6 +41,7 @@ from ..training.runner import setup_mesh
 from ..training.step import build_run_model, model_step
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
+from .members import Members, check
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, training_forward_rate
@@ -67,7 +70,7 @@ def select_inits(
     return idx
 
 
-def _layout(data: TrainData, inits: np.ndarray, selection: Selection) -> ForecastLayout:
+def _layout(data: TrainData, inits: np.ndarray, selection: Selection, members: int | None) -> ForecastLayout:
     layout = ForecastLayout(
         init_times=np.asarray(data.times)[inits],
         leads=selection.leads,
@@ -76,6 +79,7 @@ def _layout(data: TrainData, inits: np.ndarray, selection: Selection) -> Forecas
         surface=selection.surface,
         latitude=np.asarray(data.source.lat),
         longitude=np.asarray(data.source.view.lon),
+        members=members,
     )
     missing = sorted(set(layout.channels) - set(data.channels))
     if missing:
@@ -103,8 +107,9 @@ def _check_options(out: str | Path | None, every_hours: int, max_inits: int, bat
 @dataclass
 class Prediction:
     """What ``run_prediction`` did: the store written (or None), ``score``'s rows (or None), the
-    init times, model steps, longitudes of the grid, the forecast rate (model steps × inits per
-    second of the rollout, all replicas together), the batch, and the training forward's rate."""
+    init times, model steps, longitudes of the grid, the forecast rate (model steps × inits ×
+    members per second of the rollout, all replicas together), the batch (inits per forward), the
+    training forward's rate, and the ensemble size (None: deterministic)."""
 
     path: Path | None
     rows: list[dict[str, Any]] | None
@@ -114,6 +119,7 @@ class Prediction:
     steps_per_s: float
     batch_size: int
     training_steps_per_s: float  # the training forward (autograd on, training batch), same mesh
+    members: int | None = None
 
 
 @contextmanager
@@ -152,11 +158,17 @@ def run_prediction(
     lead_every: int | None = None,
     score: ScoreRequest | None = None,
     mesh: DomainMesh | None = None,
+    members: int | None = None,
+    seed: int | None = None,
 ) -> Prediction:
     """Forecast from every selected init; write the selected variables, levels and leads to ``out``
     and/or score them (``score``) as the rollout runs (collective). ``mesh``: run on this existing
-    mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one."""
+    mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one. ``members``: an
+    ensemble of that many members (a ``number`` dimension; None: deterministic, no dimension), their
+    noise drawn with ``seed`` (default ``run.seed``)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
+    if members is not None:
+        check(cfg, members)
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
     ckpt = find_checkpoint(cfg, checkpoint)
@@ -173,22 +185,28 @@ def run_prediction(
     mesh = setup_mesh(cfg) if mesh is None else mesh
     try:
         with _sigterm_raises():
+            ens = None if members is None else Members.plan(cfg, mesh, members, seed)
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
-                            batch_size, overwrite, score)  # fmt: skip
+                            batch_size, overwrite, score, ens)  # fmt: skip
     finally:
         if own and dist.is_initialized():
             dist.destroy_process_group()
 
 
 def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bool,
-                   tendency: torch.Tensor | None) -> float:  # fmt: skip
+                   tendency: torch.Tensor | None, ens: Members | None) -> float:  # fmt: skip
     """Model steps per second of the training forward on this mesh (the last batch's inputs, cycled
-    to the training batch)."""
+    to the training batch; a stochastic model with member 0's noise)."""
     take = torch.arange(data.local_batch) % batch.inputs.shape[0]
     x, tf = batch.inputs[take], batch.time_features[take].to(batch.inputs.device)
+    noise = None
+    if ens is not None:
+        first = Members(ens.total, range(1), ens.seed, ens.channels)
+        noise = first.noise(data, np.asarray(batch.times)[take.numpy()], 0, x.device)
+    kw = {} if noise is None else {"noise": noise}
 
     def forward() -> torch.Tensor:
-        return model_step(model, x, batch.static, tf, bf16=bf16, tendency=tendency)
+        return model_step(model, x, batch.static, tf, bf16=bf16, tendency=tendency, **kw)
 
     return training_forward_rate(model, forward, data.local_batch * data.mesh.axis("data").size)
 
@@ -196,15 +214,18 @@ def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bo
 def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
-    score: ScoreRequest | None,
+    score: ScoreRequest | None, ens: Members | None,
 ) -> Prediction:  # fmt: skip
     from ..training.sources import build_data
 
     data = build_data(cfg, mesh, training=False)
     steps = selection.steps
     inits = select_inits(data, start, end, steps, every_hours, max_inits)
-    layout = _layout(data, inits, selection)
-    scorer = TileScorer(score, cfg, data, selection, layout.init_times) if score is not None else None
+    total = None if ens is None else ens.total
+    layout = _layout(data, inits, selection, total)
+    scorer = None
+    if score is not None:
+        scorer = TileScorer(score, cfg, data, selection, layout.init_times, members=total)
     model = build_run_model(cfg, mesh, data)
     with pinned(ckpt):
         step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
@@ -216,20 +237,29 @@ def _predict(
     lead_of = {s: i for i, s in enumerate(selection.lead_steps)}
     replicas, replica = mesh.axis("data").size, mesh.axis("data").index
     mine = np.arange(len(inits))[replica::replicas]
+    per_init = 1 if ens is None else len(ens.mine)  # forward rows per init
     if batch_size is None:
-        batch_size = auto_batch(model, data, max(1, len(mine)), 2 if bf16 else 4, mesh)
+        batch_size = max(1, auto_batch(model, data, max(1, len(mine)) * per_init, 2 if bf16 else 4, mesh)
+                         // per_init)  # fmt: skip
     writer = None
     if out is not None:
         writer = ForecastWriter(out, layout, data.grid, mesh.rank, overwrite=overwrite, protected=protected)
 
-    def emit(chunk: np.ndarray, lead_index: int, state: torch.Tensor) -> None:
+    def emit(chunk: np.ndarray, lead_index: int, state: torch.Tensor, every: torch.Tensor | None) -> None:
         physical = data.denormalise(state)[:, chans]
-        if writer is not None:
+        if writer is not None and ens is None:
             fields = physical.numpy()
             for b, init_index in enumerate(chunk):
                 writer.write(int(init_index), lead_index, fields[b], data.tile)
-        if scorer is not None:
+        elif writer is not None:
+            fields = ens.split(physical).numpy()
+            for i, member in enumerate(ens.mine):
+                for b, init_index in enumerate(chunk):
+                    writer.write(int(init_index), lead_index, fields[i, b], data.tile, member)
+        if scorer is not None and ens is None:
             scorer.update(lead_index, physical)
+        elif scorer is not None:  # (M, B, V, h, w) → (B, M, V, h, w)
+            scorer.update(lead_index, data.denormalise(every)[:, :, chans].transpose(0, 1))
 
     pipe = Pipeline()
     try:
@@ -242,12 +272,20 @@ def _predict(
                 ahead = pipe.read(partial(data._batch, inits[chunks[i + 1]], 0))
             if scorer is not None:
                 pipe.sink(partial(scorer.begin, chunk))
-            state = batch.inputs
+            state = batch.inputs if ens is None else ens.expand(batch.inputs)
             for lead in range(steps):
                 tf = data.step_time_features(batch, lead).to(dev)
-                state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency)
+                kw = {}
+                if ens is not None:
+                    tf = ens.expand(tf)
+                    noise = ens.noise(data, layout.init_times[chunk], lead, dev)
+                    kw = {} if noise is None else {"noise": noise}
+                state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency, **kw)
                 if lead + 1 in lead_of:  # written and scored on the sink thread, in order
-                    pipe.sink(partial(emit, chunk, lead_of[lead + 1], state.cpu()))
+                    every = None
+                    if ens is not None and scorer is not None:  # every member, gathered here
+                        every = ens.everyone(ens.split(state)).cpu()
+                    pipe.sink(partial(emit, chunk, lead_of[lead + 1], state.cpu(), every))
             if scorer is not None:
                 pipe.sink(scorer.end)
             done = sum(len(c) for c in chunks[: i + 1])
@@ -256,7 +294,7 @@ def _predict(
                 log.info("forecast %d/%d initialisations", done, len(mine))
         pipe.drain()
         elapsed = time.perf_counter() - t0
-        train_rate = _training_rate(model, data, batch, bf16, tendency) if chunks else float("nan")
+        train_rate = _training_rate(model, data, batch, bf16, tendency, ens) if chunks else float("nan")
         rows = scorer.finish() if scorer is not None else None
         path = writer.close() if writer is not None else None
     except BaseException:
@@ -265,9 +303,11 @@ def _predict(
         raise
     finally:
         pipe.close()
-    rate = len(inits) * steps / max(elapsed, 1e-9)  # every replica ran its share in the same time
+    # every replica ran its share in the same time; a member's forecast is one model sample
+    rate = len(inits) * (1 if ens is None else ens.total) * steps / max(elapsed, 1e-9)
     if mesh.rank == 0:
         log.info("forecast %d inits × %d steps from checkpoint %s (step %d), batch %d: %.2f steps/s; the "
                  "training forward on this mesh: %.2f steps/s%s", len(inits), steps, ckpt, step, batch_size,
                  rate, train_rate, f"; wrote {path}" if path else "")  # fmt: skip
-    return Prediction(path, rows, layout.init_times, steps, data.grid.n_lon, rate, batch_size, train_rate)
+    return Prediction(path, rows, layout.init_times, steps, data.grid.n_lon, rate, batch_size, train_rate,
+                      total)  # fmt: skip

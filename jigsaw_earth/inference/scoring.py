@@ -5,7 +5,9 @@ climatology, and adds its tile's shares of WB2's weighted sums (``MetricAccumula
 ``TileRegions``: the region plan ``score`` uses) for the forecast, persistence and climatology.
 ``finish`` reduces them once over the mesh (domain: exact per-init global means; data: the inits
 of every replica) and returns ``score``'s table rows — equal to ``score`` of the written store.
-No field is ever gathered.
+No field is ever gathered. An ensemble forecast (``members``) is scored as ``score`` scores a store
+with a member dimension: RMSE, bias and ACC of the ensemble mean and WB2's ensemble metrics; each
+rank's ``update`` gets every member of its tile.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from ..data.reader import TileReader
 from ..data.store import StoreView
 from ..distributed.halo import Halo
 from ..metrics.accumulator import MetricAccumulator
+from ..metrics.ensemble import ENSEMBLE_METRICS
+from ..metrics.scorecard import UNITLESS
 from ..metrics.tile_regions import TileRegions
 from ..metrics.units import unit_of
 from ..training.data import TrainData
@@ -62,10 +66,11 @@ def _indices(have: np.ndarray, want: np.ndarray, what: str) -> np.ndarray:
 
 
 class TileScorer:
-    """Collective: every rank builds it, ``update``s its tiles, and calls ``finish``."""
+    """Collective: every rank builds it, ``update``s its tiles, and calls ``finish``. ``members``:
+    the ensemble size of the forecasts (None: deterministic)."""
 
     def __init__(self, request: ScoreRequest, cfg: Any, data: TrainData, selection: Selection,
-                 init_times: np.ndarray):  # fmt: skip
+                 init_times: np.ndarray, members: int | None = None):  # fmt: skip
         d = cfg.data
         self.selection, self.data = selection, data
         truth = str(request.truth or d.store)
@@ -89,7 +94,8 @@ class TileScorer:
         names = [MODEL, "persistence"] + (["climatology"] if self.clim is not None else [])
         self.accs = {
             m: MetricAccumulator(data.lat_weights, (data.grid.n_lat, data.grid.n_lon), mesh.domain,
-                                 mesh.axis("data"), selection.channels, regions=self.regions)
+                                 mesh.axis("data"), selection.channels, regions=self.regions,
+                                 members=members if m == MODEL else None)
             for m in names
         }  # fmt: skip
         self._leads: dict[str, list[torch.Tensor]] = {m: [] for m in names}
@@ -101,7 +107,8 @@ class TileScorer:
         self._persistence = torch.from_numpy(self.reader.read_targets(self.init_idx[self.positions]))
 
     def update(self, lead_index: int, forecast: torch.Tensor) -> None:
-        """The batch's forecast at selected lead ``lead_index``, ``(B, V, h, w)`` physical units."""
+        """The batch's forecast at selected lead ``lead_index``, ``(B, V, h, w)`` physical units; an
+        ensemble's ``(B, M, V, h, w)``, every member."""
         pos = self.positions
         truth = torch.from_numpy(self.reader.read_targets(self.valid_idx[pos, lead_index]))[:, None]
         clim = None
@@ -131,7 +138,7 @@ class TileScorer:
             c = sel.channels.index(var if lev is None else f"{var}@{lev}")
             unit = unit_of(var, dict(self.view.dataset[self.view.resolve(var, lev is not None)].attrs))
             for m, res in results.items():
-                for metric in ("rmse", "bias", "acc"):
+                for metric in ("rmse", "bias", "acc", *ENSEMBLE_METRICS):
                     if metric not in res:
                         continue
                     for r, region in enumerate(self.regions.names):
@@ -139,6 +146,6 @@ class TileScorer:
                             rows.append({
                                 "model": m, "metric": metric, "region": region, "variable": var,
                                 "level": lev, "lead_hours": float(h), "value": float(res[metric][li, c, r]),
-                                "unit": "1" if metric == "acc" else unit,
+                                "unit": "1" if metric in UNITLESS else unit,
                             })  # fmt: skip
         return rows

@@ -12,6 +12,11 @@ replicas, and returns RMSE = sqrt(mean MSE) — the square root after the time m
 
 With ``regions`` (``TileRegions``) the shares are taken for every WB2 region at once (the weights of
 ``score``'s region plan, cut to the tile) and every result gains a trailing region axis.
+
+With ``members`` the forecast is an ensemble ``(B, L, M, V, h, w)``: RMSE, bias and ACC are those of
+the ensemble mean, and the shares of WB2's ensemble terms (``ensemble.pointwise``) follow, giving
+CRPS (skill, spread), ensemble standard deviation and spread/skill (``ensemble.time_means``). Every
+member of a point must be on the rank that takes its share.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import torch
 
 from ..distributed.comm import all_reduce_
 from ..distributed.mesh import Axis
+from .ensemble import POINTWISE, ensemble_mean, pointwise, time_means
 from .tile_regions import TileRegions
 
 __all__ = ["MetricAccumulator"]
@@ -38,7 +44,8 @@ class MetricAccumulator:
 
     ``lat_weights``: this tile's rows of the global WB2 weights (mean 1 over the global rows),
     shape ``(h,)``. ``grid``: the global ``(n_lat, n_lon)``. ``domain``: the mesh's domain axis;
-    ``data``: its data axis (samples differ between replicas), or ``None``.
+    ``data``: its data axis (samples differ between replicas), or ``None``. ``members``: the
+    ensemble size of the forecasts passed (None: deterministic forecasts).
     """
 
     def __init__(
@@ -49,8 +56,9 @@ class MetricAccumulator:
         data: Axis | None = None,
         variables: Sequence[str] | None = None,
         regions: TileRegions | None = None,
+        members: int | None = None,
     ):
-        self.regions = regions
+        self.regions, self.members = regions, members
         self.weights = torch.as_tensor(lat_weights, dtype=torch.float64).reshape(-1, 1)
         self.area = float(grid[0] * grid[1])
         self.domain, self.data = domain, data
@@ -68,7 +76,8 @@ class MetricAccumulator:
         climatology: torch.Tensor | None = None,
     ) -> None:
         """Add a batch: ``forecast``, ``truth`` (and ``climatology`` at the valid times) shaped
-        ``(B, L, V, h, w)`` (batch, lead, variable, tile), in physical units."""
+        ``(B, L, V, h, w)`` (batch, lead, variable, tile), in physical units; an ensemble forecast
+        ``(B, L, M, V, h, w)``."""
         self.add(self.shares(forecast, truth, climatology))
 
     def add(self, shares: torch.Tensor) -> None:
@@ -83,6 +92,14 @@ class MetricAccumulator:
         climatology: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """This tile's shares of the weighted sums, ``(B, L, V[, R], k)``; arguments as ``update``."""
+        members = None
+        if self.members is not None:
+            if forecast.dim() != 6 or forecast.shape[2] != self.members:
+                raise ValueError(
+                    f"ensemble forecast {tuple(forecast.shape)} must be (B, L, M={self.members}, V, h, w)"
+                )
+            members = forecast.to(torch.float64)
+            forecast = ensemble_mean(members, 2)
         if forecast.shape != truth.shape or forecast.dim() != 5:
             raise ValueError(
                 f"forecast {tuple(forecast.shape)} and truth {tuple(truth.shape)} must both be "
@@ -107,11 +124,15 @@ class MetricAccumulator:
             c = climatology.to(torch.float64)
             fa, oa = f - c, o - c
             parts += [share(fa * oa), share(fa**2), share(oa**2)]
+        if members is not None:
+            terms = pointwise(members, o, 2)
+            parts += [share(terms[q]) for q in POINTWISE]
         return torch.stack(parts, dim=-1)  # (B, L, V[, R], k)
 
     @torch.no_grad()
     def compute(self) -> dict[str, torch.Tensor]:
-        """``{"rmse", "mse", "bias"[, "acc"]}`` as ``(L, V)`` float64 tensors and ``"count"``.
+        """``{"rmse", "mse", "bias"[, "acc"]}`` as ``(L, V)`` float64 tensors and ``"count"``; for an
+        ensemble also ``ensemble.ENSEMBLE_METRICS``.
 
         Collective: every rank of the domain (and data) axis must call it.
         """
@@ -122,13 +143,18 @@ class MetricAccumulator:
             raise ValueError("pass a climatology to every update() or to none")
         sums = _all_reduce(torch.cat(self._parts), self.domain)  # per-sample global means
         per_sample = {"mse": sums[..., 0], "bias": sums[..., 1]}
-        if sums.shape[-1] == 5:
+        n_ens = 0 if self.members is None else len(POINTWISE)
+        if sums.shape[-1] - n_ens == 5:
             per_sample["acc"] = sums[..., 2] / torch.sqrt(sums[..., 3] * sums[..., 4])
+        for i, q in enumerate(POINTWISE[:n_ens]):
+            per_sample[q] = sums[..., sums.shape[-1] - n_ens + i]
         stacked = torch.stack([v.sum(0) for v in per_sample.values()])
         count = torch.tensor([float(sums.shape[0])], dtype=torch.float64)
         stacked, count = _all_reduce(stacked, self.data), _all_reduce(count, self.data)
         out = {name: stacked[i] / count for i, name in enumerate(per_sample)}
         out["rmse"] = torch.sqrt(out["mse"])
+        if n_ens:
+            out.update(time_means({q: out.pop(q) for q in POINTWISE}, out["mse"]))
         out["count"] = count
         return out
 

@@ -5,9 +5,11 @@ per needed time (valid times, and init times for persistence) and the climatolog
 (dayofyear, hour), each kept in memory while later blocks still need it, so no field is read twice.
 Per block, in float64: MSE, bias and the ACC terms per (init, lead, [level]) as WB2 defines them,
 for the forecast and the persistence and climatology baselines, and every region (latitude weights
-of the global grid restricted to the region). NaNs propagate as in WB2 (``skipna=False``): a NaN
-in a field makes that (init, lead) score NaN in every region that contains it, and the time mean
-NaN; a warning names the variable, level, lead and count.
+of the global grid restricted to the region). A forecast with a member dimension (``number``, after
+the lead) is an ensemble: its MSE, bias and ACC are the ensemble mean's, and it adds WB2's
+ensemble terms (``ensemble.pointwise``: CRPS skill and spread, ensemble variance). NaNs propagate
+as in WB2 (``skipna=False``): a NaN in a field makes that (init, lead) score NaN in every region
+that contains it, and the time mean NaN; a warning names the variable, level, lead and count.
 """
 
 from __future__ import annotations
@@ -18,19 +20,22 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
+import torch
 import xarray as xr
 from tqdm.auto import tqdm
 
 from ..data.times import hour_dayofyear
+from .ensemble import POINTWISE, ensemble_mean, pointwise
 from .grid import ForecastGrid, match_coordinate, read_rows_cols
 from .regions import Region
 
-__all__ = ["RegionPlan", "block_size", "plan_regions", "score_variable"]
+__all__ = ["MEMBER", "RegionPlan", "block_size", "plan_regions", "score_variable"]
 
 log = logging.getLogger(__name__)
 
 READ_BYTES = 64 * 2**20  # forecast bytes read per block (whole time chunks)
 WORK_BYTES = 16 * 2**20  # float64 bytes per computed slice of a block
+MEMBER = "number"  # an ensemble forecast's member dimension (WB2's convention)
 
 
 @dataclass(frozen=True)
@@ -175,9 +180,10 @@ def score_variable(
     bar: tqdm | None = None,
 ) -> dict[tuple[str, str, str], np.ndarray]:
     """Per-init scores ``{(model, quantity, region): (time, lead, [level])}`` of one variable;
-    quantities ``se`` (MSE), ``e`` (mean error) and ``acc``. ``fc`` is (time, lead, [level], lat, lon)
-    with time ascending; ``truth`` (time, [level], lat, lon) and ``clim`` (hour, dayofyear, [level],
-    lat, lon) are on the forecast's levels, their grids matched to ``grid``."""
+    quantities ``se`` (MSE), ``e`` (mean error) and ``acc``, and for an ensemble ``model`` also the
+    ``ensemble.POINTWISE`` terms. ``fc`` is (time, lead, [number], [level], lat, lon) with time
+    ascending; ``truth`` (time, [level], lat, lon) and ``clim`` (hour, dayofyear, [level], lat, lon)
+    are on the forecast's levels, their grids matched to ``grid``."""
     init, lead = fc["time"].values, fc["prediction_timedelta"].values
     valid_idx = _time_indices(init[:, None] + lead[None, :], truth["time"].values, "truth")
     init_idx = _time_indices(init, truth["time"].values, "truth") if baselines else None
@@ -191,13 +197,17 @@ def score_variable(
         clim_cache = _FieldCache(_clim_reader(c_sub, c_order), "climatology")
         clim_keys = _clim_indices(init[:, None] + lead[None, :], clim)
     models = [model] + (["persistence"] + (["climatology"] if clim is not None else []) if baselines else [])
-    extra = fc.shape[2:-2]
+    ens = MEMBER in fc.dims
+    if ens and fc.dims.index(MEMBER) != 2:
+        raise ValueError(f"the member dimension must follow the lead: {fc.dims}")
+    extra = tuple(n for d, n in zip(fc.dims[2:-2], fc.shape[2:-2]) if d != MEMBER)
     out = {
         (m, q, p.name): np.full((init.size, lead.size, *extra), np.nan)
         for m in models
-        for q in ("se", "e", *(("acc",) if clim is not None and m != "climatology" else ()))
+        for q in ("se", "e", *(("acc",) if clim is not None and m != "climatology" else ()),
+                  *(POINTWISE if ens and m == model else ()))
         for p in plans
-    }
+    }  # fmt: skip
     nan_values = np.zeros((lead.size, *extra), np.int64)
     nan_inits = np.zeros((lead.size, *extra), np.int64)
     step = block_size(fc)
@@ -206,8 +216,11 @@ def score_variable(
         t1 = min(t0 + step, init.size)
         raw = np.asarray(fc.isel(time=slice(t0, t1)).values)
         isnan = np.isnan(raw)
-        nan_values += isnan.sum(axis=(0, -2, -1))
-        nan_inits += isnan.any(axis=(-2, -1)).sum(axis=0)
+        counts, anywhere = isnan.sum(axis=(-2, -1)), isnan.any(axis=(-2, -1))
+        if ens:  # counted over members
+            counts, anywhere = counts.sum(axis=2), anywhere.any(axis=2)
+        nan_values += counts.sum(axis=0)
+        nan_inits += anywhere.sum(axis=0)
         need = valid_idx[t0:t1].ravel()
         if init_idx is not None:
             need = np.concatenate([need, init_idx[t0:t1]])
@@ -218,6 +231,10 @@ def score_variable(
             l1 = min(l0 + n_lead, lead.size)
             sl = (slice(t0, t1), slice(l0, l1))
             f = raw[:, l0:l1].astype(np.float64)
+            members = None
+            if ens:
+                members = torch.from_numpy(f)
+                f = ensemble_mean(members, 2).numpy()
             o = np.stack([truth_fields[k] for k in valid_idx[sl].ravel()]).reshape(f.shape)
             candidates = {model: f}
             if init_idx is not None:
@@ -240,6 +257,10 @@ def score_variable(
                     fo, ff = _spatial_means(fa * oa, plans), _spatial_means(fa * fa, plans)
                     for name in fo:
                         out[(m, "acc", name)][sl] = fo[name] / np.sqrt(ff[name] * oa2[name])
+            if members is not None:
+                for q, x in pointwise(members, torch.from_numpy(o), 2).items():
+                    for name, v in _spatial_means(x.numpy(), plans).items():
+                        out[(model, q, name)][sl] = v
         oldest = int(need.min())  # later blocks need no earlier time (inits ascending)
         truth_cache.keep(lambda k: k >= oldest)  # noqa: B023
         if clim_cache is not None:

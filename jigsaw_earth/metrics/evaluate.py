@@ -3,7 +3,10 @@
 ``normalise`` maps the names other ERA5 sources use (``lat``, ``t2m``, ``lead_time`` …) to WB2's;
 ``evaluate`` aligns forecast, truth and climatology by coordinate values (within 1e-3°) and returns
 one long table row per (region, variable, level, lead, metric), for the forecast and for the
-persistence and climatology baselines.
+persistence and climatology baselines. A forecast with a member dimension (``number``, or an alias
+such as ``realization``) is an ensemble: its RMSE, bias and ACC are the ensemble mean's, and it
+gains WB2's ensemble metrics (``ensemble.ENSEMBLE_METRICS``: CRPS with its skill and spread terms,
+ensemble standard deviation, spread/skill ratio).
 """
 
 from __future__ import annotations
@@ -17,19 +20,21 @@ import xarray as xr
 from tqdm.auto import tqdm
 
 from ..data.store import ALIASES, SURFACE_VARIABLES, UPPER_AIR_VARIABLES
-from .engine import block_size, plan_regions, score_variable
+from .engine import MEMBER, block_size, plan_regions, score_variable
+from .ensemble import POINTWISE, time_means
 from .grid import ForecastGrid
 from .regions import get_regions
+from .scorecard import UNITLESS
 from .units import unit_of
 
-__all__ = ["DIM_ALIASES", "VAR_ALIASES", "check_times", "evaluate", "normalise"]
+__all__ = ["DIM_ALIASES", "VAR_ALIASES", "check_times", "evaluate", "members", "normalise"]
 
 SPACE = ("latitude", "longitude")
 
 log = logging.getLogger(__name__)
 
 # Other sources' dimension names -> WB2 names, from the data package's one naming table.
-DIMENSIONS = ("time", "prediction_timedelta", "level", "latitude", "longitude")
+DIMENSIONS = ("time", "prediction_timedelta", MEMBER, "level", "latitude", "longitude")
 DIM_ALIASES = {alias: dim for dim in DIMENSIONS for alias in ALIASES[dim]}
 # Other sources' variable names -> WB2 names, from the data package's one table (upper-air first,
 # so ``z`` is geopotential, as in forecast files on pressure levels).
@@ -51,7 +56,7 @@ def normalise(ds: xr.Dataset, what: str = "dataset") -> xr.Dataset:
             renames[k] = v
     ds = ds.rename(renames)
     ds = ds.rename({k: v for k, v in VAR_ALIASES.items() if k in ds.data_vars})
-    known = {"time", "prediction_timedelta", "level", "latitude", "longitude", "hour", "dayofyear"}
+    known = {"time", "prediction_timedelta", MEMBER, "level", "latitude", "longitude", "hour", "dayofyear"}
     unknown = sorted(str(d) for d in ds.dims if d not in known)
     if unknown:
         raise ValueError(
@@ -64,6 +69,11 @@ def normalise(ds: xr.Dataset, what: str = "dataset") -> xr.Dataset:
             level = level / 100
         ds = ds.assign_coords(level=np.rint(level).astype(np.int64))
     return ds
+
+
+def members(ds: xr.Dataset) -> int | None:
+    """The member count of a (normalised) ensemble forecast; None for a deterministic one."""
+    return int(ds.sizes[MEMBER]) if MEMBER in ds.dims else None
 
 
 def _levels(ref: xr.DataArray, other: xr.DataArray, what: str) -> xr.DataArray:
@@ -149,21 +159,37 @@ def _variables(
     return kept
 
 
+def _metrics(scores: dict[tuple[str, str, str], np.ndarray]) -> dict[tuple[str, str, str], np.ndarray]:
+    """Time means per (model, metric, region): RMSE = sqrt of the mean MSE, bias, ACC, and for an
+    ensemble ``ensemble.time_means`` (after the ensemble mean's RMSE)."""
+    means = {key: per_init.mean(axis=0) for key, per_init in scores.items()}  # skipna=False
+    out = {}
+    for (model, quantity, region), value in means.items():
+        if quantity in POINTWISE[1:]:
+            continue
+        if quantity == POINTWISE[0]:  # the ensemble's terms, once
+            terms = {q: means[(model, q, region)] for q in POINTWISE}
+            for metric, v in time_means(terms, means[(model, "se", region)]).items():
+                out[(model, metric, region)] = v
+            continue
+        metric = {"se": "rmse", "e": "bias", "acc": "acc"}[quantity]
+        out[(model, metric, region)] = np.sqrt(value) if metric == "rmse" else value
+    return out
+
+
 def _rows(
     scores: dict[tuple[str, str, str], np.ndarray], fc: xr.DataArray, unit: str
 ) -> list[dict[str, Any]]:
-    """Time means (RMSE = sqrt of the mean MSE) as long-table rows."""
+    """Time means (``_metrics``) as long-table rows."""
     levels = fc["level"].values if "level" in fc.dims else [None]
     hours = fc["prediction_timedelta"].values / np.timedelta64(1, "h")
     rows = []
-    for (model, quantity, region), per_init in scores.items():
-        value = per_init.mean(axis=0)  # skipna=False: a NaN init makes the mean NaN
-        metric = {"se": "rmse", "e": "bias", "acc": "acc"}[quantity]
-        if metric == "rmse":
-            value = np.sqrt(value)
+    for (model, metric, region), value in _metrics(scores).items():
         for li, h in enumerate(hours):
             for ki, lev in enumerate(levels):
                 v = value[li] if lev is None else value[li, ki]
+                if metric == "spread_skill" and h <= 0:
+                    v = np.nan  # WB2 leaves lead 0 out of the ratio
                 rows.append(
                     {
                         "model": model,
@@ -173,7 +199,7 @@ def _rows(
                         "level": None if lev is None else int(lev),
                         "lead_hours": float(h),
                         "value": float(v),
-                        "unit": "1" if metric == "acc" else unit,
+                        "unit": "1" if metric in UNITLESS else unit,
                     }
                 )
     return rows
@@ -190,7 +216,8 @@ def evaluate(
     regions: Sequence[str] | None = None,
     progress: bool = False,
 ) -> list[dict[str, Any]]:
-    """RMSE, bias (and ACC with a climatology) per region, variable, level and lead, as table rows.
+    """RMSE, bias (and ACC with a climatology) per region, variable, level and lead, as table rows;
+    for an ensemble forecast (a ``number`` dimension) those of its mean and WB2's ensemble metrics.
 
     With ``baselines`` the persistence (and climatology) forecasts are scored on the same inits.
     ``regions``: names from ``REGIONS`` or ``["all"]`` (default: global). Every chunk of the three
@@ -202,6 +229,15 @@ def evaluate(
             raise ValueError(f"forecast has no {dim!r} dimension: is it a forecast store (init, lead)?")
     if climatology is not None:
         climatology = normalise(climatology, "climatology")
+    for what, ds in (("truth", truth), ("climatology", climatology)):
+        if ds is not None and MEMBER in ds.dims:
+            raise ValueError(
+                f"the {what} store has a member dimension {MEMBER!r} ({ds.sizes[MEMBER]}); verify "
+                f"against one analysis: select it first (e.g. ds.isel({MEMBER}=0))"
+            )
+    n_members = members(forecast)
+    if n_members is not None and n_members < 1:
+        raise ValueError(f"forecast has an empty member dimension {MEMBER!r}; write at least one member")
     names = _variables(forecast, truth, climatology, variables)
     check_times(forecast["time"].values, "forecast init times")
     if "time" in truth.dims:
@@ -214,7 +250,8 @@ def evaluate(
     with tqdm(total=total, desc="score", unit="block", disable=not progress, leave=False) as bar:
         for name in names:
             fc = forecast[name]
-            fc = fc.transpose("time", "prediction_timedelta", *[d for d in fc.dims if d == "level"], *SPACE)
+            inner = [d for d in (MEMBER, "level") if d in fc.dims]
+            fc = fc.transpose("time", "prediction_timedelta", *inner, *SPACE)
             obs = _levels(fc, truth[name], "truth")
             obs = obs.transpose("time", *[d for d in obs.dims if d == "level"], *SPACE)
             clim = None
@@ -225,7 +262,8 @@ def evaluate(
             unit = unit_of(name, fc.attrs, truth[name].attrs)
             rows += _rows(scores, fc, unit)
     log.info(
-        "scored %d variables × %d inits × %d leads in %d region(s)",
-        len(names), forecast.sizes["time"], forecast.sizes["prediction_timedelta"], len(plans),
+        "scored %d variables × %d inits × %d leads%s in %d region(s)",
+        len(names), forecast.sizes["time"], forecast.sizes["prediction_timedelta"],
+        "" if n_members is None else f" × {n_members} members", len(plans),
     )  # fmt: skip
     return rows

@@ -1,6 +1,8 @@
 """Pictures of a score: a scorecard PNG per region (RMSE and ACC against lead for the model, the
-persistence and climatology baselines and the published numbers) and maps of forecast, truth and
-error. matplotlib draws them (Agg, no display needed); cartopy adds coastlines when installed."""
+persistence and climatology baselines and the published numbers; for an ensemble also its spread
+beside its ensemble-mean RMSE, and its CRPS) and maps of forecast, truth and error (an ensemble's
+mean, and its spread). matplotlib draws them (Agg, no display needed); cartopy adds coastlines when
+installed."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import numpy as np
 import xarray as xr
 
 from ..data.store import open_dataset
+from .engine import MEMBER
 from .evaluate import normalise
 from .scorecard import published_for
 
@@ -53,7 +56,8 @@ def plot_scorecard(
     rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str, out_dir: str | os.PathLike
 ) -> list[Path]:
     """``scorecard-REGION.png``: per variable RMSE and ACC against lead (days); upper-air variables
-    at their headline level (``HEADLINE_LEVELS``)."""
+    at their headline level (``HEADLINE_LEVELS``). An ensemble adds its spread (ensemble stddev,
+    dashed) to the RMSE panel, as WB2's spread-and-skill plot, and a CRPS panel."""
     plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -66,17 +70,32 @@ def plot_scorecard(
     paths = []
     for region in dict.fromkeys(k[0] for k in series):
         fields = _headline(list(dict.fromkeys(k[1:3] for k in series if k[0] == region)))
-        fig, axes = plt.subplots(len(fields), 2, figsize=(10, 2.6 * len(fields) + 0.6), squeeze=False)
-        for (var, lev), (ax_rmse, ax_acc) in zip(fields, axes):
-            for metric, ax in (("rmse", ax_rmse), ("acc", ax_acc)):
+        ensemble = any(k[0] == region and k[3] == "crps" for k in series)
+        n_col = 3 if ensemble else 2
+        size = (5 * n_col, 2.6 * len(fields) + 0.6)
+        fig, axes = plt.subplots(len(fields), n_col, figsize=size, squeeze=False)
+        for (var, lev), panels in zip(fields, axes):
+            ax_rmse, ax_acc = panels[0], panels[1]
+            drawn = [("rmse", ax_rmse, ""), ("acc", ax_acc, "")]
+            if ensemble:
+                drawn += [("ensemble_stddev", ax_rmse, " spread"), ("crps", panels[2], "")]
+            colors: dict[str, Any] = {}  # a model's spread in its RMSE's colour
+            for metric, ax, suffix in drawn:
                 for model, points in series.get((region, var, lev, metric), {}).items():
                     x, y = zip(*sorted(points))
-                    ax.plot(x, y, marker="o", ms=3, label=model, **STYLE.get(model, {"lw": 2}))
+                    style = STYLE.get(model, {"lw": 2})
+                    if suffix:
+                        style = {**style, "linestyle": "--", "lw": 1.2, "color": colors.get(model)}
+                    (line,) = ax.plot(x, y, marker="o", ms=3, label=model + suffix, **style)
+                    colors.setdefault(model, line.get_color())
                 ax.set_xlabel("lead (days)")
                 ax.grid(alpha=0.3)
             unit = units.get((region, var, lev, "rmse"), "")
             ax_rmse.set_title(f"{_label(var, lev)}: RMSE [{unit}]", fontsize=10)
             ax_acc.set_title(f"{_label(var, lev)}: ACC", fontsize=10)
+            if ensemble:
+                ax_rmse.set_title(f"{_label(var, lev)}: RMSE, spread [{unit}]", fontsize=10)
+                panels[2].set_title(f"{_label(var, lev)}: CRPS [{unit}]", fontsize=10)
             if region in ("global", "domain"):
                 _published(ax_rmse, published_for(baselines, resolution, var, lev))
         # one legend for the figure, below the panels: a legend inside an axis hides its curves
@@ -161,7 +180,8 @@ def plot_maps(
     lead_index: int = -1,
 ) -> list[Path]:
     """``map-VARIABLE.png``: forecast, truth at the valid time and their difference, for one init
-    and lead (default: the first init, the last lead); upper-air variables at 500 hPa when present."""
+    and lead (default: the first init, the last lead); upper-air variables at 500 hPa when present.
+    An ensemble shows its mean, and its spread (standard deviation over members, ddof 1) beside."""
     plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -171,6 +191,11 @@ def plot_maps(
     paths = []
     for name in names:
         fc = forecast[name].isel(time=init_index, prediction_timedelta=lead_index)
+        spread = None
+        if MEMBER in fc.dims:
+            if fc.sizes[MEMBER] > 1:
+                spread = fc.std(MEMBER, ddof=1)
+            fc = fc.mean(MEMBER)
         valid = fc["time"].values + fc["prediction_timedelta"].values
         obs = truth[name].sel(time=valid)
         level = None
@@ -178,21 +203,28 @@ def plot_maps(
             levels = fc["level"].values
             level = int(500 if 500 in levels else levels[0])
             fc, obs = fc.sel(level=level), obs.sel(level=level)
+            spread = None if spread is None else spread.sel(level=level)
         obs = obs.sel(latitude=fc["latitude"], longitude=fc["longitude"], method="nearest", tolerance=1e-3)
         f, o = fc.load().sortby("latitude"), obs.load().sortby("latitude")
         err = f - o.values
         lead_h = fc["prediction_timedelta"].values / np.timedelta64(1, "h")
         title = f"{_label(name, level)}, init {str(fc['time'].values)[:16]}, lead {lead_h:g} h"
         kw = {"subplot_kw": {"projection": ccrs.PlateCarree(central_longitude=180)}} if ccrs else {}
-        fig, axes = plt.subplots(1, 3, figsize=(15, 3.6), **kw)
+        n_panel = 3 if spread is None else 4
+        fig, axes = plt.subplots(1, n_panel, figsize=(5 * n_panel, 3.6), **kw)
         vmin, vmax = float(min(f.min(), o.min())), float(max(f.max(), o.max()))
         lim = float(abs(err).max()) or 1.0
         lon, lat = f["longitude"].values, f["latitude"].values
-        for ax, data, what, opts in (
-            (axes[0], f, "forecast", {"vmin": vmin, "vmax": vmax, "cmap": "viridis"}),
+        what = "ensemble mean" if MEMBER in forecast[name].dims else "forecast"
+        panels = [
+            (axes[0], f, what, {"vmin": vmin, "vmax": vmax, "cmap": "viridis"}),
             (axes[1], o, "truth", {"vmin": vmin, "vmax": vmax, "cmap": "viridis"}),
-            (axes[2], err, "forecast − truth", {"vmin": -lim, "vmax": lim, "cmap": "RdBu_r"}),
-        ):
+            (axes[2], err, f"{what} − truth", {"vmin": -lim, "vmax": lim, "cmap": "RdBu_r"}),
+        ]
+        if spread is not None:
+            s_map = spread.load().sortby("latitude")
+            panels.append((axes[3], s_map, "ensemble spread (stddev)", {"vmin": 0, "cmap": "magma"}))
+        for ax, data, what, opts in panels:
             extra = {"transform": ccrs.PlateCarree()} if ccrs else {}
             mesh = ax.pcolormesh(lon, lat, np.asarray(data), shading="nearest", **opts, **extra)
             if ccrs:

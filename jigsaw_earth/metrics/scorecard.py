@@ -1,5 +1,7 @@
 """Scorecard: RMSE, ACC and bias per region, variable, level and lead, with units, beside the
-published WB1/WB2 RMSEs (shipped as ``baselines_rmse.csv``) and the period they were measured on."""
+published WB1/WB2 RMSEs (shipped as ``baselines_rmse.csv``) and the period they were measured on;
+for an ensemble forecast also WB2's ensemble metrics (CRPS, its skill and spread terms, ensemble
+standard deviation, spread/skill) in a second table per block."""
 
 from __future__ import annotations
 
@@ -14,6 +16,8 @@ from typing import Any
 
 __all__ = [
     "BASELINES",
+    "ENSEMBLE_COLUMNS",
+    "UNITLESS",
     "format_scorecard",
     "grid_resolution",
     "init_period",
@@ -27,6 +31,15 @@ WIDTH = 100
 BASELINES = "baselines_rmse.csv"  # package data of jigsaw_earth.metrics
 FIELDS = ["model", "metric", "region", "variable", "level", "lead_hours", "value", "unit"]
 _RESOLUTIONS = {1440: "0.25deg", 240: "1.5deg", 64: "5.625deg"}
+UNITLESS = ("acc", "spread_skill")  # every other metric is in the variable's unit
+# the ensemble table's columns: metric -> header (``ensemble.ENSEMBLE_METRICS``)
+ENSEMBLE_COLUMNS = {
+    "crps": "CRPS",
+    "crps_skill": "CRPS skill",
+    "crps_spread": "CRPS spread",
+    "ensemble_stddev": "ens. stddev",
+    "spread_skill": "spread/skill",
+}
 
 
 def init_period(times: Any) -> str:
@@ -82,7 +95,7 @@ def published_for(
 def _fmt(v: float | None, metric: str = "rmse") -> str:
     if v is None:
         return ""
-    return f"{v:.4f}" if metric == "acc" else f"{v:.4g}"
+    return f"{v:.4f}" if metric in UNITLESS else f"{v:.4g}"
 
 
 def _published_lines(pub: list[dict[str, Any]], unit: str, period: str) -> list[str]:
@@ -104,18 +117,34 @@ def _published_lines(pub: list[dict[str, Any]], unit: str, period: str) -> list[
     return lines
 
 
+def _ensemble_lines(values: dict[float, dict[tuple[str, str], float]], model: str) -> list[str]:
+    """The ensemble table of one block: a line per lead with ``ENSEMBLE_COLUMNS`` of ``model``."""
+    heads = list(ENSEMBLE_COLUMNS.values())
+    out = ["  lead  " + " ".join(h.rjust(13) for h in heads)]
+    for hours in sorted(values):
+        cells = [_fmt(values[hours].get((m, model)), m).rjust(13) for m in ENSEMBLE_COLUMNS]
+        out.append(f"{hours:>5g} h " + " ".join(cells))
+    return out
+
+
 def format_scorecard(
-    rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str, period: str = "?"
+    rows: list[dict[str, Any]],
+    baselines: list[dict[str, Any]],
+    resolution: str,
+    period: str = "?",
+    members: int | None = None,
 ) -> str:
     """Text tables (at most 100 columns): per region and variable, one line per lead with RMSE and
-    ACC of every model and the forecast's bias; the published RMSEs under the global tables."""
+    ACC of every model and the forecast's bias; the published RMSEs under the global tables. For an
+    ensemble (``members``, or rows with ensemble metrics) a second table per block has WB2's
+    ensemble metrics, and RMSE, ACC and bias are the ensemble mean's."""
     table: dict[tuple, dict[tuple[str, str], float]] = defaultdict(dict)
     units: dict[tuple, str] = {}
     models: list[str] = []
     for r in rows:
         key = (r.get("region", "global"), r["variable"], r["level"])
         table[(*key, r["lead_hours"])][(r["metric"], r["model"])] = r["value"]
-        if r["metric"] != "acc":
+        if r["metric"] not in UNITLESS:
             units[key] = r.get("unit", "")
         if r["model"] not in models:
             models.append(r["model"])
@@ -123,11 +152,19 @@ def format_scorecard(
     cols += [("bias", models[0])] if models else []
     width = max(9, *(min(len(mod), 11) for _, mod in cols)) if cols else 9
     group_names = {"rmse": "RMSE", "acc": "ACC", "bias": "bias"}
-    out = textwrap.wrap(
+    ensemble = [m for m in models if any(("crps", m) in v for v in table.values())]
+    head = (
         f"Scores at {resolution}, inits {period}. RMSE = sqrt of the mean MSE over inits; ACC against "
-        f"the climatology (WB2, uncentred); RMSE and bias in the variable's unit.",
-        WIDTH,
+        f"the climatology (WB2, uncentred); RMSE and bias in the variable's unit."
     )
+    if ensemble:
+        size = f"an ensemble of {members} member" + "s" * (members != 1) if members else "an ensemble"
+        head += (
+            f" {ensemble[0]} is {size}: its RMSE, ACC and bias are the ensemble mean's (WB2's "
+            f"ensemble_mean_rmse); CRPS = skill − spread/2 (fair estimator), ens. stddev = sqrt of "
+            f"the mean member variance (ddof 1), spread/skill = ens. stddev / RMSE, as WB2."
+        )
+    out = textwrap.wrap(head, WIDTH)
     blocks = sorted({k[:3] for k in table}, key=lambda k: (k[0] != "global", k[0], k[1], k[2] or 0))
     for region, var, lev in blocks:
         unit = units.get((region, var, lev), "")
@@ -141,6 +178,9 @@ def format_scorecard(
         for hours in leads:
             vals = table[(region, var, lev, hours)]
             out.append(f"{hours:>5g} h " + " ".join(_fmt(vals.get(c), c[0]).rjust(width) for c in cols))
+        for model in ensemble:
+            values = {k[3]: v for k, v in table.items() if k[:3] == (region, var, lev)}
+            out += [" " * 8 + f"ensemble ({model})", *_ensemble_lines(values, model)]
         pub = published_for(baselines, resolution, var, lev) if region == "global" else []
         if pub:
             out += _published_lines(pub, unit, period)

@@ -1,0 +1,97 @@
+"""``predict --members N``: which members a rank runs, their noise, and who may run an ensemble.
+
+Members differ only by their noise (``model.noise_channels``; ``training/noise.py`` defines the
+stream): member ``m`` of init ``t`` at rollout step ``k`` draws ``member_noise(seed, member=m,
+sample_index=forecast_sample_index(t), step=k)`` — the same numbers on any mesh, batch or split of
+members, so a member keeps its own noise stream through the rollout. A deterministic model would
+give identical members: ``--members`` above 1 is refused for it.
+
+A rank runs its members batched: rows ``[i·B, (i+1)·B)`` of the state are member ``mine[i]``
+(member-major, as the trainer batches them).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..config.schema import TrainConfig
+from ..distributed.mesh import DomainMesh
+
+__all__ = ["Members", "noise_channels"]
+
+
+def noise_channels(cfg: TrainConfig) -> int:
+    """The model's noise channels (0: deterministic)."""
+    return int(getattr(cfg.model, "noise_channels", 0))
+
+
+@dataclass(frozen=True)
+class Members:
+    """An ensemble of ``total`` members; this rank runs ``mine`` (global numbers), all batched."""
+
+    total: int
+    mine: range
+    seed: int
+    channels: int
+
+    @classmethod
+    def plan(cls, cfg: TrainConfig, mesh: DomainMesh, total: int, seed: int | None) -> Members:
+        """The members this rank runs; a clear error when the ensemble cannot differ or split."""
+        check(cfg, total)
+        return cls(total, range(total), cfg.run.seed if seed is None else int(seed), noise_channels(cfg))
+
+    def expand(self, x: torch.Tensor) -> torch.Tensor:
+        """Rows of ``x`` ``(B, …)`` repeated for every member of this rank: ``(m·B, …)``."""
+        m = len(self.mine)
+        return x if m == 1 else x.repeat(m, *([1] * (x.dim() - 1)))
+
+    def split(self, x: torch.Tensor) -> torch.Tensor:
+        """``(m·B, …)`` → ``(m, B, …)``."""
+        return x.view(len(self.mine), -1, *x.shape[1:])
+
+    def noise(
+        self, data: Any, init_times: np.ndarray, step: int, device: torch.device
+    ) -> torch.Tensor | None:
+        """This rank's noise ``(m·B, K, h, w)`` for rollout step ``step`` (0-based) of the inits at
+        ``init_times``; None for a deterministic model."""
+        if not self.channels:
+            return None
+        from ..training.noise import forecast_sample_index, member_noise
+
+        g, tile = data.grid, data.tile
+        shape = (len(init_times), self.channels, *tile.shape)
+        samples = forecast_sample_index(init_times)
+        parts = [
+            member_noise(
+                shape,
+                seed=self.seed,
+                member=m,
+                sample_index=samples,
+                step=step,
+                tile=tile,
+                grid=(g.n_lat, g.n_lon),
+                device=device,
+            )
+            for m in self.mine
+        ]
+        return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+    def everyone(self, x: torch.Tensor) -> torch.Tensor:
+        """Every member's ``(M, B, …)`` from this rank's ``(m, B, …)`` (all members are here)."""
+        return x
+
+
+def check(cfg: TrainConfig, total: int) -> None:
+    """Refuse an ensemble that cannot be: no members, or identical members of a deterministic model."""
+    if total < 1:
+        raise ValueError(f"--members {total}: give at least 1 (e.g. --members 10)")
+    if total > 1 and not noise_channels(cfg):
+        raise ValueError(
+            f"--members {total}: the model is deterministic (model.noise_channels=0), so its "
+            f"{total} members would be identical; train a stochastic model (model.noise_channels, "
+            f"e.g. 4, and loss.kind fair_crps) or use --members 1 (CRPS is then the MAE)"
+        )
