@@ -168,7 +168,12 @@ def run_prediction(
     noise drawn with ``seed`` (default ``run.seed``)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
     if members is not None:
-        check(cfg, members)
+        check(cfg, members, cfg.mesh.ensemble)
+    elif cfg.mesh.ensemble > 1:
+        raise ValueError(
+            f"mesh.ensemble={cfg.mesh.ensemble} spreads ensemble members over groups of ranks; give "
+            f"--members N (a multiple of {cfg.mesh.ensemble}) or set mesh.ensemble=1 for one forecast"
+        )
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
     ckpt = find_checkpoint(cfg, checkpoint)
