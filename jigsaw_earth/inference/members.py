@@ -25,6 +25,7 @@ from ..config.schema import TrainConfig
 from ..distributed.collectives import all_gather
 from ..distributed.comm import comm_site
 from ..distributed.mesh import Axis, DomainMesh
+from ..training.noise import forecast_sample_index, member_noise
 
 __all__ = ["Members", "noise_channels"]
 
@@ -70,8 +71,6 @@ class Members:
         ``init_times``; None for a deterministic model."""
         if not self.channels:
             return None
-        from ..training.noise import forecast_sample_index, member_noise
-
         g, tile = data.grid, data.tile
         shape = (len(init_times), self.channels, *tile.shape)
         samples = forecast_sample_index(init_times)
