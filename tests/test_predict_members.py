@@ -148,12 +148,16 @@ def test_ensemble_store_members_and_scores(stochastic: Path, tmp_path: Path) -> 
     )
 
 
-def test_ensemble_mesh_needs_members_that_split(stochastic: Path, tmp_path: Path) -> None:
+def test_a_stochastic_model_or_an_ensemble_mesh_needs_members_that_split(
+    stochastic: Path, tmp_path: Path
+) -> None:
     cfg = parse_config(_stochastic_config(stochastic, ensemble=2))
     with pytest.raises(ValueError, match=r"mesh.ensemble=2 spreads ensemble members .* give --members N"):
         run_prediction(cfg, tmp_path / "fc.zarr", steps=1, **PERIOD)
     with pytest.raises(ValueError, match=r"--members 3 must split evenly over mesh.ensemble=2 groups"):
         run_prediction(cfg, tmp_path / "fc.zarr", steps=1, members=3, **PERIOD)
+    with pytest.raises(ValueError, match=r"model.noise_channels=2: a stochastic model's forecasts are"):
+        run_prediction(parse_config(_stochastic_config(stochastic)), tmp_path / "fc.zarr", steps=1, **PERIOD)
     assert not list(tmp_path.iterdir())
 
 

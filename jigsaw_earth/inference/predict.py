@@ -41,7 +41,7 @@ from ..training.runner import setup_mesh
 from ..training.step import build_run_model, model_step
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
-from .members import Members, check
+from .members import Members, check, noise_channels
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, training_forward_rate
@@ -173,6 +173,11 @@ def run_prediction(
         raise ValueError(
             f"mesh.ensemble={cfg.mesh.ensemble} spreads ensemble members over groups of ranks; give "
             f"--members N (a multiple of {cfg.mesh.ensemble}) or set mesh.ensemble=1 for one forecast"
+        )
+    elif noise_channels(cfg):
+        raise ValueError(
+            f"model.noise_channels={noise_channels(cfg)}: a stochastic model's forecasts are ensemble "
+            f"members; give --members N (--members 1 for one member, in a store with a 'number' dimension)"
         )
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
