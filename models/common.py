@@ -14,6 +14,7 @@ from torch import nn
 
 from .. import sphere
 from ..layers.base import Domain
+from ..layers.norm import prefetch_affine
 from ..layers.patch import PatchEmbed, PatchRecovery
 from ..sphere import N_COORD_CHANNELS
 
@@ -207,5 +208,6 @@ class Forecaster(nn.Module):
     def forward(self, state: torch.Tensor, static: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
         self._check(state, static, time)
         coords = coordinate_channels(self.domain, state.dtype, state.device) if self.coord_channels else None
-        delta = self.predict(assemble_inputs(state, static, time, coords))
+        with prefetch_affine(self):  # one all-gather for every norm's affine parameters
+            delta = self.predict(assemble_inputs(state, static, time, coords))
         return state + delta if self.residual else delta

@@ -130,6 +130,7 @@ class MeshPlan:
     data_link: str = ""
     batch: int = 1  # samples per data replica
     rate_tflops: float = 0.0  # the matmul rate taken from Hardware.rate_curve (0: tflops × efficiency)
+    work_tflop: float = 0.0  # rank 0's forward TFLOP per sample (member), where rate_curve is read
     read_bytes: int = 0  # bytes rank 0 reads per step (its tile of inputs and one target per sample)
     io_s: float = 0.0  # seconds to read them at Hardware.read_gbps (0: not priced)
     io_bound: bool = False  # reading takes longer than the step: prefetch cannot hide it
@@ -208,9 +209,9 @@ def plan_mesh(
     plan.memory["total"] = sum(plan.memory.values())
     plan.headroom = hw.memory - plan.memory["total"]
     plan.fits = plan.headroom >= 0
+    plan.work_tflop = sum(c.flops[0] for c in costs.values()) / rows / 1e12
     if hw.rate_curve:  # the measured rate at this rank's forward work per sample
-        work = sum(c.flops[0] for c in costs.values()) / rows / 1e12
-        plan.rate_tflops = hw.rate_at(work)
+        plan.rate_tflops = hw.rate_at(plan.work_tflop)
         hw = replace(hw, tflops=plan.rate_tflops, efficiency=1.0)
     _time(plan, model, costs, shape, hw, params, batch)
     _price_ensemble(plan, shape, hw, rows // batch, batch * channels[0] * h * w)

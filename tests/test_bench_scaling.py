@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from jigsaw_earth.bench.scaling import config_for, scaling_runs, scaling_worker, summarize_run
+from jigsaw_earth.bench.scaling import config_for, scaling_runs, scaling_worker, summarize_run, tile_grid
 from jigsaw_earth.cli import main
 from jigsaw_earth.config import load_config
 from jigsaw_earth.config.parse import to_dict
@@ -59,6 +59,13 @@ def test_one_run_measures_every_step_part() -> None:
     assert abs(parts - total) <= 0.1 * total
 
 
+def test_tile_grid_splits_longitudes_first() -> None:
+    assert tile_grid((64, 128), 2) == (64, 64)
+    assert tile_grid((64, 128), 4) == (64, 32)
+    assert tile_grid((64, 6), 4) == (32, 3)
+    assert tile_grid((17, 3), 2) == (17, 1)
+
+
 def test_bad_batch_and_world_size(capsys: pytest.CaptureFixture) -> None:
     assert main(["bench", "scaling", str(CONFIG), "--world-size", "1"]) != 0
     assert "--world-size 1" in capsys.readouterr().err
@@ -86,6 +93,10 @@ def test_command_on_a_tiny_config() -> None:
             assert (r["comm_s"] > 0) == (r["processes"] > 1), name
             assert (r["plan"] is None) == (r["kind"] == "threads"), name
         assert data["result"]["link_bytes_per_s"] > 0 and data["result"]["gemm_tflops"] > 0
+        # plan's rate curve: the serial run's rate at its work, the 1/N-tile run's at half of it
+        assert data["result"]["tile_grid"] == [16, 16]
+        (w_full, _), (w_tile, r_tile) = data["result"]["rate_curve"]
+        assert 0.4 < w_tile / w_full < 0.6 and r_tile > 0
         md = Path(tmp, "bench.md")
         assert main(["bench", "report", str(out), "--out", str(md)]) == 0
         assert "| jigsaw 1x2 |" in md.read_text()

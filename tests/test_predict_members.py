@@ -13,6 +13,8 @@ import pytest
 import xarray as xr
 
 from jigsaw_earth.config import parse_config
+from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
+from jigsaw_earth.distributed.spawn import spawn
 from jigsaw_earth.inference.predict import run_prediction
 from jigsaw_earth.inference.scoring import ScoreRequest
 from jigsaw_earth.metrics.ensemble import ENSEMBLE_METRICS
@@ -101,3 +103,86 @@ def test_predict_command_members_flag(run: Path, tmp_path: Path, capsys) -> None
     assert xr.open_zarr(tmp_path / "fc.zarr").sizes["number"] == 1
     assert main([*argv[:3], "--seed", "3", "--score"]) == 2
     assert "--seed 3 is the ensemble's noise seed; add --members N" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------- a stochastic model's ensemble
+STOCHASTIC = {"model_noise": 2, "members": 2}
+
+
+def _stochastic_config(tmp: Path, ensemble: int = 1, lat_lon: tuple[int, int] = (1, 1)) -> dict:
+    raw = _config(tmp, lat_lon)
+    raw["run"]["dir"] = str(tmp / "run-ens")
+    raw["mesh"]["ensemble"] = ensemble
+    raw["model"]["noise_channels"] = STOCHASTIC["model_noise"]
+    raw["training"]["members"] = STOCHASTIC["members"]
+    raw["loss"] = {"kind": "fair_crps"}
+    return raw
+
+
+@pytest.fixture(scope="module")
+def stochastic(run: Path) -> Path:
+    """A tiny stochastic model (2 noise channels) trained with fair CRPS on the same store."""
+    run_training(parse_config(_stochastic_config(run)))
+    return run
+
+
+def test_ensemble_store_members_and_scores(stochastic: Path, tmp_path: Path) -> None:
+    cfg = parse_config(_stochastic_config(stochastic))
+    three, two, one_by_one = tmp_path / "three.zarr", tmp_path / "two.zarr", tmp_path / "b1.zarr"
+    score = ScoreRequest(regions=("all",))
+    result = run_prediction(cfg, three, steps=3, members=3, score=score, **PERIOD)
+    run_prediction(cfg, two, steps=3, members=2, **PERIOD)
+    run_prediction(cfg, one_by_one, steps=3, members=3, batch_size=1, **PERIOD)
+    a, b, c = (xr.open_zarr(p, chunks=None) for p in (three, two, one_by_one))
+    assert list(a["number"].values) == [0, 1, 2] and not np.isnan(a["geopotential"].values).any()
+    z = a["geopotential"].values  # members differ, at every lead
+    assert all(np.abs(z[:, lead, 0] - z[:, lead, 1]).max() > 0 for lead in range(3))
+    for name in a.data_vars:  # a member is the same whatever the ensemble size or the batch
+        np.testing.assert_array_equal(b[name].values, a[name].isel(number=[0, 1]).values, err_msg=name)
+        np.testing.assert_array_equal(c[name].values, a[name].values, err_msg=name)
+    _same_scores(_keyed(result.rows), _score_rows(three, stochastic))
+    other = run_prediction(cfg, tmp_path / "seed.zarr", steps=1, members=2, seed=7, **PERIOD)
+    d = xr.open_zarr(other.path, chunks=None)
+    assert (
+        np.abs(d["geopotential"].values - b["geopotential"].isel(prediction_timedelta=[0]).values).max() > 0
+    )
+
+
+def test_a_stochastic_model_or_an_ensemble_mesh_needs_members_that_split(
+    stochastic: Path, tmp_path: Path
+) -> None:
+    cfg = parse_config(_stochastic_config(stochastic, ensemble=2))
+    with pytest.raises(ValueError, match=r"mesh.ensemble=2 spreads ensemble members .* give --members N"):
+        run_prediction(cfg, tmp_path / "fc.zarr", steps=1, **PERIOD)
+    with pytest.raises(ValueError, match=r"--members 3 must split evenly over mesh.ensemble=2 groups"):
+        run_prediction(cfg, tmp_path / "fc.zarr", steps=1, members=3, **PERIOD)
+    with pytest.raises(ValueError, match=r"model.noise_channels=2: a stochastic model's forecasts are"):
+        run_prediction(parse_config(_stochastic_config(stochastic)), tmp_path / "fc.zarr", steps=1, **PERIOD)
+    assert not list(tmp_path.iterdir())
+
+
+def _predict_members_on_mesh(mesh: DomainMesh, raw: dict, out: str) -> list[dict]:
+    cfg = parse_config(raw)
+    result = run_prediction(cfg, out, steps=2, members=4, score=ScoreRequest(regions=("all",)), mesh=mesh,
+                            **PERIOD)  # fmt: skip
+    return result.rows
+
+
+@pytest.mark.parametrize("lat_lon", [(1, 1), pytest.param((1, 2), marks=pytest.mark.slow)])
+def test_members_over_the_ensemble_axis_equal_batched(
+    stochastic: Path, tmp_path: Path, lat_lon: tuple[int, int]
+) -> None:
+    """Members split over ensemble=2 groups (each 1×1, or 1×2) give the store of all members batched
+    on one rank, and every rank scores the whole ensemble as ``score`` scores the written store."""
+    cfg = parse_config(_stochastic_config(stochastic))
+    serial = tmp_path / "serial.zarr"
+    run_prediction(cfg, serial, steps=2, members=4, **PERIOD)
+    raw, store = _stochastic_config(stochastic, 2, lat_lon), tmp_path / "mesh.zarr"
+    per_rank = spawn(MeshShape(1, *lat_lon, ensemble=2), _predict_members_on_mesh, raw, str(store))
+    a, b = xr.open_zarr(serial, chunks=None), xr.open_zarr(store, chunks=None)
+    for name in a.data_vars:
+        x, y = a[name].values, b[name].values
+        assert np.abs(x - y).max() <= 1e-5 * np.abs(x).max(), name
+    theirs = _score_rows(store, stochastic)
+    for mine in per_rank:
+        _same_scores(_keyed(mine), theirs)

@@ -11,7 +11,10 @@ every training run logs) on a random in-memory data set of the grid, ``warmup`` 
 
 ``plan``'s prediction beside each run uses this machine's measured rates: the GEMM rate is the
 1-rank-1-thread run's declared FLOPs over its compute time, the link rate what ``link_rate``
-measures between two gloo ranks (8 MiB messages, both ways at once, as the rings send).
+measures between two gloo ranks (8 MiB messages, both ways at once, as the rings send). A rank
+of N multiplies smaller matrices, which run slower per FLOP: one more serial run per repeat, on
+a grid of one N-th of the cells (``tile_grid``), gives the rate at that work, and plan takes the
+rate at each mesh's work per rank from the two points (``Hardware.rate_curve``).
 """
 
 from __future__ import annotations
@@ -39,7 +42,16 @@ from ..sphere import grid_latitudes
 from ..training.accounting import PARTS
 from ..training.data import MemorySource, TrainData
 
-__all__ = ["Run", "link_rate", "run_scaling", "scaling_runs", "scaling_worker", "summarize_run"]
+__all__ = [
+    "Run",
+    "forward_work",
+    "link_rate",
+    "run_scaling",
+    "scaling_runs",
+    "scaling_worker",
+    "summarize_run",
+    "tile_grid",
+]
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +91,19 @@ def scaling_runs(n: int) -> list[Run]:
             else:
                 runs.append(Run(f"jigsaw {lat}x{lon} x DDP {data}", "jigsaw_ddp", (data, lat, lon), 1))
     return runs
+
+
+def tile_grid(grid: tuple[int, int], n: int) -> tuple[int, int]:
+    """A grid of about one ``n``-th of ``grid``'s cells (longitudes divided first): the size of
+    the problem one rank of ``n`` has."""
+    lat, lon = grid
+    for k in range(n, 0, -1):
+        if n % k == 0 and lon % k == 0 and lat % (n // k) == 0:
+            return lat // (n // k), lon // k
+    return lat, max(1, lon // n)
+
+
+TILE_RUN = Run("1 rank, 1 thread, a 1/N tile", "tile", (1, 1, 1), 1)
 
 
 def memory_data(raw: dict[str, Any], mesh: DomainMesh, grid: tuple[int, int], times: int) -> TrainData:
@@ -247,23 +272,45 @@ def link_rate(nbytes: int = 8 << 20, repeats: int = 7) -> float:
     return min(spawn(MeshShape(1, 1, 2), link_worker, nbytes, repeats))
 
 
-def predicted(raw: dict, run: Run, grid: tuple[int, int], gemm_tflops: float, link_bps: float) -> dict:
-    """``plan``'s step for ``run`` on this machine's measured rates (one thread per rank)."""
+def _plan(raw: dict, grid: tuple[int, int], mesh: tuple[int, int, int], hw: Any) -> Any:
+    """``plan_mesh`` of the config's model and batch on ``grid`` and ``mesh`` with ``hw``."""
     from ..distributed.mesh import MeshShape
-    from ..models.plan import Hardware, plan_mesh
+    from ..models.plan import plan_mesh
 
     m, d = raw["model"], raw["data"]
     spec = VariableSpec(tuple(d["upper_air"]), tuple(d["levels"]), tuple(d["surface"]), tuple(d["static"]))
+    chans = (spec.n_channels, len(spec.static) + N_GEOMETRY_CHANNELS, N_TIME_FEATURES)
+    batch = raw["training"]["batch_size"] // mesh[0]
+    elsize = 2 if raw["training"]["precision"] == "bf16" else 4
+    shape = MeshShape(*mesh)
+    return plan_mesh(m["name"], m["preset"], grid, shape, chans, hw, batch, elsize, **m["overrides"])
+
+
+def forward_work(raw: dict, grid: tuple[int, int]) -> float:
+    """Forward TFLOP per sample of the config's model on one rank of ``grid`` (``rate_curve``'s x)."""
+    from ..models.plan import Hardware
+
+    return _plan(raw, grid, (1, 1, 1), Hardware()).work_tflop
+
+
+def predicted(
+    raw: dict,
+    run: Run,
+    grid: tuple[int, int],
+    gemm_tflops: float,
+    link_bps: float,
+    rate_curve: tuple[tuple[float, float], ...] = (),
+) -> dict:
+    """``plan``'s step for ``run`` on this machine's measured rates (one thread per rank)."""
+    from ..models.plan import Hardware
+
     shared_memory = raw["distributed"].get("transport", "auto") == "auto"  # the copying thread computes too
     hw = Hardware(tflops=gemm_tflops, efficiency=1.0, intra_gbps=link_bps * 8 / 1e9, link_efficiency=1.0,
-                  gpus_per_node=max(2, run.world), overlap=not shared_memory)  # fmt: skip
-    chans = (spec.n_channels, len(spec.static) + N_GEOMETRY_CHANNELS, N_TIME_FEATURES)
-    batch = raw["training"]["batch_size"] // run.mesh[0]
-    elsize = 2 if raw["training"]["precision"] == "bf16" else 4
-    p = plan_mesh(
-        m["name"], m["preset"], grid, MeshShape(*run.mesh), chans, hw, batch, elsize, **m["overrides"]
-    )
-    return {"step_s": p.step_s, "compute_s": p.compute_s, "exposed_s": p.exposed_s, "error": p.error}
+                  gpus_per_node=max(2, run.world), overlap=not shared_memory,
+                  rate_curve=rate_curve)  # fmt: skip
+    p = _plan(raw, grid, run.mesh, hw)
+    return {"step_s": p.step_s, "compute_s": p.compute_s, "exposed_s": p.exposed_s, "error": p.error,
+            "rate_tflops": p.rate_tflops or gemm_tflops}  # fmt: skip
 
 
 def run_scaling(
@@ -277,14 +324,19 @@ def run_scaling(
         raise ValueError(
             f"training.batch_size={batch} does not split over {', '.join(bad)}; use a multiple of {n}"
         )
-    got: dict[str, list[dict]] = {r.name: [] for r in runs}
+    small = tile_grid(grid, n)
+    got: dict[str, list[dict]] = {r.name: [] for r in [*runs, TILE_RUN]}
     for k in range(repeats):
-        for run in runs if k % 2 == 0 else runs[::-1]:
+        order = [*runs, TILE_RUN]
+        for run in order if k % 2 == 0 else order[::-1]:
             log.info("bench scaling: repeat %d/%d, %s", k + 1, repeats, run.name)
-            got[run.name].append(summarize_run(_launch(run, raw, grid, warmup, steps, timeout_s), batch))
+            at = small if run is TILE_RUN else grid
+            got[run.name].append(summarize_run(_launch(run, raw, at, warmup, steps, timeout_s), batch))
     link = link_rate()
     base = got[runs[0].name]
     serial = statistics.median(r["flops"] / r["compute_s"] for r in base) / 1e12  # the GEMM rate
+    tile = statistics.median(r["flops"] / r["compute_s"] for r in got[TILE_RUN.name]) / 1e12
+    curve = ((forward_work(raw, grid), serial), (forward_work(raw, small), tile))
     rows = []
     for run in runs:
         reps = got[run.name]
@@ -294,8 +346,9 @@ def run_scaling(
                "speedup_range": [min(speedups), max(speedups)], "repeats": reps}  # fmt: skip
         row.update({key: statistics.median(r[key] for r in reps) for key in reps[0]})
         row["efficiency"] = row["speedup"] / n
-        row["plan"] = predicted(raw, run, grid, serial, link) if run.kind != "threads" else None
+        row["plan"] = predicted(raw, run, grid, serial, link, curve) if run.kind != "threads" else None
         rows.append(row)
     return {"world_size": n, "grid": list(grid), "global_batch": batch, "link_bytes_per_s": link,
-            "gemm_tflops": serial, "overlap": raw["distributed"]["overlap"], "warmup": warmup,
-            "steps": steps, "rows": rows}  # fmt: skip
+            "gemm_tflops": serial, "tile_grid": list(small), "tile_gemm_tflops": tile,
+            "rate_curve": [list(p) for p in curve], "overlap": raw["distributed"]["overlap"],
+            "warmup": warmup, "steps": steps, "rows": rows}  # fmt: skip

@@ -63,8 +63,14 @@ def scaling_markdown(path: Path | str, data: dict) -> list[str]:
         f"- grid {g[0]}x{g[1]}, global batch {res['global_batch']}, {res['warmup']} warm-up + {res['steps']} "
         f"measured steps per run, runs interleaved over {len(res['rows'][0]['repeats'])} repeats; "
         f"distributed.overlap {res.get('overlap', 'on (before the option)')}",
-        f"- plan's rates, measured here: GEMM {res['gemm_tflops'] * 1e3:.1f} GFLOP/s (1 rank, 1 thread), "
-        f"link {res['link_bytes_per_s'] / 2**30:.2f} GiB/s (8 MiB, both directions, through training's "
+        f"- plan's rates, measured here: GEMM {res['gemm_tflops'] * 1e3:.1f} GFLOP/s (1 rank, 1 thread)"
+        + (
+            f" and {res['tile_gemm_tflops'] * 1e3:.1f} GFLOP/s on a 1/N tile ({res['tile_grid'][0]}x"
+            f"{res['tile_grid'][1]}: plan reads each mesh's rate between the two), "
+            if "tile_gemm_tflops" in res
+            else ", "
+        )
+        + f"link {res['link_bytes_per_s'] / 2**30:.2f} GiB/s (8 MiB, both directions, through training's "
         f"transport)",
         "",
         "| " + " | ".join(HEAD) + " |",

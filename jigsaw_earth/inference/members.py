@@ -6,8 +6,11 @@ sample_index=forecast_sample_index(t), step=k)`` — the same numbers on any mes
 members, so a member keeps its own noise stream through the rollout. A deterministic model would
 give identical members: ``--members`` above 1 is refused for it.
 
-A rank runs its members batched: rows ``[i·B, (i+1)·B)`` of the state are member ``mine[i]``
-(member-major, as the trainer batches them).
+Members are spread over the mesh's ``ensemble`` axis as the trainer spreads them: group ``e`` of
+``E`` runs members ``e·N/E … (e+1)·N/E − 1``, batched: rows ``[i·B, (i+1)·B)`` of the state are
+member ``mine[i]`` (member-major). Scoring needs every member of a point on one rank: ``everyone``
+gathers the ensemble groups' tiles (an all-gather over the ensemble axis, the same tile of every
+group), and every group then scores the whole ensemble of its tile.
 """
 
 from __future__ import annotations
@@ -19,14 +22,17 @@ import numpy as np
 import torch
 
 from ..config.schema import TrainConfig
-from ..distributed.mesh import DomainMesh
+from ..distributed.collectives import all_gather
+from ..distributed.comm import comm_site
+from ..distributed.mesh import Axis, DomainMesh
+from ..training.noise import forecast_sample_index, member_noise
 
 __all__ = ["Members", "noise_channels"]
 
 
 def noise_channels(cfg: TrainConfig) -> int:
     """The model's noise channels (0: deterministic)."""
-    return int(getattr(cfg.model, "noise_channels", 0))
+    return int(cfg.model.noise_channels)
 
 
 @dataclass(frozen=True)
@@ -37,12 +43,17 @@ class Members:
     mine: range
     seed: int
     channels: int
+    axis: Axis | None = None  # the mesh's ensemble axis (None: every member on this rank)
 
     @classmethod
     def plan(cls, cfg: TrainConfig, mesh: DomainMesh, total: int, seed: int | None) -> Members:
         """The members this rank runs; a clear error when the ensemble cannot differ or split."""
-        check(cfg, total)
-        return cls(total, range(total), cfg.run.seed if seed is None else int(seed), noise_channels(cfg))
+        check(cfg, total, mesh.shape.ensemble)
+        m = total // mesh.shape.ensemble
+        e = mesh.ensemble_index
+        axis = mesh.ensemble if mesh.shape.ensemble > 1 else None
+        seed = cfg.run.seed if seed is None else int(seed)
+        return cls(total, range(e * m, (e + 1) * m), seed, noise_channels(cfg), axis)
 
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of ``x`` ``(B, …)`` repeated for every member of this rank: ``(m·B, …)``."""
@@ -60,8 +71,6 @@ class Members:
         ``init_times``; None for a deterministic model."""
         if not self.channels:
             return None
-        from ..training.noise import forecast_sample_index, member_noise
-
         g, tile = data.grid, data.tile
         shape = (len(init_times), self.channels, *tile.shape)
         samples = forecast_sample_index(init_times)
@@ -81,14 +90,24 @@ class Members:
         return parts[0] if len(parts) == 1 else torch.cat(parts)
 
     def everyone(self, x: torch.Tensor) -> torch.Tensor:
-        """Every member's ``(M, B, …)`` from this rank's ``(m, B, …)`` (all members are here)."""
-        return x
+        """Every member's ``(M, B, …)`` from this rank's ``(m, B, …)``: gathered over the ensemble
+        axis (collective over it), in member order."""
+        if self.axis is None:
+            return x
+        with comm_site("predict.members"):
+            return all_gather(x.contiguous(), self.axis, dim=0, sizes=[x.shape[0]] * self.axis.size)
 
 
-def check(cfg: TrainConfig, total: int) -> None:
-    """Refuse an ensemble that cannot be: no members, or identical members of a deterministic model."""
+def check(cfg: TrainConfig, total: int, groups: int = 1) -> None:
+    """Refuse an ensemble that cannot be: no members, identical members of a deterministic model,
+    or members that do not split evenly over the mesh's ``groups`` ensemble groups."""
     if total < 1:
         raise ValueError(f"--members {total}: give at least 1 (e.g. --members 10)")
+    if total % groups:
+        raise ValueError(
+            f"--members {total} must split evenly over mesh.ensemble={groups} groups; use a multiple "
+            f"of {groups} (e.g. --members {groups * max(1, total // groups)}) or another mesh.ensemble"
+        )
     if total > 1 and not noise_channels(cfg):
         raise ValueError(
             f"--members {total}: the model is deterministic (model.noise_channels=0), so its "

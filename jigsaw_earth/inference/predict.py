@@ -41,7 +41,7 @@ from ..training.runner import setup_mesh
 from ..training.step import build_run_model, model_step
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
-from .members import Members, check
+from .members import Members, check, noise_channels
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, training_forward_rate
@@ -168,7 +168,17 @@ def run_prediction(
     noise drawn with ``seed`` (default ``run.seed``)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
     if members is not None:
-        check(cfg, members)
+        check(cfg, members, cfg.mesh.ensemble)
+    elif cfg.mesh.ensemble > 1:
+        raise ValueError(
+            f"mesh.ensemble={cfg.mesh.ensemble} spreads ensemble members over groups of ranks; give "
+            f"--members N (a multiple of {cfg.mesh.ensemble}) or set mesh.ensemble=1 for one forecast"
+        )
+    elif noise_channels(cfg):
+        raise ValueError(
+            f"model.noise_channels={noise_channels(cfg)}: a stochastic model's forecasts are ensemble "
+            f"members; give --members N (--members 1 for one member, in a store with a 'number' dimension)"
+        )
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
     ckpt = find_checkpoint(cfg, checkpoint)
@@ -203,10 +213,9 @@ def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bo
     if ens is not None:
         first = Members(ens.total, range(1), ens.seed, ens.channels)
         noise = first.noise(data, np.asarray(batch.times)[take.numpy()], 0, x.device)
-    kw = {} if noise is None else {"noise": noise}
 
     def forward() -> torch.Tensor:
-        return model_step(model, x, batch.static, tf, bf16=bf16, tendency=tendency, **kw)
+        return model_step(model, x, batch.static, tf, bf16=bf16, tendency=tendency, noise=noise)
 
     return training_forward_rate(model, forward, data.local_batch * data.mesh.axis("data").size)
 
@@ -275,12 +284,11 @@ def _predict(
             state = batch.inputs if ens is None else ens.expand(batch.inputs)
             for lead in range(steps):
                 tf = data.step_time_features(batch, lead).to(dev)
-                kw = {}
+                noise = None
                 if ens is not None:
                     tf = ens.expand(tf)
                     noise = ens.noise(data, layout.init_times[chunk], lead, dev)
-                    kw = {} if noise is None else {"noise": noise}
-                state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency, **kw)
+                state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency, noise=noise)
                 if lead + 1 in lead_of:  # written and scored on the sink thread, in order
                     every = None
                     if ens is not None and scorer is not None:  # every member, gathered here

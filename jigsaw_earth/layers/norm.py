@@ -19,6 +19,8 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -30,7 +32,7 @@ from ..distributed.mesh import Axis
 from .base import Domain, sharded_parameter
 from .cost import Cost, all_reduce_bytes, gather_bytes
 
-__all__ = ["GroupNorm", "InstanceNorm", "LayerNorm", "gather_affine"]
+__all__ = ["GroupNorm", "InstanceNorm", "LayerNorm", "gather_affine", "prefetch_affine"]
 
 _LOW = (torch.bfloat16, torch.float16)
 
@@ -45,6 +47,61 @@ def gather_affine(
     full = all_gather(torch.stack(present), domain.axis, dim=1, sizes=domain.split_sizes(channels))
     parts = iter(full.unbind(0))
     return (next(parts) if weight is not None else None), (next(parts) if bias is not None else None)
+
+
+@contextmanager
+def prefetch_affine(model: nn.Module) -> Iterator[None]:
+    """Gather the affine weights and biases of every sharded norm of ``model`` in ONE all-gather
+    (per domain axis) for the duration of a forward, instead of one per norm and use: one
+    rendezvous of the ranks instead of dozens, and one reduce-scatter of all their gradients in the
+    backward. The values and gradients are those of ``gather_affine`` (the same gather, then a
+    selection: its backward adds each norm's gradient into place before the one reduce-scatter).
+    A norm used outside the block (a recompute under activation checkpointing) gathers its own."""
+    groups: dict[tuple[int, ...], list[_AffineNorm]] = {}
+    for m in model.modules():
+        if isinstance(m, _AffineNorm) and m.weight is not None and m.domain.size > 1:
+            groups.setdefault(m.domain.axis.ranks, []).append(m)
+    for norms in groups.values():
+        if len(norms) > 1:
+            for m, wb in zip(norms, _gather_all(norms)):
+                m._prefetched = wb
+    try:
+        yield
+    finally:
+        for norms in groups.values():
+            for m in norms:
+                m._prefetched = None
+
+
+def _gather_all(norms: list[_AffineNorm]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Every norm's full ``(weight, bias)`` from one all-gather of all their shards."""
+    d = norms[0].domain
+    sizes = tuple(tuple(d.split_sizes(m.channels)) for m in norms)  # per norm: every rank's shard
+    local = torch.cat([torch.stack([m.weight, m.bias]).reshape(-1) for m in norms])
+    per_rank = [2 * sum(s[r] for s in sizes) for r in range(d.size)]
+    with comm_site("LayerNorm"):
+        flat = all_gather(local, d.axis, dim=0, sizes=per_rank)
+    picked = flat[_affine_index(sizes).to(flat.device)]
+    parts = picked.split([m.channels for m in norms for _ in (0, 1)])
+    return [(parts[2 * i], parts[2 * i + 1]) for i in range(len(norms))]
+
+
+@functools.cache
+def _affine_index(sizes: tuple[tuple[int, ...], ...]) -> torch.Tensor:
+    """Positions in ``_gather_all``'s gathered vector of each norm's full weight, then its bias:
+    rank ``r``'s block holds, norm after norm, that norm's weight shard then its bias shard."""
+    ranks = range(len(sizes[0]))
+    per_rank = [2 * sum(s[r] for s in sizes) for r in ranks]
+    starts = [sum(per_rank[:r]) for r in ranks]
+    index, offset = [], [0 for _ in ranks]
+    for s in sizes:
+        for part in (0, 1):
+            for r in ranks:
+                first = starts[r] + offset[r] + part * s[r]
+                index.extend(range(first, first + s[r]))
+        for r in ranks:
+            offset[r] += 2 * s[r]
+    return torch.tensor(index, dtype=torch.int64)
 
 
 class _AffineNorm(nn.Module):
@@ -80,7 +137,11 @@ class _AffineNorm(nn.Module):
             peak=n * elsize,
         )
 
+    _prefetched: tuple[torch.Tensor, torch.Tensor] | None = None  # set by ``prefetch_affine``
+
     def _affine(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        if self._prefetched is not None:
+            return self._prefetched
         with comm_site(type(self).__name__):
             return gather_affine(self.weight, self.bias, self.domain, self.channels)
 
