@@ -63,6 +63,22 @@ def test_exact_resume(tmp_path: Path, clean: list[float]) -> None:
     assert len(list_checkpoints(tmp_path)) == 2  # keep: 2
 
 
+def test_resume_after_changing_how_data_are_read(tmp_path: Path, clean: list[float]) -> None:
+    """data.prefetch and data.read_threads say how, not what, is read (the data-wait warning asks
+    for them): a run resumes after either changes, and one written with the old hash (which
+    included them) still resumes."""
+    from jigsaw_earth.training.rundir import config_hash, resumes
+
+    ckpt = {"every": 5, "resume": "auto", "keep": 2}
+    _fit_until(_trainer(tmp_path, checkpoint=ckpt), 8)
+    second = _trainer(tmp_path, checkpoint=ckpt, data={"prefetch": 0, "read_threads": 3})
+    assert second.step == 5
+    second.fit()
+    assert [h["loss"] for h in second.history] == clean[5:]
+    cfg = second.cfg
+    assert resumes(config_hash(cfg, reading=True), cfg) and not resumes("0" * 16, cfg)
+
+
 def test_crash_during_save_keeps_previous_checkpoint(
     tmp_path: Path, clean: list[float], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -50,7 +50,7 @@ from .monitor import Monitor, memory_mb
 from .noise import forecast_sample_index, member_noise, train_sample_index
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
-from .rundir import claim_run_dir, config_hash, record_start
+from .rundir import claim_run_dir, config_hash, record_start, resumes
 from .signals import Preempted, StopSignals
 from .step import build_run_model, model_step
 
@@ -133,7 +133,7 @@ class Trainer:
             return None
         info = load_checkpoint(path, self.model, self.optimizer, self.mesh)
         saved = info["state"]
-        if saved.get("config_hash") not in (None, config_hash(self.cfg)):
+        if not resumes(saved.get("config_hash"), self.cfg):
             raise ValueError(
                 f"checkpoint {path} was written with another model/data/loss/batch configuration; use a new "
                 f"run.dir, or pass --new-run to move the old run aside and start over in this one"

@@ -37,6 +37,7 @@ __all__ = [
     "claim_run_dir",
     "config_hash",
     "record_start",
+    "resumes",
     "truncate_metrics",
 ]
 
@@ -57,9 +58,18 @@ _LATER_KEYS = (
 )
 
 
-def config_hash(cfg: TrainConfig) -> str:
-    """Hash of what must not change across a resume (model, data, loss, global batch)."""
+#: how the data are read, not which: changing them (as the step line's data-wait warning advises)
+#: must not stop a run from resuming
+_READING_KEYS = ("prefetch", "read_threads")
+
+
+def config_hash(cfg: TrainConfig, reading: bool = False) -> str:
+    """Hash of what must not change across a resume (model, data, loss, global batch).
+    ``reading``: include the reading keys, as runs started before they were left out did."""
     key = {k: to_dict(getattr(cfg, k)) for k in ("model", "data", "loss")}
+    if not reading:
+        for name in _READING_KEYS:
+            key["data"].pop(name, None)
     key["batch_size"] = cfg.training.batch_size
     if cfg.training.members != 1:
         key["members"] = cfg.training.members
@@ -68,6 +78,12 @@ def config_hash(cfg: TrainConfig) -> str:
         if key[section].get(name) == default:
             del key[section][name]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def resumes(saved_hash: str | None, cfg: TrainConfig) -> bool:
+    """Whether a checkpoint written under ``saved_hash`` may be resumed with ``cfg`` (no hash: old
+    checkpoints; the hash with the reading keys: runs started before they were left out)."""
+    return saved_hash in (None, config_hash(cfg), config_hash(cfg, reading=True))
 
 
 def _step_of(path: Path) -> int:
@@ -90,8 +106,7 @@ def _conflict(cfg: TrainConfig, run_dir: Path) -> str | None:
                 f"{held}, beyond training.steps={steps}; a shorter run here would prune its own checkpoints "
                 f"(set training.steps >= {_step_of(newest)} to continue that run)"
             )
-        saved = read_meta(newest)["state"].get("config_hash")
-        if saved not in (None, config_hash(cfg)):
+        if not resumes(read_meta(newest)["state"].get("config_hash"), cfg):
             return (
                 f"{held}, written with another model/data/loss/batch configuration "
                 f"(see {run_dir}/config.yaml), so this config cannot resume it"
