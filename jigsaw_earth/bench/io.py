@@ -207,9 +207,12 @@ def _one_rank(args: tuple, barrier: Any = None, queue: Any = None) -> dict[str, 
     import torch
 
     torch.set_num_threads(1)
+    if barrier is not None:  # every rank of the mesh on this host, as torchrun would say
+        os.environ["LOCAL_WORLD_SIZE"] = str(mesh[0] * mesh[1])
     methods = _Methods(path, spec, mesh, rank, halo, lead, threads)
     res = {
         "rank": rank,
+        "read_threads": methods.reader.threads,
         "bytes": methods.bytes,
         "delivered": methods.delivered,
         "requests": len(methods.ranges),
@@ -279,6 +282,12 @@ def bench_io(
     }
 
 
+def _used_threads(r: dict[str, Any]) -> str:
+    """The reader threads the ranks used (at most the host's cores per rank)."""
+    used = sorted({str(x.get("read_threads", r["read_threads"])) for x in r["results"]})
+    return "/".join(used)
+
+
 def format_io(r: dict[str, Any]) -> str:
     """The table of one ``bench_io`` result."""
     lines = [
@@ -286,7 +295,7 @@ def format_io(r: dict[str, Any]) -> str:
         f"({'all reading at once' if r['ranks'] == 'all' else 'each alone'}), {r['cache']} cache, "
         f"{r['channels']} channels, halo {r['halo'][0]}x{r['halo'][1]}, "
         f"{r['lead_steps']} target step(s), "
-        f"reader threads {r['read_threads']}, median of {r['repeats']}",
+        f"reader threads {r['read_threads']} asked, {_used_threads(r)} used, median of {r['repeats']}",
         "  (MB and GB/s: bytes as stored; plan --io-json prices the float32 values delivered)",
         f"  {'rank':>4} {'method':<12} {'MB':>8} {'ms':>9} {'cpu ms':>9} {'GB/s':>7} {'x raw':>7} "
         f"{'x tensorstore':>13}",

@@ -254,6 +254,21 @@ def _expand_nodelist(nodelist: str) -> list[str]:
     return hosts
 
 
+def local_ranks() -> int:
+    """Ranks of this job on this host: torchrun's ``LOCAL_WORLD_SIZE``, Slurm's tasks per node,
+    else 1 (a plain process)."""
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(name, "")
+        if value.isdigit() and int(value) > 0:
+            return int(value)
+    return 1
+
+
+def cores_per_rank() -> int:
+    """The CPU cores this process may run on, shared by the ranks of this host (at least 1)."""
+    return max(1, len(os.sched_getaffinity(0)) // local_ranks())
+
+
 def slurm_environment(env: dict[str, str] | None = None) -> dict[str, str]:
     """torch.distributed's env:// variables derived from Slurm's, for a job started by ``srun``.
 

@@ -34,6 +34,7 @@ def _worker(rank: int, shape: MeshShape, port: int, fn: Callable, args: tuple, o
         RANK=str(rank),
         WORLD_SIZE=str(shape.world_size),
         LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(shape.world_size),
         MASTER_ADDR="127.0.0.1",
         MASTER_PORT=str(port),
     )

@@ -25,7 +25,7 @@ import torch.distributed as dist
 
 from ..data.times import N_TIME_FEATURES
 from ..distributed.comm import all_reduce_
-from ..distributed.mesh import DomainMesh
+from ..distributed.mesh import DomainMesh, local_ranks
 from ..models.plan_eval import inference_memory
 
 __all__ = ["MEMORY_FRACTION", "QUEUED", "Pipeline", "auto_batch", "free_memory", "training_forward_rate"]
@@ -46,7 +46,7 @@ def free_memory(device: torch.device) -> int:
         )
     except (OSError, StopIteration, ValueError):
         avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return avail // max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+    return avail // local_ranks()
 
 
 def auto_batch(model: torch.nn.Module, data: Any, n_local: int, elsize: int, mesh: DomainMesh) -> int:
