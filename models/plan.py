@@ -13,7 +13,8 @@ hidden unit), and each priced layer's ``cost`` gives its bytes, FLOPs and saved 
   domain all-reduce of the gradients of replicated parameters;
 * step time, per layer: ``max(compute, overlapped comm) + exposed comm`` (compute at
   ``tflops × efficiency``, or at the rate a measured ``rate_curve`` gives for the rank's forward
-  work per sample: smaller matmuls run slower), where the weight
+  work per sample: smaller matmuls run slower; times ``crowded_rate`` when several ranks share a
+  node and its memory), where the weight
   ring, the token-form matmul and ring attention overlap their messages with compute and
   halos, window gathers and affine gathers do not; the gradient all-reduce runs after the
   backward (``training.optim.sync_gradients``), so it is exposed.
@@ -79,6 +80,10 @@ class Hardware:
     # measured matmul rates by work: ((forward TFLOP per GPU per sample, achieved TFLOP/s), ...);
     # when given, the rate at a mesh's work per GPU replaces tflops × efficiency (rate_at)
     rate_curve: tuple[tuple[float, float], ...] = ()
+    # the fraction of its matmul rate a rank keeps while every rank of its node computes at once:
+    # CPU ranks share the host's memory bandwidth and page-fault path (``bench scaling`` measures
+    # it with N copies of the 1/N-tile run at once); 1.0 for GPUs, each with its own memory
+    crowded_rate: float = 1.0
     # GB/s that one rank's tile reader delivers (``jigsaw-earth bench io``); 0: reading not priced
     read_gbps: float = 0.0
     # whether transfers run beside compute (a GPU's copy engines, NCCL, gloo's thread); False where
@@ -103,6 +108,17 @@ class Hardware:
                 f = math.log(work_tflop / w0) / math.log(w1 / w0)
                 return r0 + f * (r1 - r0)
         return pts[-1][1]
+
+    def rank_rate(self, work_tflop: float, world: int) -> float:
+        """The matmul rate of one rank of ``world``: ``rate_at`` its work, times ``crowded_rate``
+        where other ranks share its node."""
+        shared = min(world, self.gpus_per_node) > 1
+        return self.rate_at(work_tflop) * (self.crowded_rate if shared else 1.0)
+
+    @property
+    def measured(self) -> bool:
+        """Whether rates were measured (``rate_curve``, ``crowded_rate``) rather than assumed."""
+        return bool(self.rate_curve) or self.crowded_rate != 1.0
 
     def transfer(self, nbytes: float, inter: bool) -> float:
         gbps = self.inter_gbps if inter else self.intra_gbps
@@ -129,7 +145,7 @@ class MeshPlan:
     domain_link: str = ""
     data_link: str = ""
     batch: int = 1  # samples per data replica
-    rate_tflops: float = 0.0  # the matmul rate taken from Hardware.rate_curve (0: tflops × efficiency)
+    rate_tflops: float = 0.0  # rate_curve's rate times crowded_rate where they apply (0: tflops × efficiency)
     work_tflop: float = 0.0  # rank 0's forward TFLOP per sample (member), where rate_curve is read
     read_bytes: int = 0  # bytes rank 0 reads per step (its tile of inputs and one target per sample)
     io_s: float = 0.0  # seconds to read them at Hardware.read_gbps (0: not priced)
@@ -210,8 +226,8 @@ def plan_mesh(
     plan.headroom = hw.memory - plan.memory["total"]
     plan.fits = plan.headroom >= 0
     plan.work_tflop = sum(c.flops[0] for c in costs.values()) / rows / 1e12
-    if hw.rate_curve:  # the measured rate at this rank's forward work per sample
-        plan.rate_tflops = hw.rate_at(plan.work_tflop)
+    if hw.measured:  # the measured rate at this rank's forward work per sample, its node busy
+        plan.rate_tflops = hw.rank_rate(plan.work_tflop, shape.world_size)
         hw = replace(hw, tflops=plan.rate_tflops, efficiency=1.0)
     _time(plan, model, costs, shape, hw, params, batch)
     _price_ensemble(plan, shape, hw, rows // batch, batch * channels[0] * h * w)

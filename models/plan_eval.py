@@ -136,9 +136,9 @@ def plan_evaluation(
     plan.memory = inference_memory(model, plan.batch, elsize, h * w, channels)
     plan.fits = plan.memory["total"] <= hw.memory
     costs = model_cost(model, plan.batch, elsize, input_grad=False)
-    if hw.rate_curve:  # the measured rate at this rank's forward work per sample, as plan_mesh
+    if hw.measured:  # the measured rate at this rank's forward work per sample, as plan_mesh
         work = sum(c.flops[0] for c in costs.values()) / plan.batch / 1e12
-        hw = replace(hw, tflops=hw.rate_at(work), efficiency=1.0)
+        hw = replace(hw, tflops=hw.rank_rate(work, shape.world_size), efficiency=1.0)
     plan.forward_s = forward_seconds(costs, shape, hw)
     plan.time_s = math.ceil(per_replica / plan.batch) * steps * plan.forward_s
     plan.steps_per_s = inits * steps / plan.time_s if plan.time_s > 0 else math.inf

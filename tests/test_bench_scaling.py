@@ -97,6 +97,10 @@ def test_command_on_a_tiny_config() -> None:
         assert data["result"]["tile_grid"] == [16, 16]
         (w_full, _), (w_tile, r_tile) = data["result"]["rate_curve"]
         assert 0.4 < w_tile / w_full < 0.6 and r_tile > 0
+        # the crowded rate: 2 tile runs at once against the lone one, applied to multi-rank plans
+        res = data["result"]
+        assert 0 < res["crowded_rate"] <= 1 and res["crowded_gemm_tflops"] > 0
+        assert rows["1 rank, 1 thread"]["plan"]["rate_tflops"] == pytest.approx(res["gemm_tflops"])
         md = Path(tmp, "bench.md")
         assert main(["bench", "report", str(out), "--out", str(md)]) == 0
         assert "| jigsaw 1x2 |" in md.read_text()

@@ -92,6 +92,22 @@ def test_plan_command_prints_a_recommendation_and_json(tmp_path, capsys) -> None
     assert len(doc["meshes"]) == len(factorisations(4))
 
 
+def test_crowded_rate_slows_ranks_that_share_a_node() -> None:
+    """``crowded_rate`` scales the matmul rate of every rank with peers on its node, not of a lone
+    rank, nor of ranks alone on their nodes."""
+    args = ("weathermixer", "small", (64, 128))
+    plain, crowded = Hardware(gpus_per_node=2), Hardware(gpus_per_node=2, crowded_rate=0.8)
+    one, one_crowded = (plan_mesh(*args, MeshShape(1, 1, 1), CHANNELS, hw, 2) for hw in (plain, crowded))
+    assert one_crowded.compute_s == one.compute_s
+    for shape in (MeshShape(1, 1, 2), MeshShape(2, 1, 1)):
+        two, two_crowded = (plan_mesh(*args, shape, CHANNELS, hw, 2) for hw in (plain, crowded))
+        assert two_crowded.compute_s == pytest.approx(two.compute_s / 0.8)
+        assert two_crowded.rate_tflops == pytest.approx(0.8 * plain.tflops * plain.efficiency)
+    alone = Hardware(gpus_per_node=1, crowded_rate=0.8)  # one rank per node: nothing shared
+    spread = plan_mesh(*args, MeshShape(1, 1, 2), CHANNELS, alone, 2)
+    assert spread.rate_tflops == pytest.approx(plain.tflops * plain.efficiency)
+
+
 @pytest.mark.parametrize(
     "extra, words",
     [
@@ -100,6 +116,7 @@ def test_plan_command_prints_a_recommendation_and_json(tmp_path, capsys) -> None
         (["--nodes", "3"], ["--nodes 3", "divisor of --world-size 4"]),
         (["--grid", "33"], ["--grid '33'", "2 integers"]),
         (["--efficiency", "2"], ["--efficiency 2.0", "(0, 1]"]),
+        (["--crowded-rate", "0"], ["--crowded-rate 0.0", "(0, 1]"]),
         (["--evaluate", "732"], ["--evaluate '732'", "2 integers"]),
         (["--evaluate", "8x4", "--eval-mesh", "1x1x2"], ["--eval-mesh 1x1x2", "not --world-size 4"]),
         (["--evaluate", "8x4", "--write-gbps", "0"], ["--write-gbps 0.0", "positive"]),

@@ -14,7 +14,11 @@ every training run logs) on a random in-memory data set of the grid, ``warmup`` 
 measures between two gloo ranks (8 MiB messages, both ways at once, as the rings send). A rank
 of N multiplies smaller matrices, which run slower per FLOP: one more serial run per repeat, on
 a grid of one N-th of the cells (``tile_grid``), gives the rate at that work, and plan takes the
-rate at each mesh's work per rank from the two points (``Hardware.rate_curve``).
+rate at each mesh's work per rank from the two points (``Hardware.rate_curve``). On a CPU host
+the ranks share memory bandwidth and the kernel's page-fault path, so a rank computes slower while
+its peers compute too: N copies of that tile run at once (independent processes, no messages)
+give the rate a rank keeps on a busy node, and plan scales every multi-rank run's rate by its
+ratio to the lone tile run's (``Hardware.crowded_rate``).
 """
 
 from __future__ import annotations
@@ -104,6 +108,7 @@ def tile_grid(grid: tuple[int, int], n: int) -> tuple[int, int]:
 
 
 TILE_RUN = Run("1 rank, 1 thread, a 1/N tile", "tile", (1, 1, 1), 1)
+CROWD_RUN = Run("N copies of the tile run at once", "crowd", (1, 1, 1), 1)
 
 
 def memory_data(raw: dict[str, Any], mesh: DomainMesh, grid: tuple[int, int], times: int) -> TrainData:
@@ -207,19 +212,42 @@ def config_for(base: dict, run: Run, run_dir: str, warmup: int, steps: int) -> d
     return raw
 
 
-def _launch(run: Run, raw: dict, grid: tuple[int, int], warmup: int, steps: int, timeout_s: float) -> list:
-    """One run as its own processes; every rank's result."""
+def _launch(
+    run: Run, raw: dict, grid: tuple[int, int], warmup: int, steps: int, timeout_s: float, copies: int = 1
+) -> list:
+    """One run as its own processes; every rank's result. ``copies`` > 1 starts that many
+    independent copies of a one-rank run at once (``CROWD_RUN``) and returns each one's result."""
     with tempfile.TemporaryDirectory(prefix="jigsaw-scaling-") as tmp:
-        spec = {"run": asdict(run), "config": config_for(raw, run, f"{tmp}/run", warmup, steps),
-                "grid": list(grid), "warmup": warmup, "steps": steps}  # fmt: skip
-        Path(tmp, "spec.json").write_text(json.dumps(spec))
         env = {**os.environ, "OMP_NUM_THREADS": str(run.threads), "MKL_NUM_THREADS": str(run.threads)}
-        cmd = [sys.executable, "-m", "jigsaw_earth.bench.scaling_run", f"{tmp}/spec.json", f"{tmp}/out.json"]
-        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
-        if done.returncode != 0:
-            tail = "\n".join(done.stderr.strip().splitlines()[-15:])
-            raise RuntimeError(f"bench scaling: run {run.name!r} failed (exit {done.returncode}):\n{tail}")
-        return json.loads(Path(tmp, "out.json").read_text())
+        procs = []
+        for i in range(copies):
+            spec = {"run": asdict(run), "config": config_for(raw, run, f"{tmp}/run{i}", warmup, steps),
+                    "grid": list(grid), "warmup": warmup, "steps": steps}  # fmt: skip
+            Path(tmp, f"spec{i}.json").write_text(json.dumps(spec))
+            cmd = [sys.executable, "-m", "jigsaw_earth.bench.scaling_run", f"{tmp}/spec{i}.json",
+                   f"{tmp}/out{i}.json"]  # fmt: skip
+            quiet = {"stdout": subprocess.DEVNULL, "stderr": subprocess.PIPE, "text": True}
+            procs.append(subprocess.Popen(cmd, env=env, **quiet))
+        results = []
+        for proc in procs:
+            try:
+                _, err = proc.communicate(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"bench scaling: run {run.name!r} took over {timeout_s:g} s") from None
+            if proc.returncode != 0:
+                tail = "\n".join(err.strip().splitlines()[-15:])
+                why = f"failed (exit {proc.returncode})"
+                raise RuntimeError(f"bench scaling: run {run.name!r} {why}:\n{tail}")
+        for i in range(copies):
+            results.extend(json.loads(Path(tmp, f"out{i}.json").read_text()))
+        return results
+
+
+def _rate(summary: dict) -> float:
+    """A run's GEMM rate, TFLOP/s: its declared FLOPs over its compute time."""
+    return summary["flops"] / summary["compute_s"] / 1e12
 
 
 def summarize_run(ranks: list[dict], global_batch: int) -> dict[str, float]:
@@ -300,6 +328,7 @@ def predicted(
     gemm_tflops: float,
     link_bps: float,
     rate_curve: tuple[tuple[float, float], ...] = (),
+    crowded_rate: float = 1.0,
 ) -> dict:
     """``plan``'s step for ``run`` on this machine's measured rates (one thread per rank)."""
     from ..models.plan import Hardware
@@ -307,7 +336,7 @@ def predicted(
     shared_memory = raw["distributed"].get("transport", "auto") == "auto"  # the copying thread computes too
     hw = Hardware(tflops=gemm_tflops, efficiency=1.0, intra_gbps=link_bps * 8 / 1e9, link_efficiency=1.0,
                   gpus_per_node=max(2, run.world), overlap=not shared_memory,
-                  rate_curve=rate_curve)  # fmt: skip
+                  rate_curve=rate_curve, crowded_rate=crowded_rate)  # fmt: skip
     p = _plan(raw, grid, run.mesh, hw)
     return {"step_s": p.step_s, "compute_s": p.compute_s, "exposed_s": p.exposed_s, "error": p.error,
             "rate_tflops": p.rate_tflops or gemm_tflops}  # fmt: skip
@@ -326,16 +355,22 @@ def run_scaling(
         )
     small = tile_grid(grid, n)
     got: dict[str, list[dict]] = {r.name: [] for r in [*runs, TILE_RUN]}
+    crowd: list[float] = []  # per repeat: the copies' mean GEMM rate, TFLOP/s
+    order = [*runs, TILE_RUN, CROWD_RUN]
     for k in range(repeats):
-        order = [*runs, TILE_RUN]
         for run in order if k % 2 == 0 else order[::-1]:
             log.info("bench scaling: repeat %d/%d, %s", k + 1, repeats, run.name)
+            if run is CROWD_RUN:
+                copies = _launch(run, raw, small, warmup, steps, timeout_s, n)
+                crowd.append(statistics.mean(_rate(summarize_run([r], batch)) for r in copies))
+                continue
             at = small if run is TILE_RUN else grid
             got[run.name].append(summarize_run(_launch(run, raw, at, warmup, steps, timeout_s), batch))
     link = link_rate()
     base = got[runs[0].name]
-    serial = statistics.median(r["flops"] / r["compute_s"] for r in base) / 1e12  # the GEMM rate
-    tile = statistics.median(r["flops"] / r["compute_s"] for r in got[TILE_RUN.name]) / 1e12
+    serial = statistics.median(_rate(r) for r in base)  # the GEMM rate
+    tile = statistics.median(_rate(r) for r in got[TILE_RUN.name])
+    crowded = min(1.0, statistics.median(crowd) / tile)
     curve = ((forward_work(raw, grid), serial), (forward_work(raw, small), tile))
     rows = []
     for run in runs:
@@ -346,9 +381,11 @@ def run_scaling(
                "speedup_range": [min(speedups), max(speedups)], "repeats": reps}  # fmt: skip
         row.update({key: statistics.median(r[key] for r in reps) for key in reps[0]})
         row["efficiency"] = row["speedup"] / n
-        row["plan"] = predicted(raw, run, grid, serial, link, curve) if run.kind != "threads" else None
+        plan = predicted(raw, run, grid, serial, link, curve, crowded) if run.kind != "threads" else None
+        row["plan"] = plan
         rows.append(row)
     return {"world_size": n, "grid": list(grid), "global_batch": batch, "link_bytes_per_s": link,
             "gemm_tflops": serial, "tile_grid": list(small), "tile_gemm_tflops": tile,
+            "crowded_gemm_tflops": statistics.median(crowd), "crowded_rate": crowded,
             "rate_curve": [list(p) for p in curve], "overlap": raw["distributed"]["overlap"],
             "warmup": warmup, "steps": steps, "rows": rows}  # fmt: skip

@@ -70,6 +70,12 @@ def scaling_markdown(path: Path | str, data: dict) -> list[str]:
             if "tile_gemm_tflops" in res
             else ", "
         )
+        + (
+            f"{res['crowded_gemm_tflops'] * 1e3:.1f} GFLOP/s per copy with {res['world_size']} tile runs at "
+            f"once (crowded rate {res['crowded_rate']:.2f}, applied to every multi-rank run), "
+            if "crowded_rate" in res
+            else ""
+        )
         + f"link {res['link_bytes_per_s'] / 2**30:.2f} GiB/s (8 MiB, both directions, through training's "
         f"transport)",
         "",

@@ -45,6 +45,11 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="measured TFLOP/s R at forward work W (TFLOP per GPU per sample), e.g. the paper's one-GPU "
         "roofline 4:37.8,8:48.6,16:66.5; the rate at each mesh's work per GPU replaces the flat rate",
     )  # fmt: skip
+    p.add_argument(
+        "--crowded-rate", type=float, default=1.0, metavar="F",
+        help="the fraction of its matmul rate a rank keeps while every rank of its node computes (1: "
+        "GPUs; CPU hosts share memory: bench scaling measures it)",
+    )  # fmt: skip
     p.add_argument("--link-gbps", type=float, default=3600.0, metavar="Y", help="intra-node Gbit/s per GPU")
     p.add_argument("--inter-gbps", type=float, default=400.0, help="inter-node Gbit/s per GPU (400)")
     p.add_argument("--nodes", type=int, metavar="K", help="nodes (default: world size / 8, at least 1)")
@@ -130,6 +135,8 @@ def _hardware(args: argparse.Namespace) -> Hardware:
             f"--world-size {args.world_size} does not split over the default --nodes {nodes} "
             f"(8 GPUs per node); pass --nodes K, K dividing {args.world_size} (e.g. --nodes 1)"
         )
+    if not 0 < args.crowded_rate <= 1:
+        raise ValueError(f"--crowded-rate {args.crowded_rate}: use a fraction in (0, 1]")
     if nodes < 1 or args.world_size % nodes:
         raise ValueError(f"--nodes {nodes}: use a positive divisor of --world-size {args.world_size}")
     return Hardware(
@@ -140,6 +147,7 @@ def _hardware(args: argparse.Namespace) -> Hardware:
         inter_gbps=args.inter_gbps,
         gpus_per_node=args.world_size // nodes,
         rate_curve=_rate_curve(args.rate_curve),
+        crowded_rate=args.crowded_rate,
         read_gbps=_read_gbps(args),
     )
 
@@ -214,6 +222,8 @@ def _print(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan]) -> Non
     rate = f"{hw.efficiency:.0%} of {hw.tflops:g} TFLOP/s"
     if hw.rate_curve:
         rate = "the measured rate at each mesh's forward work per GPU (--rate-curve)"
+    if hw.crowded_rate != 1.0:
+        rate += f", times {hw.crowded_rate:g} where ranks share a node (--crowded-rate)"
     print(
         f"assumed: matmuls at {rate}; links at "
         f"{hw.link_efficiency:.0%} of {hw.intra_gbps:g} Gbit/s within a node and {hw.inter_gbps:g} "
