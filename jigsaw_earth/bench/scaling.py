@@ -381,8 +381,8 @@ def run_scaling(
                "speedup_range": [min(speedups), max(speedups)], "repeats": reps}  # fmt: skip
         row.update({key: statistics.median(r[key] for r in reps) for key in reps[0]})
         row["efficiency"] = row["speedup"] / n
-        plan = predicted(raw, run, grid, serial, link, curve, crowded) if run.kind != "threads" else None
-        row["plan"] = plan
+        priced = run.kind != "threads"
+        row["plan"] = predicted(raw, run, grid, serial, link, curve, crowded) if priced else None
         rows.append(row)
     return {"world_size": n, "grid": list(grid), "global_batch": batch, "link_bytes_per_s": link,
             "gemm_tflops": serial, "tile_grid": list(small), "tile_gemm_tflops": tile,
