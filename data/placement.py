@@ -200,18 +200,40 @@ def _copied() -> None:
         rec.complete = False
 
 
-def replay(reads: list[tuple[str, DirectRead]], out: np.ndarray) -> None:
-    """Do recorded direct reads again, from ``(file, read)`` pairs, into ``out`` (same shape and
-    strides as the recorded output)."""
+@dataclass(frozen=True)
+class Preadv:
+    """One ``preadv`` call of a replay: its buffers in the output and where it reads from."""
+
+    pos: int
+    bufs: list[memoryview]
+    size: int  # bytes the call must return
+
+
+def preadv_calls(reads: list[DirectRead], out: np.ndarray) -> list[Preadv]:
+    """The calls that repeat recorded ``reads`` (one storage object's) into ``out`` (same shape and
+    strides as the recorded output): built once per output buffer, so a replay is only syscalls."""
     low, high = byte_bounds(out)
     window = memoryview((ctypes.c_char * (high - low)).from_address(low)).cast("B")
-    by_file: dict[str, list[DirectRead]] = {}
-    for file, r in reads:
-        by_file.setdefault(file, []).append(r)
-    for file, rs in by_file.items():
-        with _opened(file) as fd:
-            for r in rs:
-                _preadv(fd, file, window, r.starts, r.run, r.pos)
+    calls = []
+    for r in reads:
+        starts, pos = r.starts.tolist(), r.pos
+        for i in range(0, len(starts), IOV_MAX):
+            bufs = [window[a : a + r.run] for a in starts[i : i + IOV_MAX]]
+            calls.append(Preadv(pos, bufs, r.run * len(bufs)))
+            pos += r.run * len(bufs)
+    return calls
+
+
+def replay(file: str, calls: list[Preadv]) -> None:
+    """Make ``calls`` on ``file`` (``preadv_calls``)."""
+    with _opened(file) as fd:
+        for c in calls:
+            got = os.preadv(fd, c.bufs, c.pos)
+            if got != c.size:
+                raise ValueError(
+                    f"{file}: {got} bytes at offset {c.pos} where {c.size} were "
+                    f"expected: the shard is truncated"
+                )
 
 
 @contextmanager

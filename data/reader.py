@@ -9,7 +9,8 @@ decoded bytes) and copied once into the caller's output (``placement.place``). S
 the chunks overlapping its own rows and columns, its halo strips, and (across a pole) the rows
 near the pole at the opposite longitudes; never the whole field. Fields are read in parallel on
 ``threads`` threads (file reads, decompression and numpy copies release the GIL); each field's
-NaN check and optional normalisation run on its own region right after it is placed.
+NaN check (which training leaves to its non-finite loss) and optional normalisation run on its own
+region right after it is placed.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import itertools
 import logging
 import threading
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
@@ -31,7 +32,7 @@ from jigsaw_earth.sphere import col_sources, coordinate_channels, row_sources
 
 from .batch import STATIC_GEOMETRY, VariableSpec
 from .chunks import ChunkFormat, ChunkSource
-from .placement import AxisPlan, DirectRead, axis_plan, place, recording, replay
+from .placement import AxisPlan, DirectRead, Preadv, axis_plan, place, preadv_calls, recording, replay
 from .store import StoreView
 
 __all__ = ["Normalisation", "TileReader", "chunk_source"]
@@ -54,6 +55,31 @@ class Normalisation:
 
     mean: np.ndarray  # (C,) float32
     std: np.ndarray  # (C,) float32
+
+
+@dataclass
+class _Remembered:
+    """A field's read made only of direct reads (``_read_field``): the storage objects' time
+    coordinate then, their reads, shard indexes and spans, and the calls per output buffer."""
+
+    t_object: int
+    reads: dict[tuple[int, ...], list[DirectRead]]
+    indexes: dict[tuple[int, ...], np.ndarray]
+    spans: dict[tuple[int, ...], list[tuple[int, int]]]
+    by_buffer: dict[int, dict[tuple[int, ...], list[Preadv]]] = field(default_factory=dict)
+
+    BUFFERS = 8  # outputs remembered (training's ring of batch buffers; fresh ones come and go)
+
+    def calls(self, out: np.ndarray) -> dict[tuple[int, ...], list[Preadv]]:
+        """The replay's calls into ``out`` (its layout is part of the key this was found by)."""
+        address = out.__array_interface__["data"][0]
+        calls = self.by_buffer.get(address)
+        if calls is None:
+            calls = {c: preadv_calls(rs, out) for c, rs in self.reads.items()}
+            if len(self.by_buffer) >= self.BUFFERS:
+                self.by_buffer.clear()
+            self.by_buffer[address] = calls
+        return calls
 
 
 @dataclass(frozen=True)
@@ -125,7 +151,7 @@ class TileReader:
         self.threads = max(1, min(int(threads), cores_per_rank()))
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()  # per-thread scratch (placement's chunk gathers)
-        self._replays: dict[tuple, tuple[int, list[DirectRead], dict]] = {}  # see ``_read_field``
+        self._replays: dict[tuple, _Remembered] = {}  # see ``_read_field``
         for f in self._fields:
             self._format(f.store_name)  # open the array's metadata now, not during the first sample
 
@@ -243,14 +269,17 @@ class TileReader:
         reads: list[DirectRead],
     ) -> None:
         key, _, t_object = self._replay_key(f, fmt, times, plans, out)
-        indexes = {}
+        by_object: dict[tuple[int, ...], list[DirectRead]] = {}
         for r in reads:
-            if r.coords not in indexes:
-                found = self.source.shard_file(fmt, r.coords)
-                if found is None:
-                    return
-                indexes[r.coords] = found[1]
-        self._replays[key] = (t_object, reads, indexes)
+            by_object.setdefault(r.coords, []).append(r)
+        indexes = {}
+        for coords in by_object:
+            found = self.source.shard_file(fmt, coords)
+            if found is None:
+                return
+            indexes[coords] = found[1]
+        spans = {c: [(r.pos, r.pos + r.run * len(r.starts)) for r in rs] for c, rs in by_object.items()}
+        self._replays[key] = _Remembered(t_object, by_object, indexes, spans)
 
     def _replayed(
         self, f: _Field, fmt: ChunkFormat, times: np.ndarray | None, plans: list, out: np.ndarray
@@ -261,21 +290,19 @@ class TileReader:
         remembered = self._replays.get(key)
         if remembered is None:
             return False
-        t_then, reads, indexes = remembered
         files = {}
-        for coords, index in indexes.items():
+        for coords, index in remembered.indexes.items():
             moved = list(coords)
             if axis >= 0:
-                moved[axis] += t_object - t_then
+                moved[axis] += t_object - remembered.t_object
             found = self.source.shard_file(fmt, tuple(moved))
-            if found is None or not np.array_equal(found[1], index):
+            if found is None or not (found[1] is index or np.array_equal(found[1], index)):
                 return False
             files[coords] = found[0]
-        replay([(files[r.coords], r) for r in reads], out)
+        calls = remembered.calls(out)
         for coords, file in files.items():
-            self.source.count_direct(
-                file, [(r.pos, r.pos + r.run * len(r.starts)) for r in reads if r.coords == coords]
-            )
+            replay(file, calls[coords])
+            self.source.count_direct(file, remembered.spans[coords])
         return True
 
     def _place(
@@ -312,16 +339,22 @@ class TileReader:
             out[..., d, :] = out[..., s, :]
 
     def _finish(
-        self, f: _Field, times: np.ndarray | None, region: np.ndarray, norm: Normalisation | None
+        self,
+        f: _Field,
+        times: np.ndarray | None,
+        region: np.ndarray,
+        norm: Normalisation | None,
+        check_nan: bool = True,
     ) -> None:
-        """CF decoding, the NaN check and the normalisation of one field's region, in place."""
+        """CF decoding, the NaN check (unless the caller checks later) and the normalisation of one
+        field's region, in place."""
         scale, offset, fill = self.view.encoding(f.store_name)
         if fill is not None and not (isinstance(fill, float) and np.isnan(fill)):
             region[region == np.float32(fill)] = np.nan
         if scale != 1.0 or offset != 0.0:
             region *= np.float32(scale)
             region += np.float32(offset)
-        if region.size and np.isnan(region.max()):  # max propagates NaN: one vectorised pass
+        if check_nan and region.size and np.isnan(region.max()):  # max propagates NaN: one vectorised pass
             self._check_nan(f.store_name, region, times)
         if norm is not None:
             c = f.channels
@@ -348,13 +381,20 @@ class TileReader:
             )
 
     # ---- public reads ---------------------------------------------------------------------
-    def _jobs(self, times: np.ndarray, plans: list, out: np.ndarray, norm: Normalisation | None) -> list:
+    def _jobs(
+        self,
+        times: np.ndarray,
+        plans: list,
+        out: np.ndarray,
+        norm: Normalisation | None,
+        check_nan: bool = True,
+    ) -> list:
         """One job per field: read it at ``times`` into ``out`` ``(T, C, R, W)`` and finish it."""
 
         def job(f: _Field) -> None:
             region = out[:, f.channels]  # (T, levels or 1, R, W)
             self._read_field(f, times, plans, region)
-            self._finish(f, times, region, norm)
+            self._finish(f, times, region, norm, check_nan)
 
         return [lambda f=f: job(f) for f in self._fields]
 
@@ -374,10 +414,14 @@ class TileReader:
         targets: np.ndarray,
         norm: Normalisation | None = None,
         out: tuple[np.ndarray, np.ndarray] | None = None,
+        check_nan: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Inputs ``(B, C, H, W)`` at times ``inits`` and targets ``(B, L, C, h, w)`` at
         ``targets`` ``(B, L)``, every field of every sample read in parallel; into ``out`` when
-        given (reused buffers skip the page faults of fresh memory: ~10 % of a read here)."""
+        given (reused buffers skip the page faults of fresh memory: ~10 % of a read here).
+
+        ``check_nan=False`` leaves out the NaN pass (one more pass over every byte read):
+        for a caller that finds NaNs another way, as training does from a non-finite loss."""
         inits, targets = np.asarray(inits, np.int64), np.asarray(targets, np.int64).reshape(len(inits), -1)
         c, (h, w) = self.spec.n_channels, self.tile.shape
         shapes = ((len(inits), c, *self.padded_shape), (*targets.shape, c, h, w))
@@ -388,9 +432,9 @@ class TileReader:
             x, y = (np.empty(s, np.float32) for s in shapes)
         jobs = []
         for i, t in enumerate(inits):
-            jobs += self._jobs(np.array([t]), self._padded_plans, x[i : i + 1], norm)
+            jobs += self._jobs(np.array([t]), self._padded_plans, x[i : i + 1], norm, check_nan)
             if targets.shape[1]:
-                jobs += self._jobs(targets[i], self._tile_plans, y[i], norm)
+                jobs += self._jobs(targets[i], self._tile_plans, y[i], norm, check_nan)
         self._run(jobs)
         return x, y
 

@@ -42,7 +42,7 @@ def test_bench_io_reads_the_same_bytes_every_way(store):
     assert [res["rank"] for res in r["results"]] == [0, 3]
     for res in r["results"]:
         m = res["methods"]
-        assert {"reader", "raw", "zarr"} <= set(m)
+        assert {"reader", "checked", "raw", "zarr"} <= set(m)
         assert res["bytes"] > 0 and res["files"] > 0
         for name, v in m.items():
             assert v["ms"] > 0 and v["gbps"] > 0 and len(v["ms_all"]) == 2, name

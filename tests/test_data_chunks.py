@@ -294,22 +294,26 @@ def test_synth_compression_choices_read_the_same(tmp_path):
 def test_repeated_reads_replay_and_equal_the_truth(store, monkeypatch):
     """A reader reads field after field and time after time: the direct reads it remembers are
     repeated from other times' shards (row-ordered and time-sharded stores), and every read still
-    equals the truth. Every run is read directly (no minimum length), so uncompressed local shards
-    of every layout are replayed, the time-sharded ones across shards (two or three times each)."""
+    equals the truth, into reused buffers and fresh ones alike. Every run is read directly (no
+    minimum length), so uncompressed local shards of every layout are replayed, the time-sharded
+    ones across shards (two or three times each)."""
     from jigsaw_earth.data import reader as reader_module
 
     name, view = store
     monkeypatch.setattr(placement, "DIRECT_MIN_BYTES", 0)
     monkeypatch.setattr(placement, "FEW_RUNS", 10**6)
     replays, real = [], reader_module.replay
-    monkeypatch.setattr(reader_module, "replay", lambda reads, out: (replays.append(1), real(reads, out)))
+    monkeypatch.setattr(reader_module, "replay", lambda file, calls: (replays.append(1), real(file, calls)))
+    monkeypatch.setattr(reader_module._Remembered, "BUFFERS", 2)  # calls per buffer forgotten often
     levels = sorted(SPEC.levels)
     grid = TileGrid(13, 16, 3, 2)
     for k in (0, 3):
         tile = grid.tile_of(k)
         reader = TileReader(view, SPEC, grid, tile, Halo(), threads=1)
-        for t in (0, 1, 2, 3, 4, 5, 2):
-            x, y = reader.read_batch(np.array([t]), np.array([[(t + 1) % 6]]))
+        ring = [None, None]  # training's ring of reused batch buffers, between fresh outputs
+        for i, t in enumerate((0, 1, 2, 3, 4, 5, 2, 0)):
+            out = ring[i % 2] if i % 3 else None
+            x, y = ring[i % 2] = reader.read_batch(np.array([t]), np.array([[(t + 1) % 6]]), out=out)
             np.testing.assert_array_equal(x[0], channels_global(T, t, levels)[(Ellipsis, *tile.slices)])
             want = channels_global(T, (t + 1) % 6, levels)[(Ellipsis, *tile.slices)]
             np.testing.assert_array_equal(y[0, 0], want, err_msg=f"{name} tile {k} t={t}")

@@ -84,6 +84,9 @@ def test_nans_are_named(tmp_path):
     reader.read_inputs(1)
     with pytest.raises(ValueError, match=r"'2m_temperature' has 1 NaN.*2020-01-01T12.*inspect"):
         reader.read_inputs(2)
+    # training's reads leave the check to its non-finite loss (``TrainData.nan_report``)
+    x, _ = reader.read_batch(np.array([2]), np.zeros((1, 0), np.int64), check_nan=False)
+    assert int(np.isnan(x).sum()) == 1
 
 
 def test_unreadable_chunk_is_named(tmp_path):

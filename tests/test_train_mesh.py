@@ -8,6 +8,7 @@ continue with the 2×2 run's steps 11…20.
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
@@ -41,11 +42,25 @@ def _train(mesh: DomainMesh, run_dir: str, resume: str, sections: dict) -> dict:
     }
 
 
+def _nan_in_one_tile(mesh: DomainMesh, run_dir: str) -> str:
+    """Train with one NaN in the east tile of a sample of replica 1 at step 3: the error."""
+    cfg = tiny_config(run_dir, (2, 1, 2), training={"nan_policy": "skip"})
+    data = tiny_data(cfg, mesh)
+    data.source.fields[int(data.global_indices(2)[2]), 2, 0, -1] = float("nan")
+    try:
+        Trainer(cfg, mesh, data=data, model=tiny_model(data, mesh)).fit()
+    except ValueError as err:
+        return str(err)
+    return "no error"
+
+
 def _cases(mesh: DomainMesh, base: str, reference_ckpt: str | None) -> dict:
     name = f"{mesh.shape.data}x{mesh.shape.lat}x{mesh.shape.lon}"
     out = {"fresh": _train(mesh, f"{base}/{name}", "never", {})}
     if reference_ckpt:
         out["resumed"] = _train(mesh, f"{base}/{name}-resumed", reference_ckpt, {})
+    if name == "2x1x2":
+        out["nan"] = _nan_in_one_tile(mesh, f"{base}/{name}-nan")
     return out
 
 
@@ -90,6 +105,15 @@ def test_resume_on_another_mesh(runs: dict, name: str) -> None:
     got = runs[name][0]["resumed"]
     assert got["start"] == 10
     assert _rel(got["loss"], ref["loss"][10:]) < 1e-4, (got["loss"], ref["loss"][10:])
+
+
+def test_nan_in_one_tile_stops_every_rank_naming_it(runs: dict) -> None:
+    """Only the rank holding the NaN finds it; every rank stops at that step with its report."""
+    errors = {r["nan"] for r in runs["2x1x2"]}
+    assert len(errors) == 1, errors
+    error = errors.pop()
+    assert re.search(r"step [1-3] holds NaN", error) and error.count("rank ") == 1, error
+    assert re.search(r"rank \d: .*lon_start=6.*'2m_temperature' \(1 values\)", error), error
 
 
 def test_report_trajectory_differences(runs: dict, capsys: pytest.CaptureFixture) -> None:

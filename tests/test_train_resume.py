@@ -136,6 +136,27 @@ def test_nan_loss_skip_policy(tmp_path: Path) -> None:
     assert all(torch.isfinite(p).all() for p in trainer.model.parameters())
 
 
+@pytest.mark.parametrize("policy", ["stop", "skip"])
+def test_nan_in_the_data_stops_naming_channel_and_time(tmp_path: Path, policy: str) -> None:
+    """Training reads skip the NaN pass; a NaN in a sample still stops the run at its step (skip
+    policy or not: bad data is no numerical accident), naming the channel and the time."""
+    trainer = _trainer(tmp_path, training={"nan_policy": policy})
+    data = trainer.data
+    t = int(data.global_indices(5)[1])  # an input of step 6; the first step to read it:
+    step, role = next(
+        (s, "input" if t in inits else "target")
+        for s, inits in ((s, data.global_indices(s - 1)) for s in range(1, 7))
+        if t in inits or t in data.target_indices(inits, 1)
+    )
+    data.source.fields[t, 2, 1, 3] = float("nan")
+    when = str(data.times[t].astype("datetime64[m]"))
+    with pytest.raises(
+        ValueError, match=rf"step {step} holds NaN.*{role} '{data.channels[2]}' \(1 values\) at {when}"
+    ):
+        trainer.fit()
+    assert len(trainer.history) == step - 1
+
+
 def test_rollout_bf16_and_checkpointing_options_run(tmp_path: Path) -> None:
     trainer = _trainer(
         tmp_path,

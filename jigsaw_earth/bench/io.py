@@ -3,8 +3,9 @@
 For each rank of a ``lat × lon`` mesh, one sample (inputs with halo at ``t``, targets at the next
 ``lead_steps`` times, tile only) is read, interleaved over repeats, by:
 
-- ``reader``: the project's ``TileReader`` (what training and predict use), into preallocated
-  output as training's ring of batch buffers;
+- ``reader``: the project's ``TileReader`` as training reads (into preallocated output as
+  training's ring of batch buffers, no NaN pass: training names NaNs from a non-finite loss);
+- ``checked``: the same with the reader's NaN pass, as validation and predict read;
 - ``raw``: the same byte ranges of the same files (the reader's own trace) read with plain
   ``os.preadv`` into one preallocated buffer, the limit of the storage (local stores only);
 - ``tensorstore``: Google's C++ array store reading the same lat × lon boxes (if installed);
@@ -36,7 +37,7 @@ from ..distributed.halo import Halo
 
 __all__ = ["METHODS", "bench_io", "format_io"]
 
-METHODS = ("reader", "raw", "tensorstore", "zarr")
+METHODS = ("reader", "checked", "raw", "tensorstore", "zarr")
 
 
 def _boxes(reader: TileReader, t: int, ts: np.ndarray) -> list[tuple[str, tuple]]:
@@ -134,7 +135,7 @@ class _Methods:
         }
 
     def available(self) -> list[str]:
-        out = ["reader"]
+        out = ["reader", "checked"]
         if self.files and self.reader.source.root is not None:
             out.append("raw")
         if self._ts is not None:
@@ -151,8 +152,10 @@ class _Methods:
 
     def run(self, method: str) -> None:
         t, ts = self.samples[0]
-        if method == "reader":  # into preallocated output, as raw reads into a preallocated buffer
-            self.reader.read_batch(np.array([t]), np.asarray(ts)[None], out=self.out)
+        if method in ("reader", "checked"):  # into preallocated output, as raw into its buffer
+            self.reader.read_batch(
+                np.array([t]), np.asarray(ts)[None], out=self.out, check_nan=method == "checked"
+            )
         elif method == "raw":
             mv, k, fds = memoryview(self.buffer), 0, {}
             try:

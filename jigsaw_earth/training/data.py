@@ -54,6 +54,7 @@ class Source(Protocol):
         mean: np.ndarray,
         std: np.ndarray,
         out: tuple[np.ndarray, np.ndarray] | None = None,
+        check_nan: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]: ...  # normalised (B, C, h, w), (B, L, C, h, w)
 
 
@@ -91,6 +92,7 @@ class MemorySource:
         mean: np.ndarray,
         std: np.ndarray,
         out: tuple[np.ndarray, np.ndarray] | None = None,
+        check_nan: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         x = np.stack([(self.inputs(int(t)) - mean) / std for t in inits])
         y = np.stack([(self.targets(ts) - mean) / std for ts in targets])
@@ -205,10 +207,12 @@ class TrainData:
         return np.asarray(out)
 
     def _batch(self, inits: np.ndarray, lead_steps: int, slot: int | None = None) -> Batch:
-        """Batch of ``inits``; training batches (``slot``) reuse a ring of host buffers."""
+        """Batch of ``inits``; training batches (``slot``) reuse a ring of host buffers and are
+        read without the NaN pass: a NaN makes the step's loss non-finite, and ``nan_report``
+        then names it (validation batches are checked as they are read)."""
         targets = self.target_indices(inits, lead_steps)
         out = self._buffers.get(slot) if slot is not None else None
-        x, y = self.source.batch(np.asarray(inits), targets, self.mean, self.std, out)
+        x, y = self.source.batch(np.asarray(inits), targets, self.mean, self.std, out, check_nan=slot is None)
         if slot is not None:
             self._buffers[slot] = (x, y)
         times = self.times[inits]
@@ -232,6 +236,29 @@ class TrainData:
         # which is queued only once step s + 1 has begun (pinned copies on CUDA are separate)
         batch = self._batch(mine, self.rollout_steps, slot=step % (self.prefetch + 2))
         return batch.pin_memory() if self.mesh.device.type == "cuda" else batch
+
+    def nan_report(self, batch: Batch) -> str | None:
+        """Which channels and times of ``batch`` (this rank's tile of it) hold NaN; None if none."""
+        found = []
+        for what, data, times in (
+            ("input", batch.inputs, np.asarray(batch.times, "datetime64[m]")),
+            ("target", batch.targets, np.asarray(batch.target_times, "datetime64[m]")),
+        ):
+            channel_axis = data.dim() - 3
+            nan = torch.isnan(data).movedim(channel_axis, -3)  # (..., C, h, w)
+            per_channel = nan.flatten(-2).sum(-1).reshape(-1, nan.shape[-3]).sum(0).cpu()
+            where = nan.flatten(-3).any(-1).cpu().numpy()  # (B,) or (B, L): which times
+            bad = per_channel.nonzero().flatten().tolist()
+            names = [f"{batch.channels[c]!r} ({int(per_channel[c])} values)" for c in bad]
+            if names:
+                found.append(f"{what} {', '.join(names)} at {', '.join(str(t) for t in times[where][:5])}")
+        if not found:
+            return None
+        return (
+            f"NaN values in this rank's tile {self.tile} of the step's batch: {'; '.join(found)}; "
+            f"fill them in the source or choose a period without them "
+            f"(`jigsaw-earth data inspect PATH` lists NaNs)"
+        )
 
     def batch_bytes(self) -> int:
         """Host bytes of one training batch on this rank (inputs and targets, float32)."""

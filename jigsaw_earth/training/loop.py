@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 
@@ -254,6 +255,7 @@ class Trainer:
             lr = lr_at(step - 1, self.cfg.optim, self.cfg.training.steps)
         finite = math.isfinite(loss) and math.isfinite(norm)
         if not finite:
+            self._stop_on_nan_data(batch, step)
             what = f"loss {loss} / grad norm {norm} at step {step}"
             if self.cfg.training.nan_policy == "stop":
                 raise NonFiniteLossError(
@@ -288,6 +290,18 @@ class Trainer:
             "memory_mb": memory_mb(),
             "skipped": float(not finite),
         }
+
+    def _stop_on_nan_data(self, batch: Batch, step: int) -> None:
+        """Raise naming the NaNs of step ``step``'s data wherever a rank's tile holds any (training
+        reads skip the NaN pass; every rank gets here together, as loss and norm are global)."""
+        mine = self.data.nan_report(batch)
+        reports = [mine]
+        if self.mesh.is_distributed and dist.is_initialized():
+            reports = [None] * dist.get_world_size()
+            dist.all_gather_object(reports, mine)
+        found = [f"rank {r}: {text}" for r, text in enumerate(reports) if text]
+        if found:
+            raise ValueError(f"the data of step {step} holds NaN values. " + " | ".join(found))
 
     def run_validation(self) -> dict[str, float]:
         result = validate(self.model, self.data, self.cfg, self.forward, self._val_noise)

@@ -72,10 +72,12 @@ class StoreSource:
         mean: np.ndarray,
         std: np.ndarray,
         out: tuple[np.ndarray, np.ndarray] | None = None,
+        check_nan: bool = True,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Normalised inputs ``(B, C, h, w)`` and targets ``(B, L, C, h, w)``, every field of every
         sample read in parallel and normalised as it lands (into ``out`` when it fits)."""
-        return self.reader.read_batch(inits, targets, Normalisation(mean.reshape(-1), std.reshape(-1)), out)
+        norm = Normalisation(mean.reshape(-1), std.reshape(-1))
+        return self.reader.read_batch(inits, targets, norm, out, check_nan)
 
     def static(self) -> np.ndarray:
         return self._static
