@@ -214,26 +214,33 @@ def preadv_calls(reads: list[DirectRead], out: np.ndarray) -> list[Preadv]:
     strides as the recorded output): built once per output buffer, so a replay is only syscalls."""
     low, high = byte_bounds(out)
     window = memoryview((ctypes.c_char * (high - low)).from_address(low)).cast("B")
-    calls = []
-    for r in reads:
-        starts, pos = r.starts.tolist(), r.pos
-        for i in range(0, len(starts), IOV_MAX):
-            bufs = [window[a : a + r.run] for a in starts[i : i + IOV_MAX]]
-            calls.append(Preadv(pos, bufs, r.run * len(bufs)))
-            pos += r.run * len(bufs)
+    return [c for r in reads for c in _calls(window, r.starts, r.run, r.pos)]
+
+
+def _calls(window: memoryview, starts: np.ndarray, run: int, pos: int) -> list[Preadv]:
+    """``len(starts)`` runs of ``run`` bytes from ``pos`` to ``window[starts]``, as calls of at
+    most ``IOV_MAX`` buffers."""
+    calls, starts = [], starts.tolist()
+    for i in range(0, len(starts), IOV_MAX):
+        bufs = [window[a : a + run] for a in starts[i : i + IOV_MAX]]
+        calls.append(Preadv(pos, bufs, run * len(bufs)))
+        pos += run * len(bufs)
     return calls
+
+
+def _make(fd: int, file: str, calls: list[Preadv]) -> None:
+    for c in calls:
+        got = os.preadv(fd, c.bufs, c.pos)
+        if got != c.size:
+            raise ValueError(
+                f"{file}: {got} bytes at offset {c.pos} where {c.size} were expected: the shard is truncated"
+            )
 
 
 def replay(file: str, calls: list[Preadv]) -> None:
     """Make ``calls`` on ``file`` (``preadv_calls``)."""
     with _opened(file) as fd:
-        for c in calls:
-            got = os.preadv(fd, c.bufs, c.pos)
-            if got != c.size:
-                raise ValueError(
-                    f"{file}: {got} bytes at offset {c.pos} where {c.size} were "
-                    f"expected: the shard is truncated"
-                )
+        _make(fd, file, calls)
 
 
 @contextmanager
@@ -243,19 +250,6 @@ def _opened(file: str) -> Iterator[int]:
         yield fd
     finally:
         os.close(fd)
-
-
-def _preadv(fd: int, file: str, window: memoryview, starts: np.ndarray, run: int, pos: int) -> None:
-    """Read ``len(starts)`` runs of ``run`` bytes from ``pos`` of ``fd`` to ``window[starts]``."""
-    for i in range(0, len(starts), IOV_MAX):
-        bufs = [window[a : a + run] for a in starts[i : i + IOV_MAX].tolist()]
-        got = os.preadv(fd, bufs, pos)
-        if got != run * len(bufs):
-            raise ValueError(
-                f"{file}: {got} bytes at offset {pos} where {run * len(bufs)} were "
-                f"expected: the shard is truncated"
-            )
-        pos += got
 
 
 def _read_direct(block: Block, src: np.ndarray, target: np.ndarray, order: list[int]) -> bool:
@@ -293,7 +287,7 @@ def _read_direct(block: Block, src: np.ndarray, target: np.ndarray, order: list[
     with _opened(block.file) as fd:
         for runs in ranges:
             pos = first + int(s_starts[runs[0]])
-            _preadv(fd, block.file, window, t_starts[runs] - lo, run, pos)
+            _make(fd, block.file, _calls(window, t_starts[runs] - lo, run, pos))
             if rec is not None:  # offsets from the lowest address of the recorded output
                 at = t_starts[runs] + (t.ctypes.data - rec.low)
                 rec.reads.append(DirectRead(block.coords, pos, at, run))
