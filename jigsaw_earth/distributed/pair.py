@@ -1,0 +1,286 @@
+"""The channel MLP ``act(X·W1 + b1)·W2 + b2`` as one distributed product (Megatron's pairing).
+
+Rank ``q`` holds its token rows ``X_q`` (``n_q × Cin``), the column block ``W1[:, hid_q]`` with
+``b1[hid_q]``, the *row* block ``W2[hid_q, :]`` and the bias block ``b2[out_q]``. Hidden block
+``k`` of a token needs only ``W1``'s and ``W2``'s block ``k``, so the two products run as one:
+
+* ``"weights"`` — rank ``k``'s four blocks travel as one message around the ring; each rank adds
+  ``act(X_q·W1_k + b1_k)·W2_k`` to its output while the next message is in flight. The backward
+  sends the blocks round the other way for ``dX`` and sums the blocks' gradients in a ring
+  reduce-scatter that trails it by one step (block ``k``'s gradient needs ``W2_k`` in hand).
+* ``"activations"`` — rank ``q`` sends ``X_q`` to every peer, which returns its hidden block's
+  partial output ``act(X_q·W1_k + b1_k)·W2_k``; the backward sends ``[X_q, dY_q]`` and receives
+  ``dX`` partial sums. Every weight gradient is computed where its block lives.
+
+Against two column-sharded linears, the weight ring moves the same bytes in half the
+rendezvous and the activation exchange fewer bytes (no hidden activations travel). ``"auto"``
+picks by ``pair_bytes`` through ``matmul.decide``, the one rule.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .matmul import _ACC, _RING, _acc_dtype, _add, _as, _like, _send_recv, autocast_operands, decide
+from .mesh import Axis
+
+__all__ = ["matmul_pair", "pair_bytes", "pair_strategy"]
+
+Activation = Callable[[torch.Tensor], torch.Tensor]
+ActivationGrad = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (dh, z) -> dz
+
+
+def _block_sizes(cin: int, hid: int, cout: int, out_k: int) -> list[int]:
+    """The four pieces of one rank's message: ``W1_k``, ``b1_k``, ``W2_k``, ``b2_k``."""
+    return [cin * hid, hid, hid * cout, out_k]
+
+
+def _pack(w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor) -> torch.Tensor:
+    return torch.cat([w1.reshape(-1), b1, w2.reshape(-1), b2])
+
+
+def _unpack(buf: torch.Tensor, cin: int, hid: int, cout: int, out_k: int) -> list[torch.Tensor]:
+    w1, b1, w2, b2 = buf.split(_block_sizes(cin, hid, cout, out_k))
+    return [w1.view(cin, hid), b1, w2.view(hid, cout), b2]
+
+
+def _offsets(sizes: Sequence[int]) -> list[int]:
+    off = [0]
+    for s in sizes:
+        off.append(off[-1] + s)
+    return off
+
+
+def _hidden(x, w1, b1, act):
+    z = torch.addmm(b1, x, w1)
+    return z, act(z)
+
+
+# ------------------------------------------------------------------------------ moving weights
+class _PairWeights(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, axis, hid_sizes, out_sizes, act, act_grad):  # type: ignore[override]
+        P, q = axis.size, axis.index
+        cin, cout = x.shape[1], w2.shape[1]
+        off = _offsets(out_sizes)
+        size = [sum(_block_sizes(cin, hid_sizes[k], cout, out_sizes[k])) for k in range(P)]
+        cur = _pack(w1, b1, w2, b2)
+        zs, hs = [None] * P, [None] * P
+        y = x.new_zeros(x.shape[0], cout, dtype=_acc_dtype(x.dtype))
+        for s in range(P):
+            k = (q + s) % P
+            nxt = None
+            if s < P - 1:
+                nxt = _send_recv(axis, -1, cur, 1, (size[(k + 1) % P],), op="mlp.weights", tag=_RING)
+            w1k, b1k, w2k, b2k = _unpack(cur, cin, hid_sizes[k], cout, out_sizes[k])
+            zs[k], hs[k] = _hidden(x, w1k, b1k, act)
+            y += hs[k] @ w2k
+            y[:, off[k] : off[k + 1]] += b2k
+            if nxt is not None:
+                cur = nxt.wait()[0]
+        ctx.save_for_backward(x, w1, b1, w2, b2, *zs, *hs)
+        ctx.args = (axis, hid_sizes, out_sizes, act_grad)
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x0, w10, b10, w20, b20, *saved = ctx.saved_tensors
+        x, w1, b1, w2, b2, dy = _as(x0.dtype, x0, w10, b10, w20, b20, dy)
+        axis, hid_sizes, out_sizes, act_grad = ctx.args
+        P, q = axis.size, axis.index
+        zs, hs = saved[:P], saved[P:]
+        cin, cout, acc = x.shape[1], w2.shape[1], _acc_dtype(x.dtype)
+        off = _offsets(out_sizes)
+        size = [sum(_block_sizes(cin, hid_sizes[k], cout, out_sizes[k])) for k in range(P)]
+        op = "mlp.weights.backward"
+        need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
+        dx = torch.zeros(x.shape, dtype=acc, device=x.device) if need_dx else None
+        dzs: list = [None] * P
+        pending, grads = None, None
+
+        def reduce_step(t: int) -> None:  # the ring reduce-scatter's step t: block q-1-t
+            nonlocal pending, grads
+            k = (q - 1 - t) % P
+            part = _pack(x.T @ dzs[k], dzs[k].sum(0), hs[k].T @ dy, dy[:, off[k] : off[k + 1]].sum(0))
+            dzs[k] = None
+            if pending is not None:
+                part = _add(part, pending.wait()[0])
+            if t < P - 1:
+                pending = _send_recv(axis, 1, part, -1, (size[(k - 1) % P],), op=op, tag=_ACC)
+            else:
+                grads = part
+
+        cur = _pack(w1, b1, w2, b2)
+        for s in range(P):  # blocks q, q-1, ...: the reduce-scatter needs block q-1-t at step t
+            k = (q - s) % P
+            nxt = None
+            if s < P - 1:
+                nxt = _send_recv(axis, 1, cur, -1, (size[(k - 1) % P],), op=op, tag=_RING)
+            w1k, _, w2k, _ = _unpack(cur, cin, hid_sizes[k], cout, out_sizes[k])
+            dzs[k] = act_grad(dy @ w2k.T, zs[k])
+            if dx is not None:
+                dx += dzs[k] @ w1k.T
+            if s > 0:
+                reduce_step(s - 1)
+            if nxt is not None:
+                cur = nxt.wait()[0]
+        reduce_step(P - 1)
+        g1, gb1, g2, gb2 = _unpack(grads, cin, hid_sizes[q], cout, out_sizes[q])
+        return _like(dx, x0), _like(g1, w10), _like(gb1, b10), _like(g2, w20), _like(gb2, b20), *[None] * 5
+
+
+# -------------------------------------------------------------------------- moving activations
+class _PairActivations(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, w1, b1, w2, b2, axis, out_sizes, counts, act, act_grad):  # type: ignore[override]
+        P, q = axis.size, axis.index
+        cin, cout = x.shape[1], w2.shape[1]
+        lo, hi = _offsets(out_sizes)[q : q + 2]
+        op = "mlp.activations"
+
+        def partial(rows):  # this rank's hidden block of ``rows``' output, with its bias block
+            z, h = _hidden(rows, w1, b1, act)
+            y = h @ w2
+            y[:, lo:hi] += b2
+            return z, h, y
+
+        zs, hs = [None] * P, [None] * P
+        incoming = _send_recv(axis, 1, x, -1, (counts[(q - 1) % P], cin), op=op, tag=_RING)
+        zs[q], hs[q], y = partial(x)
+        y = y.to(_acc_dtype(y.dtype))
+        returns = []
+        for s in range(1, P):
+            r = (q - s) % P
+            rows = incoming.wait()[0]
+            if s < P - 1:
+                shape = (counts[(q - s - 1) % P], cin)
+                incoming = _send_recv(axis, s + 1, x, -(s + 1), shape, op=op, tag=_RING)
+            zs[r], hs[r], part = partial(rows)
+            returns.append(_send_recv(axis, -s, part, s, (x.shape[0], cout), op=op, tag=_ACC))
+        for pending in returns:
+            y += pending.wait()[0]
+        ctx.save_for_backward(x, w1, b1, w2, b2, *zs, *hs)
+        ctx.args = (axis, out_sizes, counts, act_grad)
+        return y.to(x.dtype)
+
+    @staticmethod
+    def backward(ctx, dy):  # type: ignore[override]
+        x0, w10, b10, w20, b20, *saved = ctx.saved_tensors
+        x, w1, b1, w2, b2, dy = _as(x0.dtype, x0, w10, b10, w20, b20, dy)
+        axis, out_sizes, counts, act_grad = ctx.args
+        P, q = axis.size, axis.index
+        zs, hs = saved[:P], saved[P:]
+        cin, cout, acc = x.shape[1], w2.shape[1], _acc_dtype(x.dtype)
+        lo, hi = _offsets(out_sizes)[q : q + 2]
+        op = "mlp.activations.backward"
+        need_dx = ctx.needs_input_grad[0]
+        g1 = torch.zeros(w1.shape, dtype=acc, device=x.device)
+        gb1 = torch.zeros(b1.shape, dtype=acc, device=x.device)
+        g2 = torch.zeros(w2.shape, dtype=acc, device=x.device)
+        gb2 = torch.zeros(b2.shape, dtype=acc, device=x.device)
+
+        def block(r: int, rows: torch.Tensor, dyr: torch.Tensor) -> torch.Tensor:
+            """Rank r's tokens through this rank's hidden block: adds the weight gradients, returns dz."""
+            dz = act_grad(dyr @ w2.T, zs[r])
+            g1.add_(rows.T @ dz)
+            gb1.add_(dz.sum(0, dtype=acc))
+            g2.add_(hs[r].T @ dyr)
+            gb2.add_(dyr[:, lo:hi].sum(0, dtype=acc))
+            return dz
+
+        def post(s: int):
+            send = torch.cat([x, dy], dim=1)
+            return _send_recv(axis, s, send, -s, (counts[(q - s) % P], cin + cout), op=op, tag=_RING)
+
+        incoming = post(1) if P > 1 else None
+        dz = block(q, x, dy)
+        dx = (dz @ w1.T).to(acc) if need_dx else None
+        returns = []
+        for s in range(1, P):
+            r = (q - s) % P
+            rows, dyr = incoming.wait()[0].split([cin, cout], dim=1)
+            if s < P - 1:
+                incoming = post(s + 1)
+            dz = block(r, rows, dyr)
+            if need_dx:
+                returns.append(_send_recv(axis, -s, dz @ w1.T, s, x.shape, op=op, tag=_ACC))
+        for pending in returns:
+            dx += pending.wait()[0]
+        return _like(dx, x0), _like(g1, w10), _like(gb1, b10), _like(g2, w20), _like(gb2, b20), *[None] * 5
+
+
+# ------------------------------------------------------------------------------ cost and API
+def pair_bytes(
+    strategy: str,
+    counts: Sequence[int],
+    cin: int,
+    hid_sizes: Sequence[int],
+    out_sizes: Sequence[int],
+    elsize: int = 4,
+    input_grad: bool = True,
+) -> tuple[int, int]:
+    """Bytes sent over all ranks by ``matmul_pair``: (forward, backward); arguments as for
+    ``matmul.channel_bytes``. Moving weights, the backward rings run with or without ``dX``
+    (block ``k``'s ``dW1`` needs ``W2_k``)."""
+    P, N, hid, cout = len(counts), sum(counts), sum(hid_sizes), sum(out_sizes)
+    if P == 1:
+        return 0, 0
+    if strategy == "weights":
+        blocks = (P - 1) * (cin * hid + hid + hid * cout + cout) * elsize
+        return blocks, 2 * blocks
+    fwd = (P - 1) * N * (cin + cout)
+    bwd = (P - 1) * N * (cin + cout) + ((P - 1) * N * cin if input_grad else 0)
+    return fwd * elsize, bwd * elsize
+
+
+def pair_strategy(
+    strategy: str,
+    counts: Sequence[int],
+    cin: int,
+    hid_sizes: Sequence[int],
+    out_sizes: Sequence[int],
+    training: bool = True,
+    input_grad: bool = True,
+) -> str:
+    """The strategy ``matmul_pair`` runs (``decide`` on ``pair_bytes``)."""
+    return decide(
+        strategy, lambda s: pair_bytes(s, counts, cin, hid_sizes, out_sizes, input_grad=input_grad), training
+    )
+
+
+def matmul_pair(
+    x: torch.Tensor,
+    w1: torch.Tensor,
+    b1: torch.Tensor,
+    w2: torch.Tensor,
+    b2: torch.Tensor,
+    axis: Axis,
+    hid_sizes: Sequence[int],
+    out_sizes: Sequence[int],
+    counts: Sequence[int],
+    act: Activation,
+    act_grad: ActivationGrad,
+    strategy: str = "auto",
+) -> torch.Tensor:
+    """``act(X·W1 + b1)·W2 + b2`` for token rows ``x`` (``n_q × Cin``), the column block ``w1``
+    (``Cin × H_q``) with ``b1``, the row block ``w2`` (``H_q × Cout``) and the bias block ``b2``
+    (``Cout_q``). ``act_grad(dh, z)`` is ``act``'s backward at its input ``z``."""
+    q = axis.index
+    held = (x.shape[0], w1.shape[1], w2.shape[0], b2.shape[0])
+    if held != (counts[q], hid_sizes[q], hid_sizes[q], out_sizes[q]):
+        raise ValueError(
+            f"matmul_pair: rank {q} holds x {tuple(x.shape)}, w1 {tuple(w1.shape)}, w2 {tuple(w2.shape)} "
+            f"and b2 {tuple(b2.shape)}, but counts={tuple(counts)}, hidden sizes={tuple(hid_sizes)} "
+            f"and out_sizes={tuple(out_sizes)}"
+        )
+    x, w1, b1, w2, b2 = autocast_operands(x, w1, b1, w2, b2)
+    if axis.size == 1:
+        return torch.addmm(b2, act(torch.addmm(b1, x, w1)), w2)
+    training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w1, b1, w2, b2))
+    input_grad = torch.is_grad_enabled() and x.requires_grad
+    chosen = pair_strategy(strategy, counts, x.shape[1], hid_sizes, out_sizes, training, input_grad)
+    if chosen == "weights":
+        return _PairWeights.apply(x, w1, b1, w2, b2, axis, tuple(hid_sizes), tuple(out_sizes), act, act_grad)
+    return _PairActivations.apply(x, w1, b1, w2, b2, axis, tuple(out_sizes), tuple(counts), act, act_grad)
