@@ -25,11 +25,15 @@ import torch
 
 from .matmul import _ACC, _RING, _acc_dtype, _add, _as, _like, _send_recv, autocast_operands, decide
 from .mesh import Axis
+from .tiles import split_offsets
 
 __all__ = ["matmul_pair", "pair_bytes", "pair_strategy"]
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 ActivationGrad = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (dh, z) -> dz
+# dropout between the products: (rank, start, stop) -> the factor (keep / (1 - p)) of hidden
+# channels [start, stop) of that rank's tokens, (n_rank, stop - start); None: no dropout
+Drop = Callable[[int, int, int], torch.Tensor] | None
 
 
 def _block_sizes(cin: int, hid: int, cout: int, out_k: int) -> list[int]:
@@ -46,25 +50,24 @@ def _unpack(buf: torch.Tensor, cin: int, hid: int, cout: int, out_k: int) -> lis
     return [w1.view(cin, hid), b1, w2.view(hid, cout), b2]
 
 
-def _offsets(sizes: Sequence[int]) -> list[int]:
-    off = [0]
-    for s in sizes:
-        off.append(off[-1] + s)
-    return off
-
-
-def _hidden(x, w1, b1, act):
+def _hidden(x, w1, b1, act, factor):
+    """The pre-activation and the (dropped-out) activation of one hidden block."""
     z = torch.addmm(b1, x, w1)
-    return z, act(z)
+    h = act(z)
+    return z, h if factor is None else h * factor.to(h.dtype)
+
+
+def _dropped(dh: torch.Tensor, factor: torch.Tensor | None) -> torch.Tensor:
+    return dh if factor is None else dh * factor.to(dh.dtype)
 
 
 # ------------------------------------------------------------------------------ moving weights
 class _PairWeights(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, axis, hid_sizes, out_sizes, act, act_grad):  # type: ignore[override]
+    def forward(ctx, x, w1, b1, w2, b2, axis, hid_sizes, out_sizes, act, act_grad, drop):  # type: ignore[override]
         P, q = axis.size, axis.index
         cin, cout = x.shape[1], w2.shape[1]
-        off = _offsets(out_sizes)
+        off, hoff = split_offsets(out_sizes), split_offsets(hid_sizes)
         size = [sum(_block_sizes(cin, hid_sizes[k], cout, out_sizes[k])) for k in range(P)]
         cur = _pack(w1, b1, w2, b2)
         zs, hs = [None] * P, [None] * P
@@ -75,24 +78,25 @@ class _PairWeights(torch.autograd.Function):
             if s < P - 1:
                 nxt = _send_recv(axis, -1, cur, 1, (size[(k + 1) % P],), op="mlp.weights", tag=_RING)
             w1k, b1k, w2k, b2k = _unpack(cur, cin, hid_sizes[k], cout, out_sizes[k])
-            zs[k], hs[k] = _hidden(x, w1k, b1k, act)
+            factor = drop(q, hoff[k], hoff[k + 1]) if drop is not None else None
+            zs[k], hs[k] = _hidden(x, w1k, b1k, act, factor)
             y += hs[k] @ w2k
             y[:, off[k] : off[k + 1]] += b2k
             if nxt is not None:
                 cur = nxt.wait()[0]
         ctx.save_for_backward(x, w1, b1, w2, b2, *zs, *hs)
-        ctx.args = (axis, hid_sizes, out_sizes, act_grad)
+        ctx.args = (axis, hid_sizes, out_sizes, act_grad, drop)
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         x0, w10, b10, w20, b20, *saved = ctx.saved_tensors
         x, w1, b1, w2, b2, dy = _as(x0.dtype, x0, w10, b10, w20, b20, dy)
-        axis, hid_sizes, out_sizes, act_grad = ctx.args
+        axis, hid_sizes, out_sizes, act_grad, drop = ctx.args
         P, q = axis.size, axis.index
         zs, hs = saved[:P], saved[P:]
         cin, cout, acc = x.shape[1], w2.shape[1], _acc_dtype(x.dtype)
-        off = _offsets(out_sizes)
+        off, hoff = split_offsets(out_sizes), split_offsets(hid_sizes)
         size = [sum(_block_sizes(cin, hid_sizes[k], cout, out_sizes[k])) for k in range(P)]
         op = "mlp.weights.backward"
         need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
@@ -119,7 +123,8 @@ class _PairWeights(torch.autograd.Function):
             if s < P - 1:
                 nxt = _send_recv(axis, 1, cur, -1, (size[(k - 1) % P],), op=op, tag=_RING)
             w1k, _, w2k, _ = _unpack(cur, cin, hid_sizes[k], cout, out_sizes[k])
-            dzs[k] = act_grad(dy @ w2k.T, zs[k])
+            factor = drop(q, hoff[k], hoff[k + 1]) if drop is not None else None
+            dzs[k] = act_grad(_dropped(dy @ w2k.T, factor), zs[k])
             if dx is not None:
                 dx += dzs[k] @ w1k.T
             if s > 0:
@@ -128,27 +133,28 @@ class _PairWeights(torch.autograd.Function):
                 cur = nxt.wait()[0]
         reduce_step(P - 1)
         g1, gb1, g2, gb2 = _unpack(grads, cin, hid_sizes[q], cout, out_sizes[q])
-        return _like(dx, x0), _like(g1, w10), _like(gb1, b10), _like(g2, w20), _like(gb2, b20), *[None] * 5
+        return _like(dx, x0), _like(g1, w10), _like(gb1, b10), _like(g2, w20), _like(gb2, b20), *[None] * 6
 
 
 # -------------------------------------------------------------------------- moving activations
 class _PairActivations(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w1, b1, w2, b2, axis, out_sizes, counts, act, act_grad):  # type: ignore[override]
+    def forward(ctx, x, w1, b1, w2, b2, axis, hid_sizes, out_sizes, counts, act, act_grad, drop):  # type: ignore[override]
         P, q = axis.size, axis.index
         cin, cout = x.shape[1], w2.shape[1]
-        lo, hi = _offsets(out_sizes)[q : q + 2]
+        lo, hi = split_offsets(out_sizes)[q : q + 2]
+        h0, h1 = split_offsets(hid_sizes)[q : q + 2]
         op = "mlp.activations"
 
-        def partial(rows):  # this rank's hidden block of ``rows``' output, with its bias block
-            z, h = _hidden(rows, w1, b1, act)
+        def partial(r, rows):  # this rank's hidden block of rank r's rows' output, with its bias block
+            z, h = _hidden(rows, w1, b1, act, drop(r, h0, h1) if drop is not None else None)
             y = h @ w2
             y[:, lo:hi] += b2
             return z, h, y
 
         zs, hs = [None] * P, [None] * P
         incoming = _send_recv(axis, 1, x, -1, (counts[(q - 1) % P], cin), op=op, tag=_RING)
-        zs[q], hs[q], y = partial(x)
+        zs[q], hs[q], y = partial(q, x)
         y = y.to(_acc_dtype(y.dtype))
         returns = []
         for s in range(1, P):
@@ -157,23 +163,24 @@ class _PairActivations(torch.autograd.Function):
             if s < P - 1:
                 shape = (counts[(q - s - 1) % P], cin)
                 incoming = _send_recv(axis, s + 1, x, -(s + 1), shape, op=op, tag=_RING)
-            zs[r], hs[r], part = partial(rows)
+            zs[r], hs[r], part = partial(r, rows)
             returns.append(_send_recv(axis, -s, part, s, (x.shape[0], cout), op=op, tag=_ACC))
         for pending in returns:
             y += pending.wait()[0]
         ctx.save_for_backward(x, w1, b1, w2, b2, *zs, *hs)
-        ctx.args = (axis, out_sizes, counts, act_grad)
+        ctx.args = (axis, hid_sizes, out_sizes, counts, act_grad, drop)
         return y.to(x.dtype)
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
         x0, w10, b10, w20, b20, *saved = ctx.saved_tensors
         x, w1, b1, w2, b2, dy = _as(x0.dtype, x0, w10, b10, w20, b20, dy)
-        axis, out_sizes, counts, act_grad = ctx.args
+        axis, hid_sizes, out_sizes, counts, act_grad, drop = ctx.args
         P, q = axis.size, axis.index
         zs, hs = saved[:P], saved[P:]
         cin, cout, acc = x.shape[1], w2.shape[1], _acc_dtype(x.dtype)
-        lo, hi = _offsets(out_sizes)[q : q + 2]
+        lo, hi = split_offsets(out_sizes)[q : q + 2]
+        h0, h1 = split_offsets(hid_sizes)[q : q + 2]
         op = "mlp.activations.backward"
         need_dx = ctx.needs_input_grad[0]
         g1 = torch.zeros(w1.shape, dtype=acc, device=x.device)
@@ -183,7 +190,7 @@ class _PairActivations(torch.autograd.Function):
 
         def block(r: int, rows: torch.Tensor, dyr: torch.Tensor) -> torch.Tensor:
             """Rank r's tokens through this rank's hidden block: adds the weight gradients, returns dz."""
-            dz = act_grad(dyr @ w2.T, zs[r])
+            dz = act_grad(_dropped(dyr @ w2.T, drop(r, h0, h1) if drop is not None else None), zs[r])
             g1.add_(rows.T @ dz)
             gb1.add_(dz.sum(0, dtype=acc))
             g2.add_(hs[r].T @ dyr)
@@ -208,7 +215,7 @@ class _PairActivations(torch.autograd.Function):
                 returns.append(_send_recv(axis, -s, dz @ w1.T, s, x.shape, op=op, tag=_ACC))
         for pending in returns:
             dx += pending.wait()[0]
-        return _like(dx, x0), _like(g1, w10), _like(gb1, b10), _like(g2, w20), _like(gb2, b20), *[None] * 5
+        return _like(dx, x0), _like(g1, w10), _like(gb1, b10), _like(g2, w20), _like(gb2, b20), *[None] * 7
 
 
 # ------------------------------------------------------------------------------ cost and API
@@ -263,10 +270,12 @@ def matmul_pair(
     act: Activation,
     act_grad: ActivationGrad,
     strategy: str = "auto",
+    drop: Drop = None,
 ) -> torch.Tensor:
     """``act(X·W1 + b1)·W2 + b2`` for token rows ``x`` (``n_q × Cin``), the column block ``w1``
     (``Cin × H_q``) with ``b1``, the row block ``w2`` (``H_q × Cout``) and the bias block ``b2``
-    (``Cout_q``). ``act_grad(dh, z)`` is ``act``'s backward at its input ``z``."""
+    (``Cout_q``). ``act_grad(dh, z)`` is ``act``'s backward at its input ``z``; ``drop``, dropout
+    between the products (``Drop``)."""
     q = axis.index
     held = (x.shape[0], w1.shape[1], w2.shape[0], b2.shape[0])
     if held != (counts[q], hid_sizes[q], hid_sizes[q], out_sizes[q]):
@@ -277,10 +286,11 @@ def matmul_pair(
         )
     x, w1, b1, w2, b2 = autocast_operands(x, w1, b1, w2, b2)
     if axis.size == 1:
-        return torch.addmm(b2, act(torch.addmm(b1, x, w1)), w2)
+        return torch.addmm(b2, _hidden(x, w1, b1, act, drop(0, 0, w1.shape[1]) if drop else None)[1], w2)
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w1, b1, w2, b2))
     input_grad = torch.is_grad_enabled() and x.requires_grad
     chosen = pair_strategy(strategy, counts, x.shape[1], hid_sizes, out_sizes, training, input_grad)
+    hid, out = tuple(hid_sizes), tuple(out_sizes)
     if chosen == "weights":
-        return _PairWeights.apply(x, w1, b1, w2, b2, axis, tuple(hid_sizes), tuple(out_sizes), act, act_grad)
-    return _PairActivations.apply(x, w1, b1, w2, b2, axis, tuple(out_sizes), tuple(counts), act, act_grad)
+        return _PairWeights.apply(x, w1, b1, w2, b2, axis, hid, out, act, act_grad, drop)
+    return _PairActivations.apply(x, w1, b1, w2, b2, axis, hid, out, tuple(counts), act, act_grad, drop)

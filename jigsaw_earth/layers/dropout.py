@@ -32,11 +32,19 @@ _LAYOUTS = ("tokens", "field")
 
 
 def _global_index(
-    tile: Tile, grid: tuple[int, int], shape: Sequence[int], layout: str, batch_offset: int, device
+    tile: Tile,
+    grid: tuple[int, int],
+    shape: Sequence[int],
+    layout: str,
+    batch_offset: int,
+    device,
+    channels: tuple[int, int] | None = None,
 ) -> torch.Tensor:
-    """Row-major index in the global ``(batch, lat, lon, channel)`` tensor, shaped like the tile."""
+    """Row-major index in the global ``(batch, lat, lon, channel)`` tensor, shaped like the tile.
+    ``channels = (start, total)``: the tile holds channels ``start …`` of ``total`` (tokens only)."""
     n_lat, n_lon = grid
     b, h, w, c = shape if layout == "tokens" else (shape[0], shape[2], shape[3], shape[1])
+    c0, n_c = (0, c) if channels is None else channels
     if (h, w) != tile.shape:
         raise ValueError(
             f"Dropout({layout}): input tile is {h}x{w} but this rank's tile of the "
@@ -48,8 +56,8 @@ def _global_index(
         view[dim] = n
         return torch.arange(start, start + n, device=device, dtype=torch.int64).view(view)
 
-    bi, li, oi, ci = ar(batch_offset, b, 0), ar(tile.lat_start, h, 1), ar(tile.lon_start, w, 2), ar(0, c, 3)
-    index = ((bi * n_lat + li) * n_lon + oi) * c + ci  # (b, h, w, c)
+    bi, li, oi, ci = ar(batch_offset, b, 0), ar(tile.lat_start, h, 1), ar(tile.lon_start, w, 2), ar(c0, c, 3)
+    index = ((bi * n_lat + li) * n_lon + oi) * n_c + ci  # (b, h, w, c)
     return index if layout == "tokens" else index.permute(0, 3, 1, 2)
 
 
@@ -136,6 +144,19 @@ class Dropout(nn.Module):
     def mask(self, x: torch.Tensor) -> torch.Tensor:
         """Boolean keep-mask for ``x`` — equal to ``dropout_mask(..., seed, stream_key, ...)``."""
         index = _global_index(self._tile, self._grid, x.shape, self.layout, self.batch_offset, x.device)
+        return self._keep(index)
+
+    def block_mask(
+        self, tile: Tile, batch: int, start: int, stop: int, channels: int, device: torch.device
+    ) -> torch.Tensor:
+        """The keep-mask ``(batch·h·w, stop − start)`` of channels ``[start, stop)`` of ``tile``'s
+        token tile ``(batch, h, w, channels)`` (any rank's tile): ``mask``'s decisions on a block,
+        for a layer that applies dropout to another rank's tokens or to a channel block."""
+        shape = (batch, *tile.shape, stop - start)
+        index = _global_index(tile, self._grid, shape, "tokens", self.batch_offset, device, (start, channels))
+        return self._keep(index).reshape(-1, stop - start)
+
+    def _keep(self, index: torch.Tensor) -> torch.Tensor:
         # uniform_at(index, seed, stream_key), with its stream precomputed in the buffer
         h = _mix(index * 2 + 1 + self._stream)
         return (_srl(h, 40).to(torch.float32) + 0.5) / float(1 << 24) >= self.p

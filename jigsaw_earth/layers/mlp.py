@@ -1,9 +1,6 @@
-"""Channel MLP on token tiles: Linear → activation → (dropout) → Linear.
-
-Without dropout the two products run as one distributed pair (``distributed/pair.py``): ``fc1``
-column-sharded, ``fc2`` row-sharded by the same hidden split, one weight ring or one activation
-exchange for both. With dropout between them, two column-sharded jigsaw ``Linear`` layers.
-"""
+"""Channel MLP on token tiles: linear → activation → (dropout) → linear, as one distributed
+pair (``distributed/pair.py``): ``fc1`` column-sharded and ``fc2`` row-sharded by the same hidden
+split, one weight ring or one activation exchange for both products."""
 
 from __future__ import annotations
 
@@ -14,11 +11,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.matmul import Strategy
-from ..distributed.pair import matmul_pair, pair_bytes, pair_strategy
+from ..distributed.pair import Drop, matmul_pair, pair_bytes, pair_strategy
 from .base import Domain, fill_fan_in_, sharded_parameter
 from .cost import Cost
 from .dropout import Dropout
-from .linear import Linear
 
 __all__ = ["ACTIVATIONS", "MLP", "activation_grad", "get_activation"]
 
@@ -98,11 +94,11 @@ class PairBlock(nn.Module):
 class MLP(nn.Module):
     """``fc2(dropout(act(fc1(x))))`` on a token tile ``(B, h, w, in_features)``.
 
-    Canonical weights ``fc1.weight (in, hidden)`` and ``fc2.weight (hidden, out)``; each rank
-    holds 1/N of each. Without dropout they are a pair (``PairBlock``: ``fc1``'s columns and
-    ``fc2``'s rows of the rank's hidden block) run by ``matmul_pair``; with dropout, two jigsaw
-    ``Linear`` layers (column blocks). Either moves weights or activations, whichever is fewer
-    bytes (``strategy``); checkpoints hold the global tensors, so either layout loads either.
+    Canonical weights ``fc1.weight (in, hidden)`` and ``fc2.weight (hidden, out)`` (the transpose
+    of ``torch.nn.Linear.weight``); each rank holds ``fc1``'s columns and ``fc2``'s rows of its
+    hidden block (``PairBlock``), so no rank holds a full matrix, and ``matmul_pair`` moves the
+    weights or the activations, whichever is fewer bytes (``strategy``). Dropout is applied
+    inside the pair with ``Dropout``'s mesh-invariant mask.
     """
 
     jigsaw_layer = True
@@ -125,25 +121,14 @@ class MLP(nn.Module):
             hidden,
             out_features,
         )
-        self.activation = activation
-        self.act = get_activation(activation)
-        # Linear.forward reads the tile geometry, whose TileGrid cached_property takes a lock that
-        # torch.compile cannot trace (Python 3.11): fill that cache here, outside any compiled region
-        domain.counts()
-        self.strategy: Strategy = strategy
-        self.paired = dropout == 0
-        self.fc1: nn.Module
-        self.fc2: nn.Module
-        if self.paired:
-            self.act_grad = activation_grad(activation)
-            self.hid_sizes, self.out_sizes = domain.split_sizes(hidden), domain.split_sizes(out_features)
-            self.fc1 = PairBlock(domain, in_features, hidden, rows=False)
-            self.drop = None
-            self.fc2 = PairBlock(domain, hidden, out_features, rows=True)
-        else:
-            self.fc1 = Linear(domain, in_features, hidden, strategy=strategy)
-            self.drop = Dropout(domain, dropout, layout="tokens")
-            self.fc2 = Linear(domain, hidden, out_features, strategy=strategy)
+        self.activation, self.strategy = activation, strategy
+        self.act, self.act_grad = get_activation(activation), activation_grad(activation)
+        # geometry read once here: forward touches no cached_property (torch.compile-friendly)
+        self.hid_sizes, self.out_sizes = domain.split_sizes(hidden), domain.split_sizes(out_features)
+        self._tiles = domain.grid.tiles()
+        self.fc1 = PairBlock(domain, in_features, hidden, rows=False)
+        self.drop = Dropout(domain, dropout, layout="tokens") if dropout > 0 else None
+        self.fc2 = PairBlock(domain, hidden, out_features, rows=True)
         self.reset_parameters()
 
     def reset_parameters(self, seed: int = 0, key: str = "mlp") -> None:
@@ -156,33 +141,29 @@ class MLP(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4 or x.shape[-1] != self.in_features:
             raise ValueError(f"MLP expects a token tile (B, h, w, {self.in_features}), got {tuple(x.shape)}")
-        if self.paired:
-            return self._pair(x)
-        h = self.act(self.fc1(x))
-        if self.drop is not None:
-            h = self.drop(h)
-        return self.fc2(h)
-
-    def _pair(self, x: torch.Tensor) -> torch.Tensor:
-        domain = self.domain
-        counts = domain.counts(batch=x.shape[0])
+        batch = x.shape[0]
+        counts = tuple(batch * t.shape[0] * t.shape[1] for t in self._tiles)
         y = matmul_pair(
             x.reshape(-1, self.in_features), self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
-            domain.axis, self.hid_sizes, self.out_sizes, counts, self.act, self.act_grad, self.strategy,
+            self.domain.axis, self.hid_sizes, self.out_sizes, counts, self.act, self.act_grad, self.strategy,
+            self._dropout(batch, x.device),
         )  # fmt: skip
         return y.reshape(*x.shape[:-1], self.out_features)
 
-    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
-        """Paired: the whole MLP (``_pair_cost``). Else the activation's saved input; ``fc1``,
-        ``fc2`` and ``drop`` price themselves."""
-        if self.paired:
-            return self._pair_cost(batch, elsize, input_grad)
-        saved = (
-            0 if self.activation == "identity" else self.domain.counts(batch)[self.domain.index] * self.hidden
-        )
-        return Cost(saved=saved * elsize)
+    def _dropout(self, batch: int, device: torch.device) -> Drop:
+        """The factor ``keep / (1 - p)`` of any rank's tokens and hidden block, or None."""
+        drop = self.drop
+        if drop is None or not self.training:
+            return None
+        scale = 0.0 if drop.p == 1.0 else 1.0 / (1.0 - drop.p)
 
-    def _pair_cost(self, batch: int, elsize: int, input_grad: bool) -> Cost:
+        def factor(rank: int, start: int, stop: int) -> torch.Tensor:
+            keep = drop.block_mask(self._tiles[rank], batch, start, stop, self.hidden, device)
+            return keep.to(torch.float32) * scale
+
+        return factor
+
+    def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         """``matmul_pair``: its bytes, FLOPs (``dX`` when the input needs it), the rows and the
         hidden pre- and post-activation blocks it saves, and its peak (the output and, moving
         weights, two messages in flight; moving activations, the peers' rows and partial sums)."""
@@ -210,5 +191,4 @@ class MLP(nn.Module):
         )
 
     def extra_repr(self) -> str:
-        paired = ", paired" if self.paired else ""
-        return f"{self.in_features} -> {self.hidden} -> {self.out_features}, {self.activation}{paired}"
+        return f"{self.in_features} -> {self.hidden} -> {self.out_features}, {self.activation}"

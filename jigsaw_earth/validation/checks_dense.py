@@ -52,7 +52,7 @@ def _random_affine(cls):
 @register("mlp")
 def check_mlp(mesh: DomainMesh) -> Iterator[Record]:
     cases = [(6, 10, 5, "gelu", "weights", 0.0), (5, 7, None, "silu", "activations", 0.0)]
-    cases += [(4, 9, 4, "relu", "auto", 0.25)]
+    cases += [(4, 9, 4, "relu", "auto", 0.25), (4, 6, 3, "tanh", "activations", 0.25)]
     for grid in GRIDS:
         if not _fits(mesh, grid):
             continue

@@ -26,6 +26,7 @@ from ..distributed.halo import (
 )
 from ..distributed.matmul import channel_bytes, matmul_channels, matmul_tokens, token_bytes
 from ..distributed.mesh import DomainMesh
+from ..distributed.pair import matmul_pair, pair_bytes
 from ..distributed.tiles import TileGrid, split_offsets, split_sizes
 from .registry import BF16_TOLERANCE, Record, compare, measure, register
 
@@ -442,5 +443,54 @@ def check_matmul_bf16(mesh: DomainMesh) -> Iterator[Record]:
         )
         errs_b = [compare(xl.grad, g64[0][r], g32[0][r]), compare(al.grad, g64[1][r], g32[1][r])]
         if not ok_dtype:
+            errs_b = [compare(None, g64[0], None)]
+        yield measure(rec, [compare(yl.float(), y64[r], y32[r])], errs_b, ledger.bytes_sent)
+
+
+def _gelu_grad(dh: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    return torch.ops.aten.gelu_backward(dh, z)
+
+
+@register("matmul_pair_bf16")
+def check_matmul_pair_bf16(mesh: DomainMesh) -> Iterator[Record]:
+    """The MLP pair under bf16 autocast, both strategies, against the serial result (float64 and
+    float32), within ``BF16_TOLERANCE``; every message in bf16, gradients in fp32."""
+    axis, q = mesh.domain, mesh.domain.index
+    grid = TileGrid(7, 10, mesh.shape.lat, mesh.shape.lon)
+    counts = [t.shape[0] * t.shape[1] for t in grid.tiles()]
+    rows = split_offsets(tuple(counts))
+    r = slice(rows[q], rows[q + 1])
+    cin, hid, cout = 12, 20, 10
+    hids, outs = split_sizes(hid, axis.size), split_sizes(cout, axis.size)
+    h = slice(*split_offsets(hids)[q : q + 2])
+    o = slice(*split_offsets(outs)[q : q + 2])
+    gen = torch.Generator().manual_seed(6)
+    act = torch.nn.functional.gelu
+
+    def ref(x, w1, b1, w2, b2):
+        return [act(x @ w1 + b1) @ w2 + b2]
+
+    for strategy in ("weights", "activations"):
+        full = [torch.randn(sum(counts), cin, generator=gen), torch.randn(cin, hid, generator=gen) / 3]
+        full += [torch.randn(hid, generator=gen), torch.randn(hid, cout, generator=gen) / 4]
+        full += [torch.randn(cout, generator=gen)]
+        g = torch.randn(sum(counts), cout, generator=gen)
+        (y32,), g32, (y64,), g64 = serial_pair(ref, full, [g])
+        mine = (r, (slice(None), h), h, h, o)
+        local = [t[i].clone().requires_grad_(True) for t, i in zip(full, mine, strict=True)]
+        ledger.reset()
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            yl = matmul_pair(*local, axis, hids, outs, counts, act, _gelu_grad, strategy)
+        yl.float().backward(g[r])
+        expected = pair_bytes(strategy, counts, cin, hids, outs, elsize=2)
+        rec = Record(
+            f"matmul_pair_bf16.{strategy}",
+            _mesh_name(mesh),
+            f"grid7x10 {cin}->{hid}->{cout} gelu",
+            tolerance=BF16_TOLERANCE,
+            expected_bytes=sum(expected),
+        )
+        errs_b = [compare(t.grad, a[i], b[i]) for t, a, b, i in zip(local, g64, g32, mine, strict=True)]
+        if any(t.grad.dtype != torch.float32 for t in local):
             errs_b = [compare(None, g64[0], None)]
         yield measure(rec, [compare(yl.float(), y64[r], y32[r])], errs_b, ledger.bytes_sent)
