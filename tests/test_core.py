@@ -39,7 +39,7 @@ def test_core_ops_match_serial(mesh: str, records_for) -> None:
 def test_matmul_strategies_both_directions_on_every_mesh(records_for) -> None:
     for mesh in CORE_MESHES[1:]:
         names = {r["op"] for r in records_for(mesh, CORE_OPS)}
-        for form in ("matmul_channels", "matmul_tokens"):
+        for form in ("matmul_channels", "matmul_tokens", "matmul_pair_bf16"):
             for strategy in ("weights", "activations"):
                 assert f"{form}.{strategy}" in names, (mesh, form, strategy)
 
