@@ -28,6 +28,7 @@ from ..distributed.matmul import channel_bytes, matmul_channels, matmul_tokens, 
 from ..distributed.mesh import DomainMesh
 from ..distributed.pair import matmul_pair, pair_bytes
 from ..distributed.tiles import TileGrid, split_offsets, split_sizes
+from ..layers.mlp import activation_grad
 from .registry import BF16_TOLERANCE, Record, compare, measure, register
 
 GRIDS = [(8, 12), (7, 10), (13, 18)]  # divisible on small meshes, uneven, uneven and odd
@@ -447,10 +448,6 @@ def check_matmul_bf16(mesh: DomainMesh) -> Iterator[Record]:
         yield measure(rec, [compare(yl.float(), y64[r], y32[r])], errs_b, ledger.bytes_sent)
 
 
-def _gelu_grad(dh: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    return torch.ops.aten.gelu_backward(dh, z)
-
-
 @register("matmul_pair_bf16")
 def check_matmul_pair_bf16(mesh: DomainMesh) -> Iterator[Record]:
     """The MLP pair under bf16 autocast, both strategies, against the serial result (float64 and
@@ -480,7 +477,7 @@ def check_matmul_pair_bf16(mesh: DomainMesh) -> Iterator[Record]:
         local = [t[i].clone().requires_grad_(True) for t, i in zip(full, mine, strict=True)]
         ledger.reset()
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            yl = matmul_pair(*local, axis, hids, outs, counts, act, _gelu_grad, strategy)
+            yl = matmul_pair(*local, axis, hids, outs, counts, act, activation_grad("gelu"), strategy)
         yl.float().backward(g[r])
         expected = pair_bytes(strategy, counts, cin, hids, outs, elsize=2)
         rec = Record(
