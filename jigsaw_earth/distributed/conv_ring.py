@@ -96,9 +96,9 @@ def _add_patch_grad(acc: torch.Tensor | None, dy: torch.Tensor, w: torch.Tensor)
     return rows @ cols if acc is None else acc.addmm_(rows, cols)
 
 
-def _patch_grad_field(acc: torch.Tensor, x: torch.Tensor, kernel: tuple[int, ...]) -> torch.Tensor:
-    """The ``(B, C, H, W)`` field of ``_add_patch_grad``'s rows."""
-    (b, c, h, w), (kh, kw) = x.shape, kernel
+def _patch_grad_field(acc: torch.Tensor, shape: tuple[int, ...], kernel: tuple[int, ...]) -> torch.Tensor:
+    """The ``(B, C, H, W)`` field (of ``shape``) of ``_add_patch_grad``'s rows."""
+    (b, c, h, w), (kh, kw) = shape, kernel
     return acc.view(b, h // kh, w // kw, c, kh, kw).permute(0, 3, 1, 4, 2, 5).reshape(b, c, h, w)
 
 
@@ -136,11 +136,12 @@ class _ConvWeights(torch.autograd.Function):
     def forward(ctx, x, w, b, axis, out_sizes, spec):  # type: ignore[override]
         P, q = axis.size, axis.index
         bias, transposed = b is not None, spec[2]
-        ctx.save_for_backward(x, w, b)
-        ctx.args = (axis, out_sizes, spec)
+        rows = _patch_rows(x, tuple(w.shape[-2:])) if _is_patch(x, w, spec) else None
+        # a patch convolution's backward needs only its patch rows (as many bytes as x): kept, not redone
+        ctx.save_for_backward(x if rows is None else rows, w, b)
+        ctx.args = (axis, out_sizes, spec, tuple(x.shape))
         cur = _message(w, b)
         outs: list = [None] * P
-        rows = _patch_rows(x, tuple(w.shape[-2:])) if _is_patch(x, w, spec) else None
         for s in range(P):
             k = (q + s) % P
             nxt = None
@@ -159,16 +160,16 @@ class _ConvWeights(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):  # type: ignore[override]
-        x0, w0, b0 = ctx.saved_tensors
+        x0, w0, b0 = ctx.saved_tensors  # x0: the patch rows of a patch convolution
         x, w, b = _as(dy.dtype, x0, w0, b0)
-        axis, out_sizes, spec = ctx.args
+        axis, out_sizes, spec, x_shape = ctx.args
         P, q = axis.size, axis.index
         bias, transposed = b is not None, spec[2]
         need_dx = ctx.needs_input_grad[0]
         op = "conv.weights.backward"
         dys = [d.contiguous() for d in dy.split(list(out_sizes), dim=1)]
-        patch = _is_patch(x, w, spec)
-        rows = _patch_rows(x, tuple(w.shape[-2:])) if patch else None
+        patch = x.dim() == 2  # the saved patch rows
+        rows = x if patch else None
         dx = None
         cur = _message(w, b)
         acc_in = None
@@ -205,9 +206,9 @@ class _ConvWeights(torch.autograd.Function):
                 cur = w_next.wait()[0]
         gw, gb = _unmessage(grad, tuple(w.shape), bias)
         if patch and dx is not None:
-            dx = _patch_grad_field(dx, x, tuple(w.shape[-2:]))
+            dx = _patch_grad_field(dx, x_shape, tuple(w.shape[-2:]))
         if need_dx and dx is None:
-            dx = torch.zeros_like(x)
+            dx = x.new_zeros(x_shape)
         return _like(dx, x0), _like(gw, w0), _like(gb, b0), None, None, None
 
 

@@ -88,6 +88,21 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW else dtype
 
 
+def _addmm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``acc += a @ b``, summed inside the GEMM (no temporary product, no second pass) when the
+    dtypes agree; a low-precision product under autocast is added to its fp32 sum."""
+    if acc.dtype == a.dtype:
+        return acc.addmm_(a, b)
+    acc += a @ b
+    return acc
+
+
+def _first(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """The first block of a ring's sum, ``a @ b (+ bias)``, in the accumulation dtype."""
+    y = a @ b if bias is None else torch.addmm(bias, a, b)
+    return y.to(_acc_dtype(y.dtype))
+
+
 def _add(part: torch.Tensor, incoming: torch.Tensor) -> torch.Tensor:
     """A partial sum plus a received one, added in the accumulation dtype, kept in ``part``'s."""
     if part.dtype in _LOW:
@@ -138,7 +153,7 @@ class _ChannelWeights(torch.autograd.Function):
         cin, bias = w.shape[0], b is not None
         need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
         dys = dy.split(list(out_sizes), dim=-1)
-        dx = torch.zeros(x.shape, dtype=_acc_dtype(x.dtype), device=x.device) if need_dx else None
+        dx = None
         cur = _with_bias(w, b)
         acc_in = None
         grad_wb = cur
@@ -148,8 +163,8 @@ class _ChannelWeights(torch.autograd.Function):
             if need_dx and s < P - 1:
                 shape = (cur.shape[0], out_sizes[(kw + 1) % P])
                 w_next = _send_recv(axis, -1, cur, 1, shape, op="matmul.weights.backward", tag=_RING)
-            if dx is not None:
-                dx += dys[kw] @ cur[:cin].T
+            if need_dx:
+                dx = _first(dys[kw], cur[:cin].T) if dx is None else _addmm_(dx, dys[kw], cur[:cin].T)
             part = _with_bias(x.T @ dys[kg], dys[kg].sum(0) if bias else None)
             if acc_in is not None:
                 part = _add(part, acc_in.wait()[0])
@@ -205,8 +220,8 @@ class _ChannelActivations(torch.autograd.Function):
             return _send_recv(axis, s, send, -s, shape, op=op, tag=_RING)
 
         incoming = post(1) if P > 1 else None
-        dx = (dys[q] @ w.T).to(acc) if need_dx else None
-        dw = (x.T @ dys[q]).to(acc)
+        dx = _first(dys[q], w.T) if need_dx else None
+        dw = _first(x.T, dys[q])
         db = dys[q].sum(0, dtype=acc) if b is not None else None
         dx_in = []
         for s in range(1, P):
@@ -216,7 +231,7 @@ class _ChannelActivations(torch.autograd.Function):
             xr, dyr = buf.split([cin, out_sizes[q]], dim=1)
             if need_dx:
                 dx_in.append(_send_recv(axis, -s, dyr @ w.T, s, x.shape, op=op, tag=_ACC))
-            dw += xr.T @ dyr
+            _addmm_(dw, xr.T, dyr)
             if db is not None:
                 db += dyr.sum(0, dtype=acc)
         for pending in dx_in:
@@ -259,16 +274,13 @@ class _TokenActivations(torch.autograd.Function):
         op = "matmul.tokens"
         # the ring: post each block's onward transfer before multiplying by it
         nxt = _send_recv(axis, -1, x, 1, (counts[(q + 1) % P], x.shape[1]), op=op, tag=_RING)
-        y = _cols(a, off, tiles, q) @ x
-        if b is not None:
-            y = y + b.unsqueeze(-1)
-        y = y.to(_acc_dtype(y.dtype))  # accumulate the ring's partial sums in fp32 under autocast
+        y = _first(_cols(a, off, tiles, q), x, None if b is None else b.unsqueeze(-1))
         for s in range(1, P):
             k = (q + s) % P
             cur = nxt.wait()[0]
             if s < P - 1:
                 nxt = _send_recv(axis, -1, cur, 1, (counts[(k + 1) % P], x.shape[1]), op=op, tag=_RING)
-            y += _cols(a, off, tiles, k) @ cur
+            _addmm_(y, _cols(a, off, tiles, k), cur)
         return y
 
     @staticmethod
@@ -320,10 +332,7 @@ class _TokenWeights(torch.autograd.Function):
         col_blocks: list = [None] * P  # A_k[:, cols_q] for every k: 1/P of A
         col_blocks[q] = _cols(a, off, tiles, q)
         incoming = post(1) if P > 1 else None
-        y = col_blocks[q] @ x
-        if b is not None:
-            y = y + b.unsqueeze(-1)
-        y = y.to(_acc_dtype(y.dtype))
+        y = _first(col_blocks[q], x, None if b is None else b.unsqueeze(-1))
         partials = []
         for s in range(1, P):
             k_from = (q - s) % P
@@ -353,7 +362,7 @@ class _TokenWeights(torch.autograd.Function):
             return _send_recv(axis, s, dy, -s, (out_counts[(q - s) % P], dy.shape[1]), op=op, tag=_RING)
 
         incoming = post(1) if P > 1 else None
-        dx = (col_blocks[q].T @ dy).to(_acc_dtype(dy.dtype)) if need_dx else None
+        dx = _first(col_blocks[q].T, dy) if need_dx else None
         da = dy.new_empty(a_shape)
         _set_cols(da, off, tiles, q, dy @ x.T)
         returns = []
@@ -366,7 +375,7 @@ class _TokenWeights(torch.autograd.Function):
                 _send_recv(axis, -s, dyk @ x.T, s, (a_shape[0], in_counts[(q + s) % P]), op=op, tag=_ACC)
             )
             if dx is not None:
-                dx += col_blocks[k_from].T @ dyk
+                _addmm_(dx, col_blocks[k_from].T, dyk)
         for s, pending in enumerate(returns, start=1):
             k = (q + s) % P
             _set_cols(da, off, tiles, k, pending.wait()[0])

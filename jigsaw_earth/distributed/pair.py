@@ -23,7 +23,19 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from .matmul import _ACC, _RING, _acc_dtype, _add, _as, _like, _send_recv, autocast_operands, decide
+from .matmul import (
+    _ACC,
+    _RING,
+    _acc_dtype,
+    _add,
+    _addmm_,
+    _as,
+    _first,
+    _like,
+    _send_recv,
+    autocast_operands,
+    decide,
+)
 from .mesh import Axis
 from .tiles import split_offsets
 
@@ -71,7 +83,7 @@ class _PairWeights(torch.autograd.Function):
         size = [sum(_block_sizes(cin, hid_sizes[k], cout, out_sizes[k])) for k in range(P)]
         cur = _pack(w1, b1, w2, b2)
         zs, hs = [None] * P, [None] * P
-        y = x.new_zeros(x.shape[0], cout, dtype=_acc_dtype(x.dtype))
+        y = None
         for s in range(P):
             k = (q + s) % P
             nxt = None
@@ -80,7 +92,7 @@ class _PairWeights(torch.autograd.Function):
             w1k, b1k, w2k, b2k = _unpack(cur, cin, hid_sizes[k], cout, out_sizes[k])
             factor = drop(q, hoff[k], hoff[k + 1]) if drop is not None else None
             zs[k], hs[k] = _hidden(x, w1k, b1k, act, factor)
-            y += hs[k] @ w2k
+            y = _first(hs[k], w2k) if y is None else _addmm_(y, hs[k], w2k)
             y[:, off[k] : off[k + 1]] += b2k
             if nxt is not None:
                 cur = nxt.wait()[0]
@@ -95,12 +107,12 @@ class _PairWeights(torch.autograd.Function):
         axis, hid_sizes, out_sizes, act_grad, drop = ctx.args
         P, q = axis.size, axis.index
         zs, hs = saved[:P], saved[P:]
-        cin, cout, acc = x.shape[1], w2.shape[1], _acc_dtype(x.dtype)
+        cin, cout = x.shape[1], w2.shape[1]
         off, hoff = split_offsets(out_sizes), split_offsets(hid_sizes)
         size = [sum(_block_sizes(cin, hid_sizes[k], cout, out_sizes[k])) for k in range(P)]
         op = "mlp.weights.backward"
         need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
-        dx = torch.zeros(x.shape, dtype=acc, device=x.device) if need_dx else None
+        dx = None
         dzs: list = [None] * P
         pending, grads = None, None
 
@@ -125,8 +137,8 @@ class _PairWeights(torch.autograd.Function):
             w1k, _, w2k, _ = _unpack(cur, cin, hid_sizes[k], cout, out_sizes[k])
             factor = drop(q, hoff[k], hoff[k + 1]) if drop is not None else None
             dzs[k] = act_grad(_dropped(dy @ w2k.T, factor), zs[k])
-            if dx is not None:
-                dx += dzs[k] @ w1k.T
+            if need_dx:
+                dx = _first(dzs[k], w1k.T) if dx is None else _addmm_(dx, dzs[k], w1k.T)
             if s > 0:
                 reduce_step(s - 1)
             if nxt is not None:
@@ -191,9 +203,9 @@ class _PairActivations(torch.autograd.Function):
         def block(r: int, rows: torch.Tensor, dyr: torch.Tensor) -> torch.Tensor:
             """Rank r's tokens through this rank's hidden block: adds the weight gradients, returns dz."""
             dz = act_grad(_dropped(dyr @ w2.T, drop(r, h0, h1) if drop is not None else None), zs[r])
-            g1.add_(rows.T @ dz)
+            _addmm_(g1, rows.T, dz)
             gb1.add_(dz.sum(0, dtype=acc))
-            g2.add_(hs[r].T @ dyr)
+            _addmm_(g2, hs[r].T, dyr)
             gb2.add_(dyr[:, lo:hi].sum(0, dtype=acc))
             return dz
 
@@ -203,7 +215,7 @@ class _PairActivations(torch.autograd.Function):
 
         incoming = post(1) if P > 1 else None
         dz = block(q, x, dy)
-        dx = (dz @ w1.T).to(acc) if need_dx else None
+        dx = _first(dz, w1.T) if need_dx else None
         returns = []
         for s in range(1, P):
             r = (q - s) % P
