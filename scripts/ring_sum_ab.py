@@ -24,7 +24,9 @@ from jigsaw_earth.layers.base import Domain, init_model
 NEW = (matmul._addmm_, matmul._first)
 
 
-def _addmm_before(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _addmm_before(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    if acc is None:
+        return _first_before(a, b)
     acc += a @ b
     return acc
 

@@ -88,9 +88,12 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype in _LOW else dtype
 
 
-def _addmm_(acc: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+def _addmm_(acc: torch.Tensor | None, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``acc += a @ b``, summed inside the GEMM (no temporary product, no second pass) when the
-    dtypes agree; a low-precision product under autocast is added to its fp32 sum."""
+    dtypes agree; a low-precision product under autocast is added to its fp32 sum. With no
+    ``acc`` yet, the product starts the sum (``_first``)."""
+    if acc is None:
+        return _first(a, b)
     if acc.dtype == a.dtype:
         return acc.addmm_(a, b)
     acc += a @ b
@@ -164,7 +167,7 @@ class _ChannelWeights(torch.autograd.Function):
                 shape = (cur.shape[0], out_sizes[(kw + 1) % P])
                 w_next = _send_recv(axis, -1, cur, 1, shape, op="matmul.weights.backward", tag=_RING)
             if need_dx:
-                dx = _first(dys[kw], cur[:cin].T) if dx is None else _addmm_(dx, dys[kw], cur[:cin].T)
+                dx = _addmm_(dx, dys[kw], cur[:cin].T)
             part = _with_bias(x.T @ dys[kg], dys[kg].sum(0) if bias else None)
             if acc_in is not None:
                 part = _add(part, acc_in.wait()[0])

@@ -92,7 +92,7 @@ class _PairWeights(torch.autograd.Function):
             w1k, b1k, w2k, b2k = _unpack(cur, cin, hid_sizes[k], cout, out_sizes[k])
             factor = drop(q, hoff[k], hoff[k + 1]) if drop is not None else None
             zs[k], hs[k] = _hidden(x, w1k, b1k, act, factor)
-            y = _first(hs[k], w2k) if y is None else _addmm_(y, hs[k], w2k)
+            y = _addmm_(y, hs[k], w2k)
             y[:, off[k] : off[k + 1]] += b2k
             if nxt is not None:
                 cur = nxt.wait()[0]
@@ -138,7 +138,7 @@ class _PairWeights(torch.autograd.Function):
             factor = drop(q, hoff[k], hoff[k + 1]) if drop is not None else None
             dzs[k] = act_grad(_dropped(dy @ w2k.T, factor), zs[k])
             if need_dx:
-                dx = _first(dzs[k], w1k.T) if dx is None else _addmm_(dx, dzs[k], w1k.T)
+                dx = _addmm_(dx, dzs[k], w1k.T)
             if s > 0:
                 reduce_step(s - 1)
             if nxt is not None:
