@@ -187,6 +187,11 @@ class TrainingConfig(Section):
         "fp32",
     )
     activation_checkpointing: bool = doc("recompute each rollout step in backward to save memory", False)
+    compile: bool = doc(
+        "torch.compile the model (inductor): norms, activations, dropout masks and casts fuse around the "
+        "matrix products; the first steps compile (minutes for large models); exchanges stay graph breaks",
+        False,
+    )
     nan_policy: Literal["stop", "skip"] = doc(
         "on a non-finite loss: stop with an error, or skip the step", "stop"
     )
@@ -230,6 +235,13 @@ class LoggingConfig(Section):
         "devices table for A100/H100/H200/V100, none on CPU)",
         None,
         gt=0,
+    )
+    profile_step: int = doc(
+        "profile this optimizer step with torch.profiler (CPU and CUDA activities) on every rank: "
+        "profile-step-N-rankR.txt in run.dir (the costliest kernels, the matrix products' share of "
+        "device time) and a Chrome trace beside it; 0 = off",
+        0,
+        ge=0,
     )
 
 

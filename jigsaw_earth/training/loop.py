@@ -52,6 +52,7 @@ from .monitor import Monitor, memory_mb
 from .noise import forecast_sample_index, member_noise, train_sample_index
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
+from .profile import profiled
 from .rundir import claim_run_dir, config_hash, record_start, resumes
 from .signals import Preempted, StopSignals
 from .step import build_run_model, model_step
@@ -331,7 +332,11 @@ class Trainer:
         try:
             with StopSignals(self.mesh) as stop:
                 while self.step < cfg.training.steps:
-                    metrics = self.train_step(self.step + 1)
+                    if self.step + 1 == cfg.logging.profile_step:
+                        with profiled(self.run_dir, self.step + 1, self.mesh.rank, self.mesh.device):
+                            metrics = self.train_step(self.step + 1)
+                    else:
+                        metrics = self.train_step(self.step + 1)
                     self.step += 1
                     self.history.append({"step": self.step, **metrics})
                     monitor.step(self.step, metrics)
