@@ -205,7 +205,9 @@ class Dropout(nn.Module):
                 f"{self._grid[0]}x{self._grid[1]} grid is {tile.shape[0]}x{tile.shape[1]}"
             )
         corner = (self.batch_offset, tile.lat_start, tile.lon_start, channels[0])
-        fn = _fused_keep() if device.type == "cuda" else _keep_tokens
+        # a model compiled as a whole fuses the mask itself; on its own a GPU mask is compiled once
+        fuse = device.type == "cuda" and not torch.compiler.is_compiling()
+        fn = _fused_keep() if fuse else _keep_tokens
         return fn(corner, (b, h, w, c), (*self._grid, channels[1]), self._stream.to(device), self.p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
