@@ -68,10 +68,14 @@ def default_backend(device: torch.device) -> str:
     return "nccl" if device.type == "cuda" else "gloo"
 
 
-def synchronize(device: torch.device) -> None:
-    """Wait for the device's queued work (timers); nothing on the CPU."""
+def synchronize(device: torch.device, stream_only: bool = False) -> None:
+    """Wait for the device's queued work (timers); nothing on the CPU. ``stream_only``: the current
+    stream's work only (copies queued on a side stream go on)."""
     if device.type == "cuda":
-        torch.cuda.synchronize(device)
+        if stream_only:
+            torch.cuda.current_stream(device).synchronize()
+        else:
+            torch.cuda.synchronize(device)
 
 
 def peak_memory_bytes(device: torch.device) -> int:

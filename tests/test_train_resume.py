@@ -173,7 +173,7 @@ def test_rollout_bf16_and_checkpointing_options_run(tmp_path: Path) -> None:
 BAD = [
     ({"optim": {"lrr": 1e-3}}, "unknown key 'optim.lrr'; did you mean 'lr'"),
     ({"training": {"batch_size": 3}, "mesh": {"data": 2}}, "must split evenly over mesh.data=2"),
-    ({"training": {"precision": "fp16"}}, "choose one of 'fp32', 'bf16'"),
+    ({"training": {"precision": "fp16"}}, "choose one of 'fp32', 'tf32', 'bf16'"),
     ({"validation": {"lead_hours": [10]}}, "multiples of data.step_hours=6"),
     ({"validation": {"variables": ["z500"]}}, "'z500' is not a trained channel"),
     ({"optim": {"lr": "fast"}}, "optim.lr='fast': expected a number"),

@@ -28,6 +28,8 @@ import torch._C._profiler as _prof
 from torch import nn
 from torch.profiler import ProfilerActivity, profile
 
+from ..training.accounting import device_peak_tflops
+
 __all__ = ["Step", "metadata", "peak_bytes", "ratio_stats", "time_pair"]
 
 
@@ -140,7 +142,8 @@ def peak_bytes(step: Step, device: str = "cpu") -> int:
 
 
 def metadata(argv: Sequence[str], device: str, dtype: str, threads: int) -> dict:
-    """What a reader needs to trust the figures: command, device, versions, threads, load, date."""
+    """What a reader needs to trust the figures: command, device, versions, the device's dense peak
+    (known GPUs), threads, load, date."""
     if device == "cuda":
         name = torch.cuda.get_device_name()
     else:
@@ -160,6 +163,8 @@ def metadata(argv: Sequence[str], device: str, dtype: str, threads: int) -> dict
         "dtype": dtype,
         "threads": threads,
         "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "peak_tflops": device_peak_tflops(torch.device(device), "bf16" if dtype == "bf16" else "fp32"),
         "python": platform.python_version(),
         "load_average": list(os.getloadavg()),
         "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),

@@ -70,8 +70,8 @@ def step_flops(model: nn.Module, samples: int, rollout_steps: int) -> float:
 class StepClock:
     """Phase timer of one step; ``stop`` returns ``{step_time_s, <part>_s..., unaccounted_s}``.
 
-    On CUDA each phase ends with a device synchronisation, so its kernels count in it (a handful
-    per step); there a wait on an NCCL transfer only orders streams, so ``comm`` is what the host
+    On CUDA each phase ends with a synchronisation of the compute stream, so its kernels count in it
+    (a handful per step); there a wait on an NCCL transfer only orders streams, so ``comm`` is what the host
     blocked for and transfers behind kernels count as compute."""
 
     def __init__(self, device: torch.device | None = None) -> None:
@@ -91,8 +91,8 @@ class StepClock:
         try:
             yield
         finally:
-            if self._device is not None:
-                synchronize(self._device)
+            if self._device is not None:  # the compute stream: a batch copied ahead is not waited for
+                synchronize(self._device, stream_only=True)
             comm = ledger.wait_s - waited
             self.parts[part] += time.perf_counter() - t0 - comm
             self.parts["comm"] += comm

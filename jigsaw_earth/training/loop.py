@@ -47,6 +47,7 @@ from .accounting import StepClock, device_peak_tflops, step_flops, summarize_ste
 from .crps import ensemble_loss
 from .data import TrainData
 from .evaluate import format_table, validate
+from .feed import Feeder
 from .loss import channel_weights, global_value, weighted_sq_error
 from .monitor import Monitor, memory_mb
 from .noise import forecast_sample_index, member_noise, train_sample_index
@@ -129,6 +130,7 @@ class Trainer:
         on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
         # step accounting (``accounting.py``): phases of every step, declared FLOPs, the peak
         self.clock = StepClock(mesh.device)
+        self.feeder = Feeder(data.train_batch, mesh.device)
         replica_batch = cfg.training.batch_size // mesh.shape.data * len(self.members)
         self.flops = step_flops(self.model, replica_batch, cfg.training.rollout_steps)
         self.peak_tflops = device_peak_tflops(mesh.device, cfg.training.precision, cfg.logging.peak_tflops)
@@ -253,11 +255,14 @@ class Trainer:
         with clock.phase("other"):
             self.optimizer.zero_grad(set_to_none=True)
         with clock.phase("data"):  # the data wait: blocked until this step's batch is here
-            batch = self.data.train_batch(step - 1).to(self.mesh.device, non_blocking=True)
+            batch = self.feeder.get(step - 1)
         with clock.phase("compute"):
             local = self._loss_local(batch, step)
             local.backward()
             sync_gradients(self.params, self.mesh, self.holders)
+        if step < self.cfg.training.steps:
+            with clock.phase("data"):  # the next batch's copy overlaps clipping and the optimizer
+                self.feeder.ahead(step)
         with clock.phase("other"):
             loss_t = global_value(local, self.mesh)
             norm_t = clip_grad_norm(self.params, self.rep_weights, self.cfg.optim.grad_clip, self.mesh)

@@ -88,8 +88,13 @@ def clip_grad_norm(
     grads = [(p.grad, w) for p, w in zip(params, weights, strict=True) if p.grad is not None]
     device = grads[0][0].device if grads else mesh.device
     total = torch.zeros((), dtype=torch.float64, device=device)
-    for g, w in grads:
-        total += w * g.detach().double().square().sum()
+    if device.type != "cpu" and grads:  # one pass over the gradients (float64 sums), no host copy
+        squares = torch._foreach_pow(torch._foreach_norm([g.detach() for g, _ in grads], 2, torch.float64), 2)
+        torch._foreach_mul_(squares, [w for _, w in grads])  # the weights as scalars: nothing to copy
+        total += torch.stack(squares).sum()
+    else:
+        for g, w in grads:
+            total += w * g.detach().double().square().sum()
     all_reduce_(total, mesh.domain, op="grad_norm")
     norm = total.sqrt()
     if max_norm > 0 and grads:
