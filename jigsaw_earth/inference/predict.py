@@ -257,19 +257,18 @@ def _predict(
     if out is not None:
         writer = ForecastWriter(out, layout, data.grid, mesh.rank, overwrite=overwrite, protected=protected)
 
-    def emit(chunk: np.ndarray, lead_index: int, physical: torch.Tensor, host: torch.Tensor | None,
-             wait: Any, every: torch.Tensor | None) -> None:  # fmt: skip
-        """Write (from the host copy, once it has landed) and score (on the device) one lead."""
-        if writer is not None:
-            wait()
-            fields = host.numpy() if ens is None else ens.split(host).numpy()
-            for i, member in enumerate([None] if ens is None else ens.mine):
-                writer.write_inits(
-                    chunk, lead_index, fields if member is None else fields[i], data.tile, member
-                )
-        if scorer is not None and ens is None:
+    def write(chunk: np.ndarray, lead_index: int, host: torch.Tensor, wait: Any) -> None:
+        """Write one lead from its host copy, once the copy has landed."""
+        wait()
+        fields = host.numpy() if ens is None else ens.split(host).numpy()
+        for i, member in enumerate([None] if ens is None else ens.mine):
+            writer.write_inits(chunk, lead_index, fields if member is None else fields[i], data.tile, member)
+
+    def score_lead(lead_index: int, physical: torch.Tensor, every: torch.Tensor | None) -> None:
+        """Score one lead on the device; an ensemble's ``(M, B, V, h, w)`` as ``(B, M, V, h, w)``."""
+        if ens is None:
             scorer.update(lead_index, physical)
-        elif scorer is not None:  # (M, B, V, h, w) → (B, M, V, h, w)
+        else:
             scorer.update(lead_index, data.denormalise(every)[:, :, chans].transpose(0, 1))
 
     def read(positions: np.ndarray) -> tuple[Batch, torch.Tensor]:
@@ -291,7 +290,7 @@ def _predict(
             if i + 1 < len(chunks):  # the next inputs are read while this batch runs
                 ahead = pipe.read(partial(read, chunks[i + 1]))
             if scorer is not None:
-                pipe.sink(partial(scorer.begin, chunk))
+                pipe.sink(partial(scorer.begin, chunk), "score")
             state = batch.inputs if ens is None else ens.expand(batch.inputs)
             for lead in range(steps):
                 tf = lead_times[lead]
@@ -300,15 +299,15 @@ def _predict(
                     tf = ens.expand(tf)
                     noise = ens.noise(data, layout.init_times[chunk], lead, dev)
                 state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency, noise=noise)
-                if lead + 1 in lead_of:  # written and scored on the sink thread, in order
+                if lead + 1 in lead_of:  # written and scored on their threads, each in order
                     physical = data.denormalise(state)[:, chans]
-                    host, wait = copy_to_host(physical) if writer is not None else (None, None)
-                    every = None
-                    if ens is not None and scorer is not None:  # every member, gathered here
-                        every = ens.everyone(ens.split(state))
-                    pipe.sink(partial(emit, chunk, lead_of[lead + 1], physical, host, wait, every))
+                    if writer is not None:
+                        pipe.sink(partial(write, chunk, lead_of[lead + 1], *copy_to_host(physical)))
+                    if scorer is not None:
+                        every = ens.everyone(ens.split(state)) if ens is not None else None  # all members
+                        pipe.sink(partial(score_lead, lead_of[lead + 1], physical, every), "score")
             if scorer is not None:
-                pipe.sink(scorer.end)
+                pipe.sink(scorer.end, "score")
             done = sum(len(c) for c in chunks[: i + 1])
             if mesh.rank == 0 and (done == len(mine) or 10 * done // len(mine) > reported):
                 reported = 10 * done // len(mine)

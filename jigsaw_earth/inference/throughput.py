@@ -4,8 +4,9 @@
   shard) and the memory free on this rank's device (a GPU's free memory; on CPU the host's
   available memory shared by the local ranks), at most ``MEMORY_FRACTION`` of it; every rank takes
   the smallest (the domain ranks must forecast the same inits together).
-* ``Pipeline``: the next batch's inputs are read on one thread and the writes and scores of each
-  lead run in order on another, while the main thread runs the model; at most ``QUEUED`` leads wait.
+* ``Pipeline``: the next batch's inputs are read on one thread, the writes of each lead run in order
+  on another and the scores on a third, while the main thread runs the model; at most ``QUEUED``
+  leads wait in each.
 * ``training_forward_rate``: the training forward (autograd on, the training batch) timed on the
   same mesh, so the summary sets the forecast's model steps per second beside it.
 """
@@ -64,28 +65,35 @@ def auto_batch(model: torch.nn.Module, data: Any, n_local: int, elsize: int, mes
 
 
 class Pipeline:
-    """Reads ahead on one thread and writes/scores on another; ``drain`` re-raises their errors."""
+    """Reads ahead on one thread; writes and scores each on a thread of its own (a lane: its jobs run
+    in order); ``drain`` re-raises their errors."""
+
+    LANES = ("write", "score")
 
     def __init__(self) -> None:
         self._read = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-predict-read")
-        self._sink = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-predict-write")
-        self._pending: deque[Future] = deque()
+        self._lanes = {
+            lane: ThreadPoolExecutor(1, thread_name_prefix=f"jigsaw-predict-{lane}") for lane in self.LANES
+        }
+        self._pending: dict[str, deque[Future]] = {lane: deque() for lane in self.LANES}
 
     def read(self, fn: Callable[[], Any]) -> Future:
         return self._read.submit(fn)
 
-    def sink(self, fn: Callable[[], None]) -> None:
-        """Run ``fn`` after every earlier sink job; wait while ``QUEUED`` are pending."""
-        self._pending.append(self._sink.submit(fn))
-        while len(self._pending) > QUEUED or (self._pending and self._pending[0].done()):
-            self._pending.popleft().result()
+    def sink(self, fn: Callable[[], None], lane: str = "write") -> None:
+        """Run ``fn`` after every earlier job of its ``lane``; wait while ``QUEUED`` are pending."""
+        pending = self._pending[lane]
+        pending.append(self._lanes[lane].submit(fn))
+        while len(pending) > QUEUED or (pending and pending[0].done()):
+            pending.popleft().result()
 
     def drain(self) -> None:
-        while self._pending:
-            self._pending.popleft().result()
+        for pending in self._pending.values():
+            while pending:
+                pending.popleft().result()
 
     def close(self) -> None:
-        for pool in (self._read, self._sink):
+        for pool in (self._read, *self._lanes.values()):
             pool.shutdown(wait=True, cancel_futures=True)
 
 
