@@ -53,6 +53,7 @@ __all__ = [
     "TRAIN_STATES",
     "Hardware",
     "MeshPlan",
+    "backward_peak",
     "factorisations",
     "plan_mesh",
     "plan_meshes",
@@ -214,7 +215,7 @@ def plan_mesh(
     params = sum(p.numel() for p in model.parameters()) * 4
     h, w = domain.tile.shape
     io = rows * h * w * (channels[0] * LOSS_FIELDS * 4 + sum(channels[:2]) * elsize)
-    grads, acts = _backward_peak(model, costs)
+    grads, acts = backward_peak(model, costs)
     plan.memory = {
         "parameters": params,
         "optimizer": (TRAIN_STATES - 2) * params,
@@ -290,7 +291,7 @@ def _price_reads(plan: MeshPlan, hw: Hardware, tile_values: int, batch: int) -> 
         plan.samples_per_s = plan.data * batch / plan.step_s
 
 
-def _backward_peak(model, costs) -> tuple[int, int]:
+def backward_peak(model, costs) -> tuple[int, int]:
     """(gradients, activations) live when the backward holds the most: it runs the layers in
     reverse, freeing each one's saved activations as its parameters' gradients appear. At the
     optimizer step every gradient is live and no activation."""

@@ -186,7 +186,11 @@ class TrainingConfig(Section):
         "(autocast of the forward pass; weights, optimizer and loss stay fp32)",
         "fp32",
     )
-    activation_checkpointing: bool = doc("recompute each rollout step in backward to save memory", False)
+    activation_checkpointing: bool | Literal["auto"] = doc(
+        "recompute each rollout step in backward to save memory (about a third more compute); auto = only "
+        "when plan's estimate of a step exceeds 90 % of the device's free memory",
+        False,
+    )
     compile: bool = doc(
         "torch.compile the model (inductor): norms, activations, dropout masks and casts fuse around the "
         "matrix products; the first steps compile (minutes for large models); exchanges stay graph breaks",

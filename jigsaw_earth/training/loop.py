@@ -49,6 +49,7 @@ from .data import TrainData
 from .evaluate import format_table, validate
 from .feed import Feeder
 from .loss import channel_weights, global_value, weighted_sq_error
+from .memory import needs_checkpointing
 from .monitor import Monitor, memory_mb
 from .noise import forecast_sample_index, member_noise, train_sample_index
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
@@ -133,6 +134,12 @@ class Trainer:
         self.feeder = Feeder(data.train_batch, mesh.device)
         replica_batch = cfg.training.batch_size // mesh.shape.data * len(self.members)
         self.flops = step_flops(self.model, replica_batch, cfg.training.rollout_steps)
+        self.recompute = cfg.training.activation_checkpointing is True
+        if cfg.training.activation_checkpointing == "auto":
+            elsize = 2 if cfg.training.precision == "bf16" else 4
+            self.recompute = needs_checkpointing(
+                self.model, replica_batch, elsize, cfg.training.rollout_steps, mesh
+            )
         self.peak_tflops = device_peak_tflops(mesh.device, cfg.training.precision, cfg.logging.peak_tflops)
 
     # ------------------------------------------------------------------ checkpoints
@@ -229,7 +236,7 @@ class Trainer:
             tf = self.data.step_time_features(batch, k).to(dev, non_blocking=True)
             tf = tf.repeat(m, 1) if m > 1 else tf
             noise = self.noise(batch, samples, members, k)
-            if self.cfg.training.activation_checkpointing:
+            if self.recompute:
                 state = recompute(self.forward, state, static, tf, noise, use_reentrant=False)
             else:
                 state = self.forward(state, static, tf, noise)
