@@ -84,6 +84,11 @@ class MetricAccumulator:
         """Add per-sample tile shares from ``shares`` (e.g. one lead at a time, joined on axis 1)."""
         self._parts.append(shares.cpu())
 
+    @property
+    def parts(self) -> list[torch.Tensor]:
+        """The shares added so far, in order (``compute`` sums them in this order)."""
+        return list(self._parts)
+
     @torch.no_grad()
     def shares(
         self,
