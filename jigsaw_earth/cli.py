@@ -88,7 +88,7 @@ def _main(argv: list[str]) -> int:
     except KeyboardInterrupt:
         print(
             f"jigsaw-earth {args.command}: interrupted (Ctrl-C); nothing after the last message was kept "
-            "(a training run resumes from its last checkpoint)",
+            "(a training run resumes from its last checkpoint, a predict from its last recorded batch)",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
