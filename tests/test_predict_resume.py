@@ -430,7 +430,7 @@ def test_ctrl_c_stops_a_second_interrupts_and_an_error_keeps_what_is_recorded(
 
     monkeypatch.setattr(forecast_store.ForecastWriter, "write", interrupted)
     code, text = _main(argv, capsys)
-    assert code == 130 and "a predict from its last recorded batch" in text, text
+    assert code == 130 and "(a predict resumes from its last recorded batch)" in text, text
     assert folder.is_dir() and not (folder / "_progress" / "lock").exists()
     assert _recorded(folder) == first + 1  # the batch in flight is lost, the one before it is kept
 
