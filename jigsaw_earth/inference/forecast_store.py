@@ -227,6 +227,6 @@ class ForecastWriter:
         return self.path
 
     def abort(self) -> None:
-        """Rank 0 removes the temporary store (after a failure on any rank); never the target."""
+        """Rank 0 removes the in-progress store (after a failure on any rank); never the target."""
         if self.rank == 0:
             shutil.rmtree(self.tmp, ignore_errors=True)
