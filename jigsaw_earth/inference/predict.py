@@ -174,6 +174,7 @@ def run_prediction(
     run_dir = (("run directory run.dir", cfg.run.dir),)
     if out is not None:
         check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
+    progress.check(protected, run_dir)
     check_against_checkpoint(cfg, ckpt)
     own = mesh is None
     if mesh is not None and mesh.shape != cfg.mesh.shape:

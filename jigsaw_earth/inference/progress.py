@@ -41,7 +41,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..data.outputs import MARKER, check_output, in_progress_path
+from ..data.outputs import MARKER, check_output, in_progress_path, read_marker
 from ..training.signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals
 from .unfinished import FORMAT, KIND, PROGRESS, REQUEST, Lock, batches_done, find_unfinished, read_request
 
@@ -139,6 +139,7 @@ class Progress:
         self.total = self.common = self.own = self.batch = self.replica = 0
         self.sizes: list[int] = []
         self.request: dict[str, Any] = {}
+        self._checked: tuple[Any, Any] = ((), ())
 
     @classmethod
     def for_output(cls, out: str | Path | None, scores: str | Path | None = None) -> Progress:
@@ -158,6 +159,20 @@ class Progress:
 
     def batch_size(self, given: int | None) -> int | None:
         return given if given is not None else self.recorded(BATCH)
+
+    def check(self, protected: Any = (), may_hold_outputs: Any = ()) -> None:
+        """Before any work: the in-progress folder is predict's own, or new and where ``--out`` may be
+        (never the truth store, the checkpoints, ...; ``data.outputs.check_output``)."""
+        self._checked = (protected, may_hold_outputs)
+        if self.folder is None or (self.folder / PROGRESS).is_dir():  # predict's, checked when it was made
+            return
+        if (read_marker(self.folder) or {}).get("complete") is True:
+            raise ValueError(
+                f"{self.folder} is a complete forecast store, not a forecast in progress; nothing was "
+                f"deleted: rename or remove it, or choose another output"
+            )
+        check_output(self.folder, KIND, overwrite=True, protected=protected,
+                     may_hold_outputs=may_hold_outputs, option="the in-progress folder")  # fmt: skip
 
     @contextmanager
     def watching(self) -> Iterator[PredictSignals]:
@@ -198,8 +213,7 @@ class Progress:
     def _claim(self, world: int) -> tuple[int, bool]:
         folder = self.folder
         assert folder is not None and self.lock is not None
-        if folder.exists() and not (folder / PROGRESS).is_dir():  # never clear what predict did not write
-            check_output(folder, KIND, overwrite=True, option="the in-progress folder")
+        self.check(*self._checked)  # again, just before it is written: never clear what predict did not write
         self.lock.acquire()
         try:
             info = read_request(folder)
