@@ -137,7 +137,8 @@ def _unfinished(args: argparse.Namespace) -> int:
 
     for path in args.remove_unfinished or []:
         print(f"removed {remove_unfinished(path).text()}")
-    for folder in args.unfinished if args.unfinished else ["."] if args.unfinished is not None else []:
+    folders = args.unfinished or (["."] if args.unfinished is not None else [])  # --unfinished alone: .
+    for folder in folders:
         found = find_unfinished(folder)
         print(f"{len(found)} unfinished forecast{'s' * (len(found) != 1)} of predict in {folder}")
         for item in found:
