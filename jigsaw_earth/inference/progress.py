@@ -274,7 +274,7 @@ class Progress:
                         f"{path} is missing: the recorded progress of {self.folder} is damaged; remove it "
                         f"(jigsaw-earth predict --remove-unfinished {self.folder}) and run again"
                     )
-                batches.append(torch.load(path, weights_only=True))
+                batches.append(torch.load(path, map_location="cpu", weights_only=True))
             scorer.restore(batches)
         if self.first >= self.own:  # nothing left for this rank
             self._record_count(self.total)
@@ -309,7 +309,7 @@ class Progress:
         if scorer is not None:
             path = self._shares(g)
             path.parent.mkdir(parents=True, exist_ok=True)
-            shares = scorer.last_batch()
+            shares = {m: t.cpu() for m, t in scorer.last_batch().items()}  # any device may resume them
             _atomic(path, lambda f: torch.save(shares, f))
         self._record_count(self.total if g + 1 >= self.own else g + 1)
 
