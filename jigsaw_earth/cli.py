@@ -24,6 +24,7 @@ COMMANDS = {
     "score": "jigsaw_earth.commands.score",
     "plot": "jigsaw_earth.commands.plot",
     "predict": "jigsaw_earth.commands.predict",
+    "selftest": "jigsaw_earth.commands.selftest",
 }
 
 # One line per command for ``--help``; a command's module (and its heavy imports) is loaded only
@@ -39,6 +40,7 @@ SUMMARIES = {
     "score": "WeatherBench 2 scorecard of a forecast store",
     "plot": "scorecard and map PNGs of a score file",
     "predict": "sharded inference: forecasts written by all ranks into one WB2-layout Zarr",
+    "selftest": "is this machine ready? versions, GEMM rate, a tiny run on the device against the CPU",
 }
 
 

@@ -181,7 +181,7 @@ class Runner:
         """The global gradient norm (every shard once)."""
         params = [p for p in self.model.parameters() if p.grad is not None]
         if self.mesh is not None:
-            return clip_grad_norm(params, replication_weights(params, self.mesh), 0.0, self.mesh)
+            return float(clip_grad_norm(params, replication_weights(params, self.mesh), 0.0, self.mesh))
         sharded = torch.zeros((), dtype=torch.float64)
         whole = torch.zeros((), dtype=torch.float64)
         for p in params:

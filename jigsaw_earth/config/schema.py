@@ -141,6 +141,11 @@ class OptimConfig(Section):
     betas: Betas = doc("AdamW (beta1, beta2)", factory=lambda: [0.9, 0.95])
     eps: float = doc("AdamW epsilon", 1e-8)
     grad_clip: float = doc("clip the global gradient norm (over all shards) to this; 0 = off", 1.0, ge=0)
+    implementation: Literal["auto", "loop", "fused"] = doc(
+        "AdamW's kernels: loop (one parameter at a time), fused (one kernel for every parameter); auto = "
+        "fused on GPU, loop on CPU; both give the same update within float32 rounding",
+        "auto",
+    )
 
 
 class LossConfig(Section):
@@ -176,8 +181,17 @@ class TrainingConfig(Section):
         1,
         gt=0,
     )
-    precision: Literal["fp32", "bf16"] = doc("bf16 autocast of the forward pass (weights stay fp32)", "fp32")
+    precision: Literal["fp32", "tf32", "bf16"] = doc(
+        "fp32; tf32 (fp32 with TF32 matrix products on GPU, the Jigsaw paper's; fp32 on CPU); bf16 "
+        "(autocast of the forward pass; weights, optimizer and loss stay fp32)",
+        "fp32",
+    )
     activation_checkpointing: bool = doc("recompute each rollout step in backward to save memory", False)
+    compile: bool = doc(
+        "torch.compile the model (inductor): norms, activations, dropout masks and casts fuse around the "
+        "matrix products; the first steps compile (minutes for large models); exchanges stay graph breaks",
+        False,
+    )
     nan_policy: Literal["stop", "skip"] = doc(
         "on a non-finite loss: stop with an error, or skip the step", "stop"
     )
@@ -222,9 +236,21 @@ class LoggingConfig(Section):
         None,
         gt=0,
     )
+    profile_step: int = doc(
+        "profile this optimizer step with torch.profiler (CPU and CUDA activities) on every rank: "
+        "profile-step-N-rankR.txt in run.dir (the costliest kernels, the matrix products' share of "
+        "device time) and a Chrome trace beside it; 0 = off",
+        0,
+        ge=0,
+    )
 
 
 class DistributedConfig(Section):
+    device: str = doc(
+        "compute device of each rank: auto = its GPU (LOCAL_RANK) when torch sees one, else the CPU; "
+        "cpu; cuda (or cuda:N)",
+        "auto",
+    )
     backend: Literal["auto", "gloo", "nccl"] = doc(
         "process-group backend; auto = nccl on GPU, else gloo", "auto"
     )

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..argtypes import parse_ints
+from ..device import default_backend, resolve_device
 
 __all__ = ["Axis", "DomainMesh", "MeshShape", "init_mesh", "parse_mesh", "slurm_environment"]
 
@@ -306,6 +307,7 @@ def init_mesh(
     backend: str | None = None,
     timeout_s: float = 600.0,
     transport: str | None = None,
+    device: str = "auto",
 ) -> DomainMesh:
     """Build the mesh for this process: single process, torchrun, or Slurm srun.
 
@@ -313,34 +315,30 @@ def init_mesh(
     defaults to ``1 × 1 × world_size`` (all ranks split longitude). ``transport`` (default: the
     ``JIGSAW_TRANSPORT`` environment variable, else ``auto``): ``auto`` carries CPU point-to-point
     messages between ranks of one host through shared memory (``shm.py``), ``backend`` through
-    the process group.
+    the process group. ``device``: ``distributed.device`` (``device.resolve_device``; ``auto`` with
+    ``backend="gloo"`` stays on the CPU).
     """
     os.environ.update(slurm_environment())
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
     shape = shape or MeshShape(1, 1, world_size)
     _check_world(shape, world_size)
-    use_cuda = torch.cuda.is_available() and backend != "gloo"
-    if use_cuda:
-        local = int(os.environ.get("LOCAL_RANK", "0"))
-        torch.cuda.set_device(local)
-        device = torch.device("cuda", local)
-    else:
-        device = torch.device("cpu")
-    mesh = DomainMesh(shape, rank, device)
+    dev = resolve_device("cpu" if device == "auto" and backend == "gloo" else device)
+    mesh = DomainMesh(shape, rank, dev)
     if world_size == 1 and not dist.is_initialized():
         return mesh
     if not dist.is_initialized():
+        backend = backend or default_backend(dev)
         dist.init_process_group(
-            backend or ("nccl" if use_cuda else "gloo"),
+            backend,
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
-            device_id=device if use_cuda else None,
+            device_id=dev if backend == "nccl" else None,
         )
     _check_world(shape, dist.get_world_size())
     mesh._build_groups()
-    _connect_transport(transport or os.environ.get("JIGSAW_TRANSPORT", "auto"), device, timeout_s)
+    _connect_transport(transport or os.environ.get("JIGSAW_TRANSPORT", "auto"), dev, timeout_s)
     log.debug("rank %d: %r", rank, mesh)
     return mesh
 

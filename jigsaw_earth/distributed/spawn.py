@@ -1,4 +1,4 @@
-"""Run a function on N local processes joined in a gloo process group (tests, validator).
+"""Run a function on N local processes joined in a process group (tests, validator, selftest).
 
 One spawn runs many cases: pass a function that loops over them, not one spawn per case.
 """
@@ -29,7 +29,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker(rank: int, shape: MeshShape, port: int, fn: Callable, args: tuple, out_dir: str) -> None:
+def _worker(
+    rank: int, shape: MeshShape, port: int, fn: Callable, args: tuple, out_dir: str, device: str
+) -> None:
     os.environ.update(
         RANK=str(rank),
         WORLD_SIZE=str(shape.world_size),
@@ -39,7 +41,7 @@ def _worker(rank: int, shape: MeshShape, port: int, fn: Callable, args: tuple, o
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
-    mesh = init_mesh(shape, backend="gloo", timeout_s=300)
+    mesh = init_mesh(shape, backend="gloo" if device == "cpu" else None, timeout_s=300, device=device)
     try:
         result = fn(mesh, *args)
         Path(out_dir, f"rank{rank}.json").write_text(json.dumps(result))
@@ -53,8 +55,11 @@ def spawn(
     fn: Callable[..., Any],
     *args: Any,
     timeout_s: float = 1200.0,
+    device: str = "cpu",
 ) -> list[Any]:
     """Call ``fn(mesh, *args)`` on every rank of ``shape``; return the ranks' JSON results.
+
+    ``device``: the ranks' device (``distributed.device``; a GPU each, joined by NCCL, for ``cuda``).
 
     ``fn`` must be importable (module level). With world size 1 it runs in this process.
     A rank that raises fails the whole call with that rank's traceback; a run longer than
@@ -65,7 +70,7 @@ def spawn(
     with tempfile.TemporaryDirectory(prefix="jigsaw-spawn-") as out_dir:
         ctx = mp.start_processes(
             _worker,
-            args=(shape, free_port(), fn, args, out_dir),
+            args=(shape, free_port(), fn, args, out_dir, device),
             nprocs=shape.world_size,
             join=False,
             start_method="spawn",

@@ -178,30 +178,58 @@ class ForecastWriter:
         return xr.Dataset(data_vars, coords=coords, attrs=attrs)
 
     def write(
-        self, init_index: int, lead_index: int, fields: np.ndarray, tile: Tile, member: int | None = None
+        self,
+        init_index: int | slice,
+        lead_index: int,
+        fields: np.ndarray,
+        tile: Tile,
+        member: int | None = None,
     ) -> None:
-        """Write this rank's tile: ``fields`` is ``(channels, h, w)`` in physical units; ``member``
-        (0…M−1) for an ensemble store, None otherwise."""
+        """Write this rank's tile: ``fields`` is ``(channels, h, w)`` in physical units (``(n, channels,
+        h, w)`` for a slice of ``n`` inits); ``member`` (0…M−1) for an ensemble store, None otherwise."""
         if (member is None) != (not self.layout.members):
             raise ValueError(
                 f"member {member} for a store with {self.layout.members or 'no'} members: pass the member "
                 f"number exactly when the layout has members"
             )
         channels = self.layout.channels
-        if fields.shape != (len(channels), *tile.shape):
+        inits = () if isinstance(init_index, int) else (init_index.stop - init_index.start,)
+        if fields.shape != (*inits, len(channels), *tile.shape):
             raise ValueError(
-                f"forecast tile has shape {fields.shape}, expected {(len(channels), *tile.shape)} "
+                f"forecast tile has shape {fields.shape}, expected {(*inits, len(channels), *tile.shape)} "
                 f"(channels {channels[:3]}...)"
             )
         rows, cols = tile.slices
         at = (init_index, lead_index) if member is None else (init_index, lead_index, member)
         n_lev, k = len(self.layout.levels), 0
+        c = (slice(None),) * len(inits)  # the init axis of a slice's fields
         for name in self.layout.upper_air:
-            self._arrays[name][(*at, slice(None), rows, cols)] = fields[k : k + n_lev]
+            self._arrays[name][(*at, slice(None), rows, cols)] = fields[(*c, slice(k, k + n_lev))]
             k += n_lev
         for name in self.layout.surface:
-            self._arrays[name][(*at, rows, cols)] = fields[k]
+            self._arrays[name][(*at, rows, cols)] = fields[(*c, k)]
             k += 1
+
+    def write_inits(
+        self,
+        init_indices: np.ndarray,
+        lead_index: int,
+        fields: np.ndarray,
+        tile: Tile,
+        member: int | None = None,
+    ) -> None:
+        """``write`` for a batch: ``fields`` ``(B, channels, h, w)`` of the inits ``init_indices``; each
+        run of consecutive inits goes to the store in one call per variable (its chunks together)."""
+        init_indices = np.asarray(init_indices, np.int64)
+        if len(fields) != len(init_indices):
+            raise ValueError(f"{len(fields)} forecast tiles for {len(init_indices)} inits; give one per init")
+        breaks = np.flatnonzero(np.diff(init_indices) != 1) + 1
+        for run in np.split(np.arange(len(init_indices)), breaks):
+            if len(run):
+                first = int(init_indices[run[0]])
+                self.write(
+                    slice(first, first + len(run)), lead_index, fields[run[0] : run[-1] + 1], tile, member
+                )
 
     def close(self) -> Path:
         """Collective: wait for every rank, then publish the store (rank 0 renames)."""

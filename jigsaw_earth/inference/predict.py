@@ -31,8 +31,10 @@ import torch.distributed as dist
 
 from ..checkpoint import load_checkpoint, pinned
 from ..config.schema import TrainConfig
+from ..data.batch import Batch
 from ..data.outputs import check_output
 from ..data.times import hour_dayofyear, period_mask
+from ..device import copy_to_host, pin, set_precision
 from ..distributed.mesh import DomainMesh
 from ..training.data import TrainData
 from ..training.runner import setup_mesh
@@ -215,6 +217,8 @@ def _predict(
     from ..training.sources import build_data
 
     data = build_data(cfg, mesh, training=False)
+    dev = mesh.device
+    set_precision(cfg.training.precision)
     steps = selection.steps
     inits = select_inits(data, start, end, steps, every_hours, max_inits)
     total = None if ens is None else ens.total
@@ -226,10 +230,9 @@ def _predict(
     with pinned(ckpt):
         step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
     model.eval()
-    dev = mesh.device
     tendency = data.tendency_std.to(dev) if cfg.loss.tendency_scaling else None
     bf16 = cfg.training.precision == "bf16"
-    chans = torch.tensor(selection.channel_index(data.channels))
+    chans = torch.tensor(selection.channel_index(data.channels), device=dev)
     lead_of = {s: i for i, s in enumerate(selection.lead_steps)}
     replicas, replica = mesh.axis("data").size, mesh.axis("data").index
     mine = np.arange(len(inits))[replica::replicas]
@@ -240,21 +243,27 @@ def _predict(
     request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size, score)
     writer = None
 
-    def emit(chunk: np.ndarray, lead_index: int, state: torch.Tensor, every: torch.Tensor | None) -> None:
-        physical = data.denormalise(state)[:, chans]
-        if writer is not None and ens is None:
-            fields = physical.numpy()
-            for b, init_index in enumerate(chunk):
-                writer.write(int(init_index), lead_index, fields[b], data.tile)
-        elif writer is not None:
-            fields = ens.split(physical).numpy()
-            for i, member in enumerate(ens.mine):
-                for b, init_index in enumerate(chunk):
-                    writer.write(int(init_index), lead_index, fields[i, b], data.tile, member)
+    def emit(chunk: np.ndarray, lead_index: int, physical: torch.Tensor, host: torch.Tensor | None,
+             wait: Any, every: torch.Tensor | None) -> None:  # fmt: skip
+        """Write (from the host copy, once it has landed) and score (on the device) one lead."""
+        if writer is not None:
+            wait()
+            fields = host.numpy() if ens is None else ens.split(host).numpy()
+            for i, member in enumerate([None] if ens is None else ens.mine):
+                writer.write_inits(
+                    chunk, lead_index, fields if member is None else fields[i], data.tile, member
+                )
         if scorer is not None and ens is None:
             scorer.update(lead_index, physical)
         elif scorer is not None:  # (M, B, V, h, w) → (B, M, V, h, w)
             scorer.update(lead_index, data.denormalise(every)[:, :, chans].transpose(0, 1))
+
+    def read(positions: np.ndarray) -> tuple[Batch, torch.Tensor]:
+        """Inputs of the inits at ``positions`` and their time features at every lead, in page-locked
+        memory on a GPU (copied while the model runs)."""
+        batch = data._batch(inits[positions], 0)
+        times = torch.stack([data.step_time_features(batch, lead) for lead in range(steps)])
+        return batch.pin_memory() if dev.type == "cuda" else batch, pin(times, dev)
 
     pipe = Pipeline()
     try:
@@ -264,28 +273,32 @@ def _predict(
                                     protected=protected, resume=not progress.fresh)  # fmt: skip
         progress.begin(scorer)  # the scores of batches an earlier run recorded
         chunks = progress.remaining([mine[k : k + batch_size] for k in range(0, len(mine), batch_size)])
-        ahead = pipe.read(partial(data._batch, inits[chunks[0]], 0)) if chunks else None  # inputs only
+        ahead = pipe.read(partial(read, chunks[0])) if chunks else None  # inputs only
         reported, t0 = 0, time.perf_counter()
         for i, chunk in enumerate(chunks):
             progress.boundary(i, pipe)  # collective: a stop signal ends the run here, all recorded
-            batch = ahead.result().to(dev)
+            host_batch, host_times = ahead.result()
+            batch = host_batch.to(dev, non_blocking=True)
+            lead_times = host_times.to(dev, non_blocking=True)
             if i + 1 < len(chunks):  # the next inputs are read while this batch runs
-                ahead = pipe.read(partial(data._batch, inits[chunks[i + 1]], 0))
+                ahead = pipe.read(partial(read, chunks[i + 1]))
             if scorer is not None:
                 pipe.sink(partial(scorer.begin, chunk))
             state = batch.inputs if ens is None else ens.expand(batch.inputs)
             for lead in range(steps):
-                tf = data.step_time_features(batch, lead).to(dev)
+                tf = lead_times[lead]
                 noise = None
                 if ens is not None:
                     tf = ens.expand(tf)
                     noise = ens.noise(data, layout.init_times[chunk], lead, dev)
                 state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency, noise=noise)
                 if lead + 1 in lead_of:  # written and scored on the sink thread, in order
+                    physical = data.denormalise(state)[:, chans]
+                    host, wait = copy_to_host(physical) if writer is not None else (None, None)
                     every = None
                     if ens is not None and scorer is not None:  # every member, gathered here
-                        every = ens.everyone(ens.split(state)).cpu()
-                    pipe.sink(partial(emit, chunk, lead_of[lead + 1], state.cpu(), every))
+                        every = ens.everyone(ens.split(state))
+                    pipe.sink(partial(emit, chunk, lead_of[lead + 1], physical, host, wait, every))
             if scorer is not None:
                 pipe.sink(scorer.end)
             pipe.sink(partial(progress.record, i, scorer))  # after the batch is written and scored

@@ -92,11 +92,12 @@ class TileScorer:
         self.clim = TileClimatology.open(clim_path, self.view, spec, data.tile, "--climatology")
         self.regions = TileRegions.build(self.view.lat, self.view.lon, data.tile, request.regions)
         mesh = data.mesh
+        self.device = mesh.device  # shares are taken where the forecast is
         names = [MODEL, "persistence"] + (["climatology"] if self.clim is not None else [])
         self.accs = {
             m: MetricAccumulator(data.lat_weights, (data.grid.n_lat, data.grid.n_lon), mesh.domain,
                                  mesh.axis("data"), selection.channels, regions=self.regions,
-                                 members=members if m == MODEL else None)
+                                 members=members if m == MODEL else None, device=mesh.device)
             for m in names
         }  # fmt: skip
         self._leads: dict[str, list[torch.Tensor]] = {m: [] for m in names}
@@ -105,16 +106,18 @@ class TileScorer:
     def begin(self, positions: np.ndarray) -> None:
         """A new batch of inits (positions in the forecast's init list): reads persistence."""
         self.positions = np.asarray(positions)
-        self._persistence = torch.from_numpy(self.reader.read_targets(self.init_idx[self.positions]))
+        persistence = torch.from_numpy(self.reader.read_targets(self.init_idx[self.positions]))
+        self._persistence = persistence.to(self.device)
 
     def update(self, lead_index: int, forecast: torch.Tensor) -> None:
-        """The batch's forecast at selected lead ``lead_index``, ``(B, V, h, w)`` physical units; an
-        ensemble's ``(B, M, V, h, w)``, every member."""
+        """The batch's forecast at selected lead ``lead_index``, ``(B, V, h, w)`` physical units on the
+        mesh's device; an ensemble's ``(B, M, V, h, w)``, every member."""
         pos = self.positions
-        truth = torch.from_numpy(self.reader.read_targets(self.valid_idx[pos, lead_index]))[:, None]
+        truth = torch.from_numpy(self.reader.read_targets(self.valid_idx[pos, lead_index]))
+        truth = truth.to(self.device)[:, None]
         clim = None
         if self.clim is not None:
-            clim = torch.from_numpy(self.clim.at(self.valid_times[pos, lead_index]))[:, None]
+            clim = torch.from_numpy(self.clim.at(self.valid_times[pos, lead_index])).to(self.device)[:, None]
         candidates = {MODEL: forecast[:, None], "persistence": self._persistence[:, None]}
         if clim is not None:
             candidates["climatology"] = clim

@@ -61,6 +61,41 @@ def _global_index(
     return index if layout == "tokens" else index.permute(0, 3, 1, 2)
 
 
+def _keep_tokens(
+    corner: tuple[int, int, int, int],
+    shape: tuple[int, int, int, int],
+    sizes: tuple[int, int, int],
+    stream: torch.Tensor,
+    p: float,
+) -> torch.Tensor:
+    """Keep-mask ``(b, h, w, c)`` of the block at global ``corner = (batch, lat, lon, channel)`` of
+    the global ``(·, n_lat, n_lon, n_c)`` = ``sizes`` token tensor: index, hash and threshold."""
+    device = stream.device
+    views = ((-1, 1, 1, 1), (1, -1, 1, 1), (1, 1, -1, 1), (1, 1, 1, -1))
+    bi, li, oi, ci = (
+        torch.arange(start, start + n, device=device, dtype=torch.int64).view(view)
+        for start, n, view in zip(corner, shape, views)
+    )
+    n_lat, n_lon, n_c = sizes
+    index = ((bi * n_lat + li) * n_lon + oi) * n_c + ci
+    h = _mix(index * 2 + 1 + stream)
+    return (_srl(h, 40).to(torch.float32) + 0.5) / float(1 << 24) >= p
+
+
+_FUSED: list = []
+
+
+def _fused_keep():
+    """``_keep_tokens`` compiled into one kernel (integer hashing is exact, so the mask is the
+    eager one bit for bit); eager where compilation is unavailable."""
+    if not _FUSED:
+        try:
+            _FUSED.append(torch.compile(_keep_tokens, dynamic=True, fullgraph=True))
+        except Exception:  # pragma: no cover - no compiler for this device
+            _FUSED.append(_keep_tokens)
+    return _FUSED[0]
+
+
 def dropout_mask(
     domain: Domain,
     shape: Sequence[int],
@@ -143,8 +178,11 @@ class Dropout(nn.Module):
 
     def mask(self, x: torch.Tensor) -> torch.Tensor:
         """Boolean keep-mask for ``x`` — equal to ``dropout_mask(..., seed, stream_key, ...)``."""
-        index = _global_index(self._tile, self._grid, x.shape, self.layout, self.batch_offset, x.device)
-        return self._keep(index)
+        if x.dim() != 4:
+            raise ValueError(f"Dropout({self.layout}) needs a 4-D tile, got {tuple(x.shape)}")
+        b, h, w, c = x.shape if self.layout == "tokens" else (x.shape[0], x.shape[2], x.shape[3], x.shape[1])
+        keep = self._block((b, h, w, c), self._tile, (0, c), x.device)
+        return keep if self.layout == "tokens" else keep.permute(0, 3, 1, 2)
 
     def block_mask(
         self, tile: Tile, batch: int, start: int, stop: int, channels: int, device: torch.device
@@ -153,13 +191,24 @@ class Dropout(nn.Module):
         token tile ``(batch, h, w, channels)`` (any rank's tile): ``mask``'s decisions on a block,
         for a layer that applies dropout to another rank's tokens or to a channel block."""
         shape = (batch, *tile.shape, stop - start)
-        index = _global_index(tile, self._grid, shape, "tokens", self.batch_offset, device, (start, channels))
-        return self._keep(index).reshape(-1, stop - start)
+        return self._block(shape, tile, (start, channels), device).reshape(-1, stop - start)
 
-    def _keep(self, index: torch.Tensor) -> torch.Tensor:
-        # uniform_at(index, seed, stream_key), with its stream precomputed in the buffer
-        h = _mix(index * 2 + 1 + self._stream)
-        return (_srl(h, 40).to(torch.float32) + 0.5) / float(1 << 24) >= self.p
+    def _block(
+        self, shape: Sequence[int], tile: Tile, channels: tuple[int, int], device: torch.device
+    ) -> torch.Tensor:
+        """``uniform_at(global index, seed, stream_key) ≥ p`` of a ``(b, h, w, c)`` token block, its
+        stream precomputed in the buffer; one fused kernel on a GPU (``_keep_tokens``)."""
+        b, h, w, c = (int(n) for n in shape)
+        if (h, w) != tile.shape:
+            raise ValueError(
+                f"Dropout({self.layout}): input tile is {h}x{w} but this rank's tile of the "
+                f"{self._grid[0]}x{self._grid[1]} grid is {tile.shape[0]}x{tile.shape[1]}"
+            )
+        corner = (self.batch_offset, tile.lat_start, tile.lon_start, channels[0])
+        # a model compiled as a whole fuses the mask itself; on its own a GPU mask is compiled once
+        fuse = device.type == "cuda" and not torch.compiler.is_compiling()
+        fn = _fused_keep() if fuse else _keep_tokens
+        return fn(corner, (b, h, w, c), (*self._grid, channels[1]), self._stream.to(device), self.p)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.dim() != 4:

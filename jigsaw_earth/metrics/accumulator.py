@@ -45,7 +45,8 @@ class MetricAccumulator:
     ``lat_weights``: this tile's rows of the global WB2 weights (mean 1 over the global rows),
     shape ``(h,)``. ``grid``: the global ``(n_lat, n_lon)``. ``domain``: the mesh's domain axis;
     ``data``: its data axis (samples differ between replicas), or ``None``. ``members``: the
-    ensemble size of the forecasts passed (None: deterministic forecasts).
+    ensemble size of the forecasts passed (None: deterministic forecasts). ``device``: where the
+    sums are reduced over the mesh (the process group's device; default: where the shares are).
     """
 
     def __init__(
@@ -57,9 +58,14 @@ class MetricAccumulator:
         variables: Sequence[str] | None = None,
         regions: TileRegions | None = None,
         members: int | None = None,
+        device: torch.device | str | None = None,
     ):
         self.regions, self.members = regions, members
+        self.device = torch.device(device) if device is not None else None
         self.weights = torch.as_tensor(lat_weights, dtype=torch.float64).reshape(-1, 1)
+        if self.device is not None:  # the weights wait where the shares are taken
+            self.weights = self.weights.to(self.device)
+            self.regions = None if regions is None else regions.to(self.device)
         self.area = float(grid[0] * grid[1])
         self.domain, self.data = domain, data
         self.variables = list(variables) if variables is not None else None
@@ -81,8 +87,9 @@ class MetricAccumulator:
         self.add(self.shares(forecast, truth, climatology))
 
     def add(self, shares: torch.Tensor) -> None:
-        """Add per-sample tile shares from ``shares`` (e.g. one lead at a time, joined on axis 1)."""
-        self._parts.append(shares.cpu())
+        """Add per-sample tile shares from ``shares`` (e.g. one lead at a time, joined on axis 1);
+        they stay on their device until ``compute``."""
+        self._parts.append(shares)
 
     @property
     def parts(self) -> list[torch.Tensor]:
@@ -146,7 +153,8 @@ class MetricAccumulator:
         k = {p.shape[-1] for p in self._parts}
         if len(k) != 1:
             raise ValueError("pass a climatology to every update() or to none")
-        sums = _all_reduce(torch.cat(self._parts), self.domain)  # per-sample global means
+        device = self.device or self._parts[0].device
+        sums = _all_reduce(torch.cat([p.to(device) for p in self._parts]), self.domain)  # per-sample means
         per_sample = {"mse": sums[..., 0], "bias": sums[..., 1]}
         n_ens = 0 if self.members is None else len(POINTWISE)
         if sums.shape[-1] - n_ens == 5:
@@ -154,7 +162,7 @@ class MetricAccumulator:
         for i, q in enumerate(POINTWISE[:n_ens]):
             per_sample[q] = sums[..., sums.shape[-1] - n_ens + i]
         stacked = torch.stack([v.sum(0) for v in per_sample.values()])
-        count = torch.tensor([float(sums.shape[0])], dtype=torch.float64)
+        count = torch.tensor([float(sums.shape[0])], dtype=torch.float64, device=device)
         stacked, count = _all_reduce(stacked, self.data), _all_reduce(count, self.data)
         out = {name: stacked[i] / count for i, name in enumerate(per_sample)}
         out["rmse"] = torch.sqrt(out["mse"])

@@ -64,6 +64,10 @@ class TileRegions:
             torch.tensor(col_set, dtype=torch.long),
         )
 
+    def to(self, device: torch.device | str) -> TileRegions:
+        """The same regions with their weights on ``device`` (where the shares are taken)."""
+        return TileRegions(self.names, self.rows.to(device), self.cols.to(device), self.col_set.to(device))
+
     def share(self, x: torch.Tensor) -> torch.Tensor:
         """``x (..., h, w)`` float64 → ``(..., R)``: this tile's part of every region's weighted mean."""
         col_sums = x @ self.cols.to(x.device)  # (..., h, K)

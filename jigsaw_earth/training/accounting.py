@@ -21,6 +21,7 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from ..device import synchronize
 from ..distributed.comm import ledger
 from ..layers.cost import model_cost
 
@@ -47,13 +48,13 @@ KNOWN_DEVICES: dict[str, dict[str, float]] = {
 
 def device_peak_tflops(device: torch.device, precision: str, configured: float | None = None) -> float | None:
     """Peak dense TFLOP/s of one rank: ``configured`` if given, else the known-devices entry of a
-    CUDA device for the math mode it runs (bf16; fp32 as TF32 where torch allows it), else None."""
+    CUDA device for the math mode it runs (``training.precision``), else None."""
     if configured is not None:
         return configured
     if device.type != "cuda" or not torch.cuda.is_available():
         return None
     name = torch.cuda.get_device_name(device)
-    mode = "bf16" if precision == "bf16" else ("tf32" if torch.backends.cuda.matmul.allow_tf32 else "fp32")
+    mode = precision if precision in ("bf16", "tf32") else "fp32"
     for fragment, peaks in KNOWN_DEVICES.items():
         if fragment in name:
             return peaks[mode]
@@ -76,7 +77,7 @@ class StepClock:
     def __init__(self, device: torch.device | None = None) -> None:
         self.parts = dict.fromkeys(PARTS, 0.0)
         self._t0 = time.perf_counter()
-        self._sync = device is not None and device.type == "cuda"
+        self._device = device
 
     def start(self) -> None:
         self.parts = dict.fromkeys(PARTS, 0.0)
@@ -90,8 +91,8 @@ class StepClock:
         try:
             yield
         finally:
-            if self._sync:
-                torch.cuda.synchronize()
+            if self._device is not None:
+                synchronize(self._device)
             comm = ledger.wait_s - waited
             self.parts[part] += time.perf_counter() - t0 - comm
             self.parts["comm"] += comm

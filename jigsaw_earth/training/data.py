@@ -130,6 +130,7 @@ class TrainData:
         self.tile = grid.tile_of(mesh.domain.index)
         self.mean = np.asarray(mean, np.float32).reshape(-1, 1, 1)
         self.std = np.asarray(std, np.float32).reshape(-1, 1, 1)
+        self._stats_on: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
         d = self.std.reshape(-1) if diff_std is None else np.asarray(diff_std, np.float32)
         #: one-step tendency std in normalised units (diff_std / std), per channel
         self.tendency_std = torch.from_numpy((d / self.std.reshape(-1)).astype(np.float32))
@@ -311,8 +312,19 @@ class TrainData:
             yield self._batch(mine[k : k + batch_size], lead_steps)
 
     def denormalise(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalised ``(..., C, h, w)`` → physical units."""
-        return x * torch.from_numpy(self.std) + torch.from_numpy(self.mean)
+        """Normalised ``(..., C, h, w)`` → physical units, on ``x``'s device."""
+        std, mean = self._statistics_on(x.device)
+        return x * std + mean
+
+    def _statistics_on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(std, mean)`` as ``(C, 1, 1)`` tensors on ``device`` (copied there once)."""
+        key = str(device)
+        if key not in self._stats_on:
+            self._stats_on[key] = (
+                torch.from_numpy(self.std).to(device),
+                torch.from_numpy(self.mean).to(device),
+            )
+        return self._stats_on[key]
 
     def step_time_features(self, batch: Batch, k: int) -> torch.Tensor:
         """Time features of rollout step ``k`` (0 = the input time)."""

@@ -55,9 +55,15 @@ def validate(
     steps = [lead // data.step_hours for lead in leads]
     chans = [data.channels.index(name) for name in v.variables]
     mesh = data.mesh
+    dev = mesh.device
     accs = {
         base: MetricAccumulator(
-            data.lat_weights, (data.grid.n_lat, data.grid.n_lon), mesh.domain, mesh.axis("data"), v.variables
+            data.lat_weights,
+            (data.grid.n_lat, data.grid.n_lon),
+            mesh.domain,
+            mesh.axis("data"),
+            v.variables,
+            device=dev,
         )
         for base in BASELINES
     }
@@ -65,10 +71,11 @@ def validate(
     was_training = model.training
     model.eval()
     try:
-        for batch in data.val_batches(max(steps), v.max_samples, v.batch_size):
+        for host_batch in data.val_batches(max(steps), v.max_samples, v.batch_size):
+            batch = host_batch.to(dev)
             state, preds = batch.inputs, []
             for k in range(1, max(steps) + 1):
-                tf = data.step_time_features(batch, k - 1)
+                tf = data.step_time_features(batch, k - 1).to(dev)
                 eps = None if noise is None else noise(batch, k - 1)
                 args = (state, batch.static, tf) if eps is None else (state, batch.static, tf, eps)
                 state = forward(*args).float()
@@ -81,7 +88,7 @@ def validate(
             clim_all = data.source.climatology(batch.target_times.reshape(-1))
             clim = None
             if clim_all is not None:
-                clim = torch.from_numpy(clim_all).double()
+                clim = torch.from_numpy(clim_all).to(dev).double()
                 clim = clim.view(*batch.target_times.shape, *clim.shape[1:])[:, pick][:, :, chans]
             have_clim = have_clim and clim is not None
             accs["model"].update(pred, truth, clim)

@@ -38,6 +38,7 @@ from torch.utils.checkpoint import checkpoint as recompute
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
+from ..device import set_precision
 from ..distributed.comm import set_overlap, set_transport
 from ..distributed.grads import replication
 from ..distributed.mesh import DomainMesh
@@ -51,6 +52,7 @@ from .monitor import Monitor, memory_mb
 from .noise import forecast_sample_index, member_noise, train_sample_index
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
+from .profile import profiled
 from .rundir import claim_run_dir, config_hash, record_start, resumes
 from .signals import Preempted, StopSignals
 from .step import build_run_model, model_step
@@ -77,6 +79,7 @@ class Trainer:
     ):
         self.cfg, self.mesh = cfg, mesh
         self.run_dir = Path(cfg.run.dir)
+        set_precision(cfg.training.precision)
         set_overlap(cfg.distributed.overlap == "on")
         if cfg.distributed.transport == "backend":
             set_transport(None)  # the mesh may have connected shared memory (init_mesh's default)
@@ -103,7 +106,13 @@ class Trainer:
         self.crps_weights, self.crps_scale = self.ch_weights, None
         if self.tendency is not None:
             self.ch_weights = self.ch_weights / data.tendency_std.square()
-            self.crps_scale = (1.0 / data.tendency_std).view(1, -1, 1, 1)
+            self.crps_scale = (1.0 / data.tendency_std).view(1, -1, 1, 1).to(mesh.device)
+        # the loss's constant weights live where the loss is computed (no copy inside a step)
+        self.lat_weights = data.lat_weights.to(mesh.device)
+        self.ch_weights, self.crps_weights = (
+            self.ch_weights.to(mesh.device),
+            self.crps_weights.to(mesh.device),
+        )
         g = data.grid
         self.count = (
             cfg.training.batch_size * cfg.training.rollout_steps * len(data.channels) * g.n_lat * g.n_lon
@@ -210,12 +219,12 @@ class Trainer:
         state, static = batch.inputs, batch.static
         if m > 1:  # members batched: rows [i·B, (i+1)·B) are member members[i]
             state = state.repeat(m, 1, 1, 1)
-        lat_w, ch_w = self.data.lat_weights.to(dev), self.ch_weights.to(dev)
+        lat_w, ch_w = self.lat_weights, self.ch_weights
         rows = self.data.replica * self.data.local_batch + np.arange(b)
         samples = train_sample_index(step, self.cfg.training.batch_size, rows)
         total = torch.zeros((), device=dev)
         for k in range(batch.lead_steps):
-            tf = self.data.step_time_features(batch, k).to(dev)
+            tf = self.data.step_time_features(batch, k).to(dev, non_blocking=True)
             tf = tf.repeat(m, 1) if m > 1 else tf
             noise = self.noise(batch, samples, members, k)
             if self.cfg.training.activation_checkpointing:
@@ -228,8 +237,8 @@ class Trainer:
             else:  # this rank's share of the ensemble loss; the ensemble axis holds the other members
                 pred, w = state.view(m, b, *state.shape[1:]), ch_w
                 if loss.kind != "mse" and self.crps_scale is not None:  # in tendency-std units
-                    scale = self.crps_scale.to(dev)
-                    pred, target, w = pred * scale, target * scale, self.crps_weights.to(dev)
+                    scale = self.crps_scale
+                    pred, target, w = pred * scale, target * scale, self.crps_weights
                 total = total + ensemble_loss(
                     loss.kind, pred, target, lat_w, w, n_members=n_members, alpha=loss.alpha,
                     mse_weight=loss.mse_weight, members=self.mesh.ensemble,
@@ -250,8 +259,10 @@ class Trainer:
             local.backward()
             sync_gradients(self.params, self.mesh, self.holders)
         with clock.phase("other"):
-            loss = float(global_value(local, self.mesh))
-            norm = clip_grad_norm(self.params, self.rep_weights, self.cfg.optim.grad_clip, self.mesh)
+            loss_t = global_value(local, self.mesh)
+            norm_t = clip_grad_norm(self.params, self.rep_weights, self.cfg.optim.grad_clip, self.mesh)
+            # the step's one host read: the NaN policy needs both before the optimizer steps
+            loss, norm = torch.stack([loss_t, norm_t.to(loss_t)]).tolist()
             lr = lr_at(step - 1, self.cfg.optim, self.cfg.training.steps)
         finite = math.isfinite(loss) and math.isfinite(norm)
         if not finite:
@@ -287,7 +298,7 @@ class Trainer:
             **parts,
             "samples_per_s": self.cfg.training.batch_size / dt,
             **rates,
-            "memory_mb": memory_mb(),
+            "memory_mb": memory_mb(self.mesh.device),
             "skipped": float(not finite),
         }
 
@@ -321,7 +332,11 @@ class Trainer:
         try:
             with StopSignals(self.mesh) as stop:
                 while self.step < cfg.training.steps:
-                    metrics = self.train_step(self.step + 1)
+                    if self.step + 1 == cfg.logging.profile_step:
+                        with profiled(self.run_dir, self.step + 1, self.mesh.rank, self.mesh.device):
+                            metrics = self.train_step(self.step + 1)
+                    else:
+                        metrics = self.train_step(self.step + 1)
                     self.step += 1
                     self.history.append({"step": self.step, **metrics})
                     monitor.step(self.step, metrics)

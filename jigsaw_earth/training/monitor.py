@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
 from tqdm import tqdm
 
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
+from ..device import peak_memory_bytes
 from .accounting import format_breakdown, format_step
 from .rundir import truncate_metrics
 
@@ -36,19 +38,9 @@ DATA_WAIT_WARNING = 0.10
 log = logging.getLogger(__name__)
 
 
-def memory_mb() -> float:
-    """Peak resident memory of this process in MiB (CUDA: peak allocated)."""
-    import torch
-
-    if torch.cuda.is_available():
-        return torch.cuda.max_memory_allocated() / 2**20
-    try:
-        import resource
-
-        rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        return rss / 1024 if sys.platform != "darwin" else rss / 2**20
-    except ImportError:  # pragma: no cover - windows
-        return float("nan")
+def memory_mb(device: torch.device) -> float:
+    """Peak memory of this rank in MiB: allocated on its GPU, else the process's resident set."""
+    return peak_memory_bytes(device) / 2**20
 
 
 class Monitor:

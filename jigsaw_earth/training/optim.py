@@ -40,9 +40,13 @@ def build_optimizer(model: nn.Module, cfg: OptimConfig) -> torch.optim.AdamW:
         {"params": decay, "weight_decay": cfg.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
     ]
-    return torch.optim.AdamW(
-        [g for g in groups if g["params"]], lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps, foreach=False
+    fused = cfg.implementation == "fused" or (
+        cfg.implementation == "auto" and any(p.is_cuda for g in groups for p in g["params"])
     )
+    return torch.optim.AdamW(
+        [g for g in groups if g["params"]], lr=cfg.lr, betas=tuple(cfg.betas), eps=cfg.eps,
+        foreach=False, fused=fused or None,
+    )  # fmt: skip
 
 
 def lr_at(step: int, cfg: OptimConfig, total_steps: int) -> float:
@@ -74,20 +78,22 @@ def replication_weights(params: list[nn.Parameter], mesh: DomainMesh) -> list[fl
 
 def clip_grad_norm(
     params: list[nn.Parameter], weights: list[float], max_norm: float, mesh: DomainMesh
-) -> float:
+) -> torch.Tensor:
     """Global gradient norm over all shards (call after ``sync_gradients``); clip to ``max_norm``.
 
-    Returns the norm before clipping. ``max_norm <= 0`` only measures.
+    Returns the norm before clipping as a float64 scalar on the gradients' device, and clips there:
+    no host round trip. ``max_norm <= 0`` only measures; a non-finite norm leaves the gradients as
+    they are (the caller skips or stops the step).
     """
-    total = torch.zeros((), dtype=torch.float64)
-    for p, w in zip(params, weights, strict=True):
-        if p.grad is not None:
-            total += w * p.grad.detach().double().square().sum()
+    grads = [(p.grad, w) for p, w in zip(params, weights, strict=True) if p.grad is not None]
+    device = grads[0][0].device if grads else mesh.device
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    for g, w in grads:
+        total += w * g.detach().double().square().sum()
     all_reduce_(total, mesh.domain, op="grad_norm")
-    norm = float(total.sqrt())
-    if max_norm > 0 and math.isfinite(norm) and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        for p in params:
-            if p.grad is not None:
-                p.grad.mul_(scale)
+    norm = total.sqrt()
+    if max_norm > 0 and grads:
+        scale = (max_norm / (norm + 1e-6)).clamp(max=1.0)
+        scale = torch.where(torch.isfinite(norm), scale, torch.ones_like(scale))
+        torch._foreach_mul_([g for g, _ in grads], scale.to(grads[0][0].dtype))
     return norm

@@ -11,10 +11,10 @@ import os
 from datetime import timedelta
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from ..config.schema import TrainConfig
+from ..device import default_backend, resolve_device
 from ..distributed.mesh import DomainMesh, init_mesh, slurm_environment
 
 __all__ = ["run_training", "setup_mesh", "world_size_from_env"]
@@ -27,7 +27,7 @@ def world_size_from_env() -> int:
     return int(env.get("WORLD_SIZE", "1"))
 
 
-def _init_elastic_group(backend: str | None, timeout_s: float) -> None:
+def _init_elastic_group(backend: str | None, timeout_s: float, device: str) -> None:
     """Under torchrun, start the default group on a store prefixed by the restart attempt.
 
     After ``torchrun --max-restarts`` restarts the workers, the rendezvous store still holds the
@@ -48,11 +48,9 @@ def _init_elastic_group(backend: str | None, timeout_s: float) -> None:
         is_master=rank == 0 and not agent_store,
         timeout=timedelta(seconds=timeout_s),
     )
-    use_cuda = torch.cuda.is_available() and backend != "gloo"
-    if use_cuda:
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    dev = resolve_device("cpu" if device == "auto" and backend == "gloo" else device)
     dist.init_process_group(
-        backend or ("nccl" if use_cuda else "gloo"),
+        backend or default_backend(dev),
         store=dist.PrefixStore(f"jigsaw-earth/attempt-{restart}", store),
         rank=rank,
         world_size=world,
@@ -64,12 +62,13 @@ def setup_mesh(cfg: TrainConfig) -> DomainMesh:
     """``init_mesh`` with the config's mesh, backend and timeout; a clear error on a missing peer."""
     backend = None if cfg.distributed.backend == "auto" else cfg.distributed.backend
     try:
-        _init_elastic_group(backend, cfg.distributed.timeout_s)
+        _init_elastic_group(backend, cfg.distributed.timeout_s, cfg.distributed.device)
         return init_mesh(
             cfg.mesh.shape,
             backend=backend,
             timeout_s=cfg.distributed.timeout_s,
             transport=cfg.distributed.transport,
+            device=cfg.distributed.device,
         )
     except (RuntimeError, dist.DistError) as err:
         if isinstance(err, ValueError):

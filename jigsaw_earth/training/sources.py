@@ -109,16 +109,21 @@ class TileClimatology:
     def at(self, times: np.ndarray) -> np.ndarray:
         """``(N, C, h, w)`` at the valid ``times``: WB2's hour and dayofyear of each."""
         hours, doy = hour_dayofyear(times)
-        out = []
-        for h, d in zip(hours, doy):
-            sel = self.ds.sel(hour=int(h), dayofyear=int(d))
-            parts = []
-            for v in self.spec.upper_air:
-                parts.append(sel[v].sel(level=list(self.spec.levels)).values)
-            for v in self.spec.surface:
-                parts.append(sel[v].values[None])
-            out.append(np.concatenate(parts).astype(np.float32))
-        return np.stack(out)
+        # one orthogonal read per variable of every (hour, dayofyear) block needed, then the points
+        h_at = self.ds.indexes["hour"].get_indexer(np.asarray(hours, np.int64))
+        d_at = self.ds.indexes["dayofyear"].get_indexer(np.asarray(doy, np.int64))
+        if (h_at < 0).any() or (d_at < 0).any():
+            raise KeyError(f"the climatology lacks hour/dayofyear of some of {len(times)} times")
+        h_set, h_pos = np.unique(h_at, return_inverse=True)
+        d_set, d_pos = np.unique(d_at, return_inverse=True)
+        block = self.ds.isel(hour=h_set, dayofyear=d_set)
+        grid, parts = ("latitude", "longitude"), []
+        for v in self.spec.upper_air:
+            field = block[v].sel(level=list(self.spec.levels)).transpose("hour", "dayofyear", "level", *grid)
+            parts.append(field.values[h_pos, d_pos])
+        for v in self.spec.surface:
+            parts.append(block[v].transpose("hour", "dayofyear", *grid).values[h_pos, d_pos][:, None])
+        return np.concatenate(parts, axis=1).astype(np.float32)
 
 
 SMALL_GRID_POINTS = 128 * 256  # tile-chunked stores pay off from about this size (measured)

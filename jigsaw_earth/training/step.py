@@ -28,7 +28,8 @@ __all__ = ["build_run_model", "model_step"]
 
 
 def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.Module:
-    """The configured model on this rank's tile of the data's grid, initialised (mesh-invariant)."""
+    """The configured model on this rank's tile of the data's grid, initialised (mesh-invariant);
+    compiled in place with ``training.compile``."""
     from ..models import (
         model_from_config,  # the model registry: built-ins, entry points, package.module:Class
     )
@@ -36,7 +37,10 @@ def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.M
     domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
     n_static = data.n_static + cfg.model.noise_channels
     model = model_from_config(cfg.model, domain, len(data.channels), n_static, N_TIME_FEATURES)
-    return init_model(model.to(mesh.device), cfg.run.seed)
+    model = init_model(model.to(mesh.device), cfg.run.seed)
+    if cfg.training.compile:
+        model.compile()  # in place: parameters, state dict and checkpoints are the eager model's
+    return model
 
 
 def model_step(

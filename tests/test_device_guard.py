@@ -1,0 +1,107 @@
+"""The device guard: the real commands on an accelerator that is not the CPU, without a GPU.
+
+``tests/fake_gpu.py`` gives a CPU-only torch a device ``fakegpu`` that refuses what CUDA refuses
+(tensors of two devices in one operator). Each case runs in its own process (the fake device is
+registered process-wide). ``selftest --device fakegpu`` trains with validation and checkpoints,
+resumes on the CPU, and runs ``predict --score`` there and on the CPU: a tensor made on the CPU in
+any of those paths fails it, as it would on a GPU (the two crashes of the first GPU run included).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+FAKE = Path(__file__).with_name("fake_gpu.py")
+
+
+def _python(code: str, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        cwd=cwd, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_selftest_runs_every_command_on_an_accelerator(tmp_path: Path) -> None:
+    run = subprocess.run(
+        [sys.executable, str(FAKE), "selftest", "--device", "fakegpu", "--workdir", str(tmp_path)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=900,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-6000:]
+    assert "PASS: fakegpu (mesh 1x1" in run.stdout
+    rows = [line for line in run.stdout.splitlines() if line.endswith(("PASS", "FAIL"))]
+    assert len(rows) == 5 and all(r.endswith("PASS") for r in rows), run.stdout
+
+
+def test_the_guard_refuses_what_cuda_refuses(tmp_path: Path) -> None:
+    run = _python(
+        f"""
+        import sys, torch
+        sys.path.insert(0, {str(FAKE.parent)!r})
+        from fake_gpu import DeviceMixing, fake_gpu
+        with fake_gpu() as mode:
+            x = torch.randn(3, 4).to("fakegpu")
+            w = torch.nn.Linear(4, 2).to("fakegpu")
+            cases = {{
+                "cpu scalar absorbs a device sum": lambda: torch.zeros((), dtype=torch.float64).add_(x.sum()),
+                "cpu input to a device layer": lambda: w(torch.randn(3, 4)),
+                "cpu matrix with a device matrix": lambda: torch.cat([x, torch.randn(3, 4)]),
+            }}
+            for name, case in cases.items():
+                try:
+                    case()
+                except DeviceMixing:
+                    continue
+                sys.exit(f"not refused: {{name}}")
+            # what CUDA allows: a cpu scalar read by a device operator, copies, cpu index tensors
+            y = x * torch.tensor(2.0) + x[torch.tensor([0, 2])].sum()
+            assert y.device.type == "fakegpu" and x.cpu().device.type == "cpu"
+            float(y.sum())
+            assert len(mode.host_reads) == 1
+            try:
+                x.numpy()
+            except (TypeError, RuntimeError):
+                pass
+            else:
+                sys.exit(".numpy() of a device tensor was allowed")
+        print("ok")
+        """,
+        tmp_path,
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout + run.stderr[-4000:]
+
+
+def test_a_training_step_reads_the_host_once(tmp_path: Path) -> None:
+    """Loss and gradient norm come to the host together, once per step (the NaN policy needs them);
+    nothing else in a step waits for the device."""
+    run = _python(
+        f"""
+        import sys
+        sys.path.insert(0, {str(FAKE.parent)!r})
+        from pathlib import Path
+        from fake_gpu import fake_gpu
+        from jigsaw_earth.config import parse_config
+        from jigsaw_earth.selftest import tiny_config, tiny_store
+        from jigsaw_earth.training.loop import Trainer
+        from jigsaw_earth.training.runner import setup_mesh
+
+        root = Path({str(tmp_path)!r})
+        tiny_store(root / "data.zarr")
+        with fake_gpu() as mode:
+            cfg = parse_config(tiny_config(root, "run", "fakegpu", 1))
+            trainer = Trainer(cfg, setup_mesh(cfg))
+            trainer.train_step(1)
+            before = len(mode.host_reads)
+            for step in (2, 3, 4):
+                trainer.train_step(step)
+            reads = len(mode.host_reads) - before
+        print("reads", reads)
+        if reads > 3:
+            places = "\\n----\\n".join(mode.host_reads[before:])
+            sys.exit(f"host reads in 3 steps: {{reads}}\\n{{places}}")
+        """,
+        tmp_path,
+    )
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-6000:]
