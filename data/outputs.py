@@ -11,7 +11,9 @@ Every store written by jigsaw-earth carries a marker in its root attributes,
 * an existing path is replaced (with ``--overwrite``) only if it is an empty directory or a
   complete or unfinished store marked with the same kind; anything else is refused.
 
-Temporary names are unique per invocation (``unique_tmp``), so two writers never share one.
+Temporary names are unique per invocation (``unique_tmp``), so two writers never share one; a
+forecast in progress has one name per output instead (``in_progress_path``: ``OUT.in-progress``),
+which the same predict command resumes (``inference/progress.py``).
 """
 
 from __future__ import annotations
@@ -23,9 +25,19 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["MARKER", "check_output", "kind_of", "read_marker", "unfinished_reason", "unique_tmp"]
+__all__ = [
+    "IN_PROGRESS",
+    "MARKER",
+    "check_output",
+    "in_progress_path",
+    "kind_of",
+    "read_marker",
+    "unfinished_reason",
+    "unique_tmp",
+]
 
 MARKER = "jigsaw_earth"
+IN_PROGRESS = ".in-progress"
 _TMP = ".tmp-"
 
 
@@ -64,6 +76,11 @@ def unfinished_reason(path: str | Path) -> str | None:
     path = Path(path)
     if _TMP in path.name:
         return f"{path} is the temporary store of a writer that did not finish (its name has {_TMP!r})"
+    if path.name.endswith(IN_PROGRESS):
+        return (
+            f"{path} is a forecast in progress (predict stopped before the end); run the same predict "
+            f"command again to finish it"
+        )
     marker = read_marker(path)
     if marker is not None and marker.get("complete") is False:
         return f"{path} is marked unfinished (its writer stopped before the end)"
@@ -73,6 +90,12 @@ def unfinished_reason(path: str | Path) -> str | None:
 def unique_tmp(dst: Path, token: str | None = None) -> Path:
     """``DST.tmp-<token>`` beside ``dst``; ``token`` defaults to a fresh random one."""
     return dst.with_name(f"{dst.name}{_TMP}{token or uuid.uuid4().hex[:12]}")
+
+
+def in_progress_path(dst: str | Path) -> Path:
+    """``DST.in-progress`` beside ``dst``: where a forecast is written until it is complete."""
+    dst = Path(dst)
+    return dst.with_name(f"{dst.name}{IN_PROGRESS}")
 
 
 def _relation(out: Path, other: Path) -> str | None:

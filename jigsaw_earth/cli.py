@@ -88,9 +88,11 @@ def _main(argv: list[str]) -> int:
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
+        resumes = "a predict resumes from its last recorded batch" if args.command == "predict" else (
+            "a training run resumes from its last checkpoint")  # fmt: skip
         print(
             f"jigsaw-earth {args.command}: interrupted (Ctrl-C); nothing after the last message was kept "
-            "(a training run resumes from its last checkpoint)",
+            f"({resumes})",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED

@@ -708,12 +708,17 @@ def world(finished_run: tuple[Path, Path], store: Path, tmp_path_factory: pytest
     assert main(["score", str(fc), "--truth", str(store), "--out", str(scores)]) == 0
     clim = store.with_name("data-climatology.zarr")
     ckpt = run_dir / "checkpoints" / "step_000000004"
+    theirs = root / "theirs.zarr.in-progress"  # predict's in-progress name, but a user's folder
+    theirs.mkdir()
+    (theirs / "notes.txt").write_text("theirs")
+    done = root / "done.zarr.in-progress"  # predict's in-progress name, but a complete forecast store
+    shutil.copytree(fc, done)
     return {"run": run_dir, "cfg": cfg, "store": store, "clim": clim, "fc": fc, "mine": mine, "root": root,
-            "ckpt": ckpt, "scores": root / "scores.json"}  # fmt: skip
+            "ckpt": ckpt, "scores": root / "scores.json", "theirs": theirs, "done": done}  # fmt: skip
 
 
 def _world_snapshot(w: dict) -> dict[str, dict[str, str]]:
-    return {k: _snapshot(w[k]) for k in ("run", "store", "clim", "fc", "mine", "scores")}
+    return {k: _snapshot(w[k]) for k in ("run", "store", "clim", "fc", "mine", "scores", "theirs", "done")}
 
 
 def _predict(w: dict, *extra: str, out: str | None = None) -> list[str]:
@@ -875,6 +880,25 @@ PREDICT_CASES: list[tuple[str, Any, list[str]]] = [
         ["9999 forecast steps inside the store", "lower --steps"],
     ),
     ("config-missing", lambda w: ["predict", "/nonexistent.yaml", "--out", "x.zarr"], ["not found"]),
+    (
+        "in-progress-user-folder",
+        lambda w: P(w, out=str(w["root"] / "theirs.zarr")),
+        [
+            "the in-progress folder",
+            "theirs.zarr.in-progress is not a jigsaw-earth forecast store",
+            "notes.txt",
+        ],
+    ),
+    (
+        "in-progress-complete-store",
+        lambda w: P(w, out=str(w["root"] / "done.zarr")),
+        ["done.zarr.in-progress is a complete forecast store, not a forecast in progress"],
+    ),
+    (
+        "scores-progress-inside-checkpoint",
+        lambda w: [*P(w)[:2], *P(w)[4:], "--score", "--scores", str(w["ckpt"] / "s")],
+        ["the in-progress folder", "lies inside the checkpoint folder"],
+    ),
     (
         "no-checkpoint",
         lambda w: P(w, f"run.dir={w['root'] / 'empty-run'}"),

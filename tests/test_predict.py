@@ -86,7 +86,7 @@ def test_forecast_store_is_wb2_layout_and_complete(stores: dict[str, Path]) -> N
     assert ds.attrs["jigsaw_earth"]["complete"] is True
     assert not np.isnan(ds["geopotential"].values).any(), "every rank must have written its tile"
     assert ds["geopotential"].encoding["chunks"][-2:] == (6, 12), "chunks follow the 2x2 tiles"
-    assert not list(stores["2x2"].parent.glob("forecast_2x2.zarr.tmp-*")), "no temporary store left"
+    assert not list(stores["2x2"].parent.glob("forecast_2x2.zarr.*")), "no in-progress store left"
 
 
 def test_forecast_is_the_same_on_every_mesh(stores: dict[str, Path]) -> None:
@@ -195,7 +195,7 @@ def test_overwrite_never_deletes_what_predict_did_not_write(
     with pytest.raises(ValueError, match=fragment):
         _predict(stores, path, overwrite=True)
     assert [_snapshot(p) for p in watched] == before, "--overwrite deleted or changed something"
-    assert not list(path.parent.glob(f"{path.name}.tmp-*"))
+    assert not list(path.parent.glob(f"{path.name}.*")), "no in-progress store left"
 
 
 def test_overwrite_replaces_an_empty_folder_and_its_own_store(

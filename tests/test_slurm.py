@@ -12,8 +12,16 @@ template, its ``#SBATCH`` lines overridden on the command line for 4 CPU tasks o
   before the time limit — to the batch script, whose trap forwards it to the tasks; same outcome.
 
 Both interrupted jobs must end with Restarts=1, every step logged once, no checkpoint lost and
-every loss (the final one included) equal to the uninterrupted job's. Skipped with the reason
-where the cluster cannot start (``tests/slurm_cluster.py``: Slurm/MUNGE not installed, not root).
+every loss (the final one included) equal to the uninterrupted job's.
+
+Then two forecasts from the uninterrupted job's checkpoint through ``configs/slurm/predict.sbatch``
+(16 inits, one per batch, written and scored): ``predict-plain`` runs uninterrupted; ``predict-term``
+gets ``scancel --signal=TERM`` once 2 batches are recorded: every rank stops before a batch and exits
+75, the script requeues the job and the requeued job resumes; its store must equal the uninterrupted
+one file for file, byte for byte, and its scores exactly.
+
+Skipped with the reason where the cluster cannot start (``tests/slurm_cluster.py``: Slurm/MUNGE not
+installed, not root).
 """
 
 from __future__ import annotations
@@ -35,6 +43,8 @@ from .slurm_cluster import FINAL_STATES, ClusterUnavailable, SlurmCluster, start
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "configs" / "slurm" / "train.sbatch"
+PREDICT_TEMPLATE = REPO / "configs" / "slurm" / "predict.sbatch"
+PREDICT_BATCHES = 16  # inits of the validation period at 6 h with 4 steps of targets, one per batch
 STEPS = 20
 SIGNAL_AFTER_STEP = 3
 JOBS_LIMIT_S = 900  # all three jobs, requeues included; generous for a loaded 2-core machine
@@ -87,11 +97,11 @@ def _job_env(cluster: SlurmCluster) -> dict[str, str]:
     return env
 
 
-def _submit(cluster: SlurmCluster, job: Job, config: Path) -> None:
+def _submit(cluster: SlurmCluster, job: Job, config: Path, template: Path = TEMPLATE, *args: str) -> None:
     opts = ["--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=1", "--gpus-per-node=0"]
     out = cluster.run(
         "sbatch", "--parsable", f"--job-name=jigsaw-{job.name}", *opts,
-        f"--output={job.dir}/slurm-%j.out", f"--chdir={job.dir}", str(TEMPLATE), str(config),
+        f"--output={job.dir}/slurm-%j.out", f"--chdir={job.dir}", str(template), str(config), *args,
         env=_job_env(cluster),
     )  # fmt: skip
     assert out.returncode == 0, f"sbatch failed: {out.stderr}\n{cluster.logs()}"
@@ -111,18 +121,21 @@ def _mid_run(run_dir: Path) -> bool:
     return max(steps, default=0) >= SIGNAL_AFTER_STEP and (run_dir / "checkpoints" / "latest").exists()
 
 
-def _drive(cluster: SlurmCluster, jobs: dict[str, Job]) -> None:
-    """Signal the interrupted jobs mid-run, then wait until every job has ended for good."""
-    pending = dict(SIGNALS)
+def _drive(cluster: SlurmCluster, jobs: dict[str, Job], signals: dict | None = None) -> None:
+    """Signal the interrupted jobs mid-run (``signals``: name → (scancel options, ready(job)); default
+    the training jobs once a step and a checkpoint are saved), then wait until every job has ended."""
+    pending = signals or {
+        name: (opts, lambda job: _mid_run(job.run_dir)) for name, (_, opts) in SIGNALS.items()
+    }
     deadline = time.monotonic() + JOBS_LIMIT_S
     while True:
         for job in jobs.values():
             job.info = cluster.job(job.id)
-        for name, (_, opts) in list(pending.items()):
+        for name, (opts, ready) in list(pending.items()):
             job = jobs[name]
             if job.info.get("JobState") in FINAL_STATES:
                 pytest.fail(f"job {name} ended before it was signalled\n{job.tail()}\n{cluster.logs()}")
-            if _mid_run(job.run_dir):
+            if ready(job):
                 out = cluster.run("scancel", *opts, job.id)
                 assert out.returncode == 0, f"scancel {opts} failed: {out.stderr}\n{job.tail()}"
                 log.info("job %s (%s): scancel %s", name, job.id, " ".join(opts))
@@ -210,3 +223,55 @@ def test_signal_checkpoints_requeues_and_matches_uninterrupted(jobs: dict[str, J
     assert [r["loss"] for r in rows] == [r["loss"] for r in reference]
     assert _final_loss(job.run_dir) == _final_loss(plain.run_dir)
     log.info("%s: stopped after step %d, requeued, final loss %r", name, stopped, _final_loss(job.run_dir))
+
+
+# ---------------------------------------------------------------- predict.sbatch
+def _recorded(folder: Path) -> int:
+    from jigsaw_earth.inference.unfinished import batches_done, read_request
+
+    info = read_request(folder)
+    return batches_done(folder, int(info["world"])) if info else 0
+
+
+@pytest.fixture(scope="module")
+def predict_jobs(cluster: SlurmCluster, jobs: dict[str, Job]) -> dict[str, Job]:
+    plain = jobs["plain"]
+    if not (plain.info and plain.info["JobState"] == "COMPLETED"):
+        pytest.fail(f"the training job to forecast from did not complete\n{plain.tail()}")
+    found = {name: Job(name, plain.dir.parent / name) for name in ("predict-plain", "predict-term")}
+    for job in found.values():
+        job.dir.mkdir()
+        args = ["--every-hours", "6", "--steps", "4", "--batch-size", "1", "--out", str(job.dir / "fc.zarr"),
+                "--score", "--scores", str(job.dir / "fc")]  # fmt: skip
+        _submit(cluster, job, plain.dir / "config.yaml", PREDICT_TEMPLATE, *args)
+    folder = found["predict-term"].dir / "fc.zarr.in-progress"
+    _drive(cluster, found, {"predict-term": (["--signal=TERM"], lambda job: _recorded(folder) >= 2)})
+    return found
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_predict_signalled_requeues_and_matches_uninterrupted(predict_jobs: dict[str, Job]) -> None:
+    plain, term = predict_jobs["predict-plain"], predict_jobs["predict-term"]
+    assert plain.info and (plain.info["JobState"], plain.info["Restarts"]) == ("COMPLETED", "0"), plain.tail()
+    assert term.info and term.info["JobState"] == "COMPLETED", term.tail()
+    assert (term.info["Restarts"], term.info["ExitCode"]) == ("1", "0:0"), term.tail()  # requeued once
+    text = term.log()
+    stop = re.search(rf"stopped on SIGTERM before batch (\d+) of {PREDICT_BATCHES}; (\d+) of ", text)
+    assert stop and int(stop[2]) == int(stop[1]) - 1 and 2 <= int(stop[2]) < PREDICT_BATCHES, term.tail()
+    assert f"requeueing job {term.id}" in text, term.tail()
+    assert f"{stop[2]} of {PREDICT_BATCHES} batches recorded; starting at batch {stop[1]}" in text, (
+        term.tail()
+    )
+    assert sorted(p.name for p in term.dir.iterdir() if not p.name.startswith("slurm-")) == [
+        "fc.csv", "fc.json", "fc.zarr"
+    ], "nothing but the outputs is left"  # fmt: skip
+    mine, theirs = _files(term.dir / "fc.zarr"), _files(plain.dir / "fc.zarr")
+    assert mine.keys() == theirs.keys() and [k for k in mine if mine[k] != theirs[k]] == []
+    rows = [json.loads((j.dir / "fc.json").read_text())["scores"] for j in (term, plain)]
+    assert rows[0] == rows[1]
+    log.info(
+        "predict: stopped before batch %s of %d, requeued, same store and scores", stop[1], PREDICT_BATCHES
+    )

@@ -281,7 +281,18 @@ def _prepare(args: argparse.Namespace) -> int:
 
 def _inspect(args: argparse.Namespace) -> int:
     from jigsaw_earth.data.report import inspect_store
+    from jigsaw_earth.inference.unfinished import describe
 
+    unfinished = describe(args.path)
+    if unfinished is not None:  # its fields are not final: what it is and what it will hold
+        print(f"UNFINISHED forecast of predict: {unfinished.text()}")
+        for line in unfinished.details():
+            print(f"  {line}")
+        print(f"the same predict command resumes it; remove it: jigsaw-earth predict --remove-unfinished "
+              f"{unfinished.path}")  # fmt: skip
+        _write_json(args.json, {"path": str(unfinished.path), "unfinished": unfinished.text(),
+                                "request": unfinished.request})  # fmt: skip
+        return 0
     r = inspect_store(args.path, _names(args.name), args.nans)
     g, t = r["grid"], r["time"]
     print(f"store     {r['path']}  (complete marker: {r['complete']})")

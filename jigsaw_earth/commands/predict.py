@@ -1,10 +1,18 @@
 """``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store; ``--members N``
-writes an ensemble (a ``number`` dimension) of a stochastic model."""
+writes an ensemble (a ``number`` dimension) of a stochastic model.
+
+Exit codes: 0 done; 2 a bad config, input or filesystem fault (one line names it and the fix); 75
+stopped on SIGTERM, SIGUSR1 or Ctrl-C before a batch, with every earlier batch recorded in
+``OUT.in-progress`` (``PREFIX.in-progress`` for ``--score --scores PREFIX`` alone): the same command
+resumes it; 130 a second Ctrl-C. ``--unfinished [DIR]`` lists predict's unfinished forecasts and
+``--remove-unfinished PATH`` removes one (nothing else).
+"""
 
 from __future__ import annotations
 
 import argparse
 import os
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -21,7 +29,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "predict", help="forecast from a trained run; all ranks write one WB2-layout Zarr store"
     )
-    p.add_argument("config", help="the run's YAML config (e.g. configs/demo.yaml or RUN_DIR/config.yaml)")
+    p.add_argument(
+        "config", nargs="?", help="the run's YAML config (e.g. configs/demo.yaml or RUN_DIR/config.yaml)"
+    )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
     p.add_argument("--out", help="forecast store to write (WB2 forecast layout); optional with --score")
     p.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
@@ -53,6 +63,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--climatology", metavar="CLIM.zarr", help="for ACC (default: the run's climatology)")
     g.add_argument("--regions", nargs="+", metavar="NAME", help="WB2 regions or 'all' (default global)")
     g.add_argument("--scores", metavar="PREFIX", help="also write the scores to PREFIX.json and PREFIX.csv")
+    u = p.add_argument_group("unfinished forecasts (a stopped predict resumes with the same command)")
+    u.add_argument(
+        "--unfinished", nargs="*", metavar="DIR", help="list predict's unfinished forecasts in DIR (or .)"
+    )
+    u.add_argument(
+        "--remove-unfinished", nargs="+", metavar="PATH", help="remove these unfinished forecasts of predict"
+    )
     p.set_defaults(run=run)
 
 
@@ -115,11 +132,34 @@ def _report(args: argparse.Namespace, result: Prediction) -> None:
         print(f"wrote {result.path}; open it with xarray.open_zarr({str(result.path)!r})")
 
 
+def _unfinished(args: argparse.Namespace) -> int:
+    from ..inference.unfinished import find_unfinished, remove_unfinished
+
+    for path in args.remove_unfinished or []:
+        print(f"removed {remove_unfinished(path).text()}")
+    folders = args.unfinished or (["."] if args.unfinished is not None else [])  # --unfinished alone: .
+    for folder in folders:
+        found = find_unfinished(folder)
+        print(f"{len(found)} unfinished forecast{'s' * (len(found) != 1)} of predict in {folder}")
+        for item in found:
+            print(f"  {item.text()}")
+        if found:
+            print(f"resume one with the command that started it, or remove it: jigsaw-earth predict "
+                  f"--remove-unfinished {found[0].path}")  # fmt: skip
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     from ..inference.predict import run_prediction
+    from ..inference.progress import Stopped
     from ..inference.selection import parse_int_list
     from ..training.runner import world_size_from_env
 
+    if args.unfinished is not None or args.remove_unfinished:
+        return _unfinished(args)
+    if args.config is None:
+        raise ValueError("give the run's config (predict CONFIG --out STORE ...), or --unfinished [DIR]")
+    rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
     period = cfg.data.val_period or ["", ""]
     start, end = args.start or period[0], args.end or period[-1]
@@ -130,25 +170,31 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
     score = _score_request(args)
     variables = [v for item in args.variables for v in item.split(",") if v] if args.variables else None
-    result = run_prediction(
-        cfg,
-        args.out,
-        checkpoint=args.checkpoint,
-        start=start,
-        end=end,
-        steps=args.steps,
-        every_hours=args.every_hours,
-        max_inits=args.max_inits,
-        batch_size=args.batch_size,
-        overwrite=args.overwrite,
-        variables=variables,
-        levels=parse_int_list(args.levels, "--levels"),
-        lead_hours=parse_int_list(args.lead_hours, "--lead-hours"),
-        lead_every=args.lead_every,
-        score=score,
-        members=args.members,
-        seed=args.seed,
-    )
-    if int(os.environ.get("RANK", "0")) == 0:
+    try:
+        result = run_prediction(
+            cfg,
+            args.out,
+            checkpoint=args.checkpoint,
+            start=start,
+            end=end,
+            steps=args.steps,
+            every_hours=args.every_hours,
+            max_inits=args.max_inits,
+            batch_size=args.batch_size,
+            overwrite=args.overwrite,
+            variables=variables,
+            levels=parse_int_list(args.levels, "--levels"),
+            lead_hours=parse_int_list(args.lead_hours, "--lead-hours"),
+            lead_every=args.lead_every,
+            score=score,
+            members=args.members,
+            seed=args.seed,
+            scores=args.scores,
+        )
+    except Stopped as err:
+        if rank == 0:
+            print(f"jigsaw-earth predict: {err}", file=sys.stderr)
+        return err.exit_code
+    if rank == 0:
         _report(args, result)
     return 0

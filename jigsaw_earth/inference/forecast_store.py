@@ -10,9 +10,10 @@ per member, so each rank writes its tile of its own members.
 Chunks are aligned with every tile boundary of the mesh (the greatest common divisor of the tile
 offsets along each axis), so no two ranks ever write the same chunk and no locking is needed. An
 even split gives one chunk per tile; an uneven one (721 rows over 4 ranks) gives finer chunks —
-rechunk afterwards if a reader needs larger ones. The store is written under ``PATH.tmp-<token>``
-(one random token per invocation, shared by its ranks) and renamed to ``PATH`` by rank 0 only after
-every rank has finished (``close``); ``abort`` removes it on any failure. The root attribute
+rechunk afterwards if a reader needs larger ones. The store is written under ``PATH.in-progress`` (one
+name per output: ``resume`` reopens it, ``progress.py`` records what is written) and renamed to
+``PATH`` by rank 0 only after every rank has finished (``close``), which then removes the progress
+folder ``_progress`` from it; ``abort`` removes it. The root attribute
 ``jigsaw_earth = {"kind": "forecast", "complete": ...}`` marks the store as predict's own, so
 ``--overwrite`` replaces only such stores (``data.outputs.check_output``).
 """
@@ -22,8 +23,9 @@ from __future__ import annotations
 import logging
 import math
 import shutil
-import uuid
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,10 +35,11 @@ import torch.distributed as dist
 import xarray as xr
 import zarr
 
-from ..data.outputs import MARKER, check_output, unique_tmp
+from ..data.outputs import MARKER, check_output, in_progress_path, unique_tmp
 from ..distributed.tiles import Tile, TileGrid
 from ..metrics.engine import MEMBER
 from ..metrics.units import CF_ATTRS, UNITS
+from .unfinished import PROGRESS
 
 __all__ = ["ForecastLayout", "ForecastWriter", "aligned_chunk"]
 
@@ -84,12 +87,12 @@ class ForecastLayout:
 KIND = "forecast"
 
 
-def _invocation_token() -> str:
-    """A random token, the same on every rank (rank 0's): unique temporary names per invocation."""
-    token = [uuid.uuid4().hex[:12]]
-    if dist.is_initialized():
-        dist.broadcast_object_list(token, src=0)
-    return token[0]
+@contextmanager
+def _progress_beside() -> Iterator[None]:
+    """The store holds ``_progress`` beside its arrays while in progress: not a Zarr node, not news."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=f"Object at {PROGRESS} is not recognized")
+        yield
 
 
 def _barrier() -> None:
@@ -98,7 +101,9 @@ def _barrier() -> None:
 
 
 class ForecastWriter:
-    """Collective: every rank constructs it, writes its tiles, and calls ``close``."""
+    """Collective: every rank constructs it, writes its tiles, and calls ``close``. ``resume``: open
+    the in-progress store an earlier run left (its layout is the request ``progress.py`` compared)
+    instead of starting it; a new one replaces everything in it but ``_progress``."""
 
     def __init__(
         self,
@@ -109,6 +114,7 @@ class ForecastWriter:
         *,
         overwrite: bool = False,
         protected: tuple[tuple[str, str | Path | None], ...] = (),
+        resume: bool = False,
     ):
         self.path = Path(path)
         self.layout, self.grid, self.rank = layout, grid, rank
@@ -119,9 +125,16 @@ class ForecastWriter:
                 f"layout grid {len(layout.latitude)}x{len(layout.longitude)} does not match the model grid "
                 f"{grid.n_lat}x{grid.n_lon}"
             )
-        self.tmp = unique_tmp(self.path, _invocation_token())
-        if rank == 0:
-            self._template().to_zarr(self.tmp, mode="w", compute=False, zarr_format=3, consolidated=False)
+        self.tmp = in_progress_path(self.path)
+        if rank == 0 and not resume:
+            if self.tmp.exists():  # a start cut short: all but the progress goes, if it is predict's
+                if not (self.tmp / PROGRESS).is_dir():
+                    check_output(self.tmp, KIND, overwrite=True, option="the in-progress store")
+                for entry in self.tmp.iterdir():
+                    if entry.name != PROGRESS:
+                        shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            with _progress_beside():
+                self._template().to_zarr(self.tmp, mode="a", compute=False, zarr_format=3, consolidated=False)
         _barrier()
         self._arrays = {name: zarr.open_array(self.tmp / name, mode="r+") for name in self._variables()}
 
@@ -224,25 +237,24 @@ class ForecastWriter:
         if self.rank == 0:
             group = zarr.open_group(self.tmp, mode="r+")
             group.attrs[MARKER] = {"kind": KIND, "complete": True}
-            with (
-                warnings.catch_warnings()
-            ):  # consolidated metadata is not in the v3 spec (yet): xarray reads it
+            with _progress_beside():  # consolidated metadata is not in the v3 spec (yet): xarray reads it
                 warnings.filterwarnings("ignore", message="Consolidated metadata")
                 zarr.consolidate_metadata(self.tmp)
             # the path may have changed since the start: the same rule again, just before replacing
             check_output(self.path, KIND, overwrite=self.overwrite, protected=self.protected)
             if self.path.exists():
-                old = unique_tmp(self.path, "replaced-" + self.tmp.name.rsplit("-", 1)[-1])
+                old = unique_tmp(self.path)
                 self.path.rename(old)
                 self.tmp.rename(self.path)
                 shutil.rmtree(old, ignore_errors=True)
             else:
                 self.tmp.rename(self.path)
+            shutil.rmtree(self.path / PROGRESS, ignore_errors=True)
             log.info("wrote forecast store %s", self.path)
         _barrier()
         return self.path
 
     def abort(self) -> None:
-        """Rank 0 removes the temporary store (after a failure on any rank); never the target."""
+        """Rank 0 removes the in-progress store (after a failure on any rank); never the target."""
         if self.rank == 0:
             shutil.rmtree(self.tmp, ignore_errors=True)

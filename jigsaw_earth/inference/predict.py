@@ -11,17 +11,15 @@ and the weights come from a sharded checkpoint written on any mesh.
 Inference is read-only on the run (``load.py``): no run-directory claim, no ``config.yaml`` or
 ``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
 before any work (``data.outputs.check_output``): never the truth store, the checkpoints, or a
-path that is not predict's own; the temporary store is removed on any exit (SIGTERM included).
+path that is not predict's own. The store is written as ``OUT.in-progress`` and renamed when complete;
+SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next batch with every earlier batch recorded
+there, and the same command resumes it (``progress.py``).
 """
 
 from __future__ import annotations
 
 import logging
-import signal
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -44,6 +42,7 @@ from ..training.step import build_run_model, model_step
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
+from .progress import Progress, forecast_request
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, training_forward_rate
@@ -124,23 +123,6 @@ class Prediction:
     members: int | None = None
 
 
-@contextmanager
-def _sigterm_raises() -> Iterator[None]:
-    """SIGTERM (torchrun stopping the job after another rank failed) unwinds like an error."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
 @torch.no_grad()
 def run_prediction(
     cfg: TrainConfig,
@@ -162,12 +144,15 @@ def run_prediction(
     mesh: DomainMesh | None = None,
     members: int | None = None,
     seed: int | None = None,
+    scores: str | Path | None = None,
 ) -> Prediction:
     """Forecast from every selected init; write the selected variables, levels and leads to ``out``
     and/or score them (``score``) as the rollout runs (collective). ``mesh``: run on this existing
     mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one. ``members``: an
     ensemble of that many members (a ``number`` dimension; None: deterministic, no dimension), their
-    noise drawn with ``seed`` (default ``run.seed``)."""
+    noise drawn with ``seed`` (default ``run.seed``). ``scores``: the prefix the scores are written to,
+    which names a score-only run's in-progress folder (``PREFIX.in-progress``); a stop signal raises
+    ``progress.Stopped`` after recording what is done."""
     _check_options(out, every_hours, max_inits, batch_size, score)
     if members is not None:
         check(cfg, members, cfg.mesh.ensemble)
@@ -183,26 +168,28 @@ def run_prediction(
         )
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
-    ckpt = find_checkpoint(cfg, checkpoint)
+    progress = Progress.for_output(out, scores)
+    ckpt = find_checkpoint(cfg, progress.checkpoint(checkpoint))
     protected = protected_paths(cfg, ckpt)
     if score is not None:
         protected += (("--truth store", score.truth), ("--climatology", score.climatology))
     run_dir = (("run directory run.dir", cfg.run.dir),)
     if out is not None:
         check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
+    progress.check(protected, run_dir)
     check_against_checkpoint(cfg, ckpt)
     own = mesh is None
     if mesh is not None and mesh.shape != cfg.mesh.shape:
         raise ValueError(f"mesh {mesh.shape} differs from the config's mesh {cfg.mesh.shape}")
-    mesh = setup_mesh(cfg) if mesh is None else mesh
-    try:
-        with _sigterm_raises():
+    with progress.watching():
+        mesh = setup_mesh(cfg) if mesh is None else mesh
+        try:
             ens = None if members is None else Members.plan(cfg, mesh, members, seed)
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
-                            batch_size, overwrite, score, ens)  # fmt: skip
-    finally:
-        if own and dist.is_initialized():
-            dist.destroy_process_group()
+                            progress.batch_size(batch_size), overwrite, score, ens, progress)  # fmt: skip
+        finally:
+            if own and dist.is_initialized():
+                dist.destroy_process_group()
 
 
 def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bool,
@@ -222,10 +209,16 @@ def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bo
     return training_forward_rate(model, forward, data.local_batch * data.mesh.axis("data").size)
 
 
+def _batch_shares(scorer: TileScorer) -> dict[str, torch.Tensor]:
+    """End the scorer's batch; its shares (what a resume restores), taken before the next begins."""
+    scorer.end()
+    return scorer.last_batch()
+
+
 def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
-    score: ScoreRequest | None, ens: Members | None,
+    score: ScoreRequest | None, ens: Members | None, progress: Progress,
 ) -> Prediction:  # fmt: skip
     from ..training.sources import build_data
 
@@ -253,9 +246,8 @@ def _predict(
     if batch_size is None:
         batch_size = max(1, auto_batch(model, data, max(1, len(mine)) * per_init, 2 if bf16 else 4, mesh)
                          // per_init)  # fmt: skip
+    request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size, score)
     writer = None
-    if out is not None:
-        writer = ForecastWriter(out, layout, data.grid, mesh.rank, overwrite=overwrite, protected=protected)
 
     def write(chunk: np.ndarray, lead_index: int, host: torch.Tensor, wait: Any) -> None:
         """Write one lead from its host copy, once the copy has landed."""
@@ -280,10 +272,16 @@ def _predict(
 
     pipe = Pipeline()
     try:
-        chunks = [mine[k : k + batch_size] for k in range(0, len(mine), batch_size)]
+        progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
+        if out is not None:
+            writer = ForecastWriter(out, layout, data.grid, mesh.rank, overwrite=overwrite,
+                                    protected=protected, resume=not progress.fresh)  # fmt: skip
+        progress.begin(scorer)  # the scores of batches an earlier run recorded
+        chunks = progress.remaining([mine[k : k + batch_size] for k in range(0, len(mine), batch_size)])
         ahead = pipe.read(partial(read, chunks[0])) if chunks else None  # inputs only
         reported, t0 = 0, time.perf_counter()
         for i, chunk in enumerate(chunks):
+            progress.boundary(i, pipe)  # collective: a stop signal ends the run here, all recorded
             host_batch, host_times = ahead.result()
             batch = host_batch.to(dev, non_blocking=True)
             lead_times = host_times.to(dev, non_blocking=True)
@@ -306,9 +304,10 @@ def _predict(
                     if scorer is not None:
                         every = ens.everyone(ens.split(state)) if ens is not None else None  # all members
                         pipe.sink(partial(score_lead, lead_of[lead + 1], physical, every), "score")
-            if scorer is not None:
-                pipe.sink(scorer.end, "score")
-            done = sum(len(c) for c in chunks[: i + 1])
+            scored = None if scorer is None else pipe.sink(partial(_batch_shares, scorer), "score")
+            # recorded on the writing thread after its writes, once the batch's scores are in too
+            pipe.sink(partial(progress.record, i, scored))
+            done = progress.skipped + sum(len(c) for c in chunks[: i + 1])
             if mesh.rank == 0 and (done == len(mine) or 10 * done // len(mine) > reported):
                 reported = 10 * done // len(mine)
                 log.info("forecast %d/%d initialisations", done, len(mine))
@@ -317,14 +316,14 @@ def _predict(
         train_rate = _training_rate(model, data, batch, bf16, tendency, ens) if chunks else float("nan")
         rows = scorer.finish() if scorer is not None else None
         path = writer.close() if writer is not None else None
-    except BaseException:
-        if writer is not None:
-            writer.abort()
+        progress.finish()
+    except BaseException as err:
+        progress.abort(err)
         raise
     finally:
         pipe.close()
     # every replica ran its share in the same time; a member's forecast is one model sample
-    rate = len(inits) * (1 if ens is None else ens.total) * steps / max(elapsed, 1e-9)
+    rate = progress.inits_this_run() * (1 if ens is None else ens.total) * steps / max(elapsed, 1e-9)
     if mesh.rank == 0:
         log.info("forecast %d inits × %d steps from checkpoint %s (step %d), batch %d: %.2f steps/s; the "
                  "training forward on this mesh: %.2f steps/s%s", len(inits), steps, ckpt, step, batch_size,

@@ -7,7 +7,8 @@ climatology, and adds its tile's shares of WB2's weighted sums (``MetricAccumula
 of every replica) and returns ``score``'s table rows — equal to ``score`` of the written store.
 No field is ever gathered. An ensemble forecast (``members``) is scored as ``score`` scores a store
 with a member dimension: RMSE, bias and ACC of the ensemble mean and WB2's ensemble metrics; each
-rank's ``update`` gets every member of its tile.
+rank's ``update`` gets every member of its tile. ``last_batch`` and ``restore`` carry the shares over
+a stop and resume (``progress.py``).
 """
 
 from __future__ import annotations
@@ -129,6 +130,17 @@ class TileScorer:
         for m, parts in self._leads.items():
             self.accs[m].add(torch.cat(parts, dim=1))
             parts.clear()
+
+    def last_batch(self) -> dict[str, torch.Tensor]:
+        """This rank's shares of the batch ``end`` closed last, per model: what a resume restores."""
+        return {m: acc.parts[-1] for m, acc in self.accs.items()}
+
+    def restore(self, batches: list[dict[str, torch.Tensor]]) -> None:
+        """Add the shares of batches an earlier run scored (``last_batch`` of each, in their order),
+        so ``finish`` sums exactly what an uninterrupted run sums."""
+        for shares in batches:
+            for m, acc in self.accs.items():
+                acc.add(shares[m])
 
     def finish(self) -> list[dict[str, Any]]:
         """Collective: the scores as ``score``'s table rows (one per model, metric, region, variable,

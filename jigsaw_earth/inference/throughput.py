@@ -80,12 +80,14 @@ class Pipeline:
     def read(self, fn: Callable[[], Any]) -> Future:
         return self._read.submit(fn)
 
-    def sink(self, fn: Callable[[], None], lane: str = "write") -> None:
+    def sink(self, fn: Callable[[], Any], lane: str = "write") -> Future:
         """Run ``fn`` after every earlier job of its ``lane``; wait while ``QUEUED`` are pending."""
         pending = self._pending[lane]
-        pending.append(self._lanes[lane].submit(fn))
+        job = self._lanes[lane].submit(fn)
+        pending.append(job)
         while len(pending) > QUEUED or (pending and pending[0].done()):
             pending.popleft().result()
+        return job
 
     def drain(self) -> None:
         for pending in self._pending.values():

@@ -91,6 +91,11 @@ class MetricAccumulator:
         they stay on their device until ``compute``."""
         self._parts.append(shares)
 
+    @property
+    def parts(self) -> list[torch.Tensor]:
+        """The shares added so far, in order (``compute`` sums them in this order)."""
+        return list(self._parts)
+
     @torch.no_grad()
     def shares(
         self,

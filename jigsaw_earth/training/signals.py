@@ -37,6 +37,8 @@ class Preempted(Exception):
 class StopSignals:
     """Context manager: while inside, ``SIGTERM``/``SIGUSR1`` set ``received`` instead of killing."""
 
+    signals: tuple[signal.Signals, ...] = STOP_SIGNALS
+
     def __init__(self, mesh: DomainMesh):
         self.mesh = mesh
         self.received: str | None = None
@@ -48,7 +50,7 @@ class StopSignals:
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
+            for sig in self.signals:
                 self._saved[sig] = signal.signal(sig, self._handle)
         return self
 

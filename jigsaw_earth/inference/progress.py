@@ -1,0 +1,362 @@
+"""A forecast that survives its time limit: stop on a signal, record each batch, resume where it stopped.
+
+Signals (``PredictSignals``: training's ``StopSignals`` with Ctrl-C added): ``SIGTERM``, ``SIGUSR1`` and
+``SIGINT`` only set a flag. Before each batch that every data replica has, every rank learns whether any
+rank got one (one all-reduce of a flag, so all ranks stop before the same batch); then each rank waits
+until its earlier batches are written, scored and recorded, and ``Stopped`` is raised on every rank
+(``jigsaw-earth predict`` exits 75, ``EX_TEMPFAIL``, as training does). A second Ctrl-C raises
+``KeyboardInterrupt`` at once; what was recorded is kept.
+
+Recording (``Progress``, in the output's in-progress folder ``unfinished.py``): after a batch's last lead
+is written and scored (on the writing thread, in order), each rank saves its score shares of that batch
+(``TileScorer.last_batch``) to ``_progress/scores/rank-R/batch-B.pt``, then the count of its batches
+done to ``_progress/rank-R.json``. A resume starts at the batch every rank has recorded (the minimum),
+restores each rank's shares of the batches before it, in order, and writes nothing before it again; a
+batch in flight when a process was killed is written again. Forecasts and shares are those of a run that
+never stopped, so the store and the scores are the same bit for bit (same mesh, batch and device).
+
+A resume must ask for the same forecast (``forecast_request``): checkpoint (by default the recorded one),
+data store, init times, variables, levels, leads, members, seed, mesh, batch (by default the recorded
+one), precision, device and scoring (truth, climatology, regions). Anything else may change
+(``--overwrite``, ``--scores``, logging, the launcher). A different request is refused naming each
+difference.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from ..data.outputs import MARKER, check_output, in_progress_path, read_marker
+from ..training.signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals
+from .unfinished import FORMAT, KIND, PROGRESS, REQUEST, Lock, batches_done, find_unfinished, read_request
+
+__all__ = ["EXIT_STOPPED", "PredictSignals", "Progress", "Stopped", "forecast_request"]
+
+log = logging.getLogger(__name__)
+EXIT_STOPPED = EXIT_PREEMPTED
+CHECKPOINT, BATCH = "checkpoint (--checkpoint)", "batch (--batch-size)"
+
+
+class Stopped(Exception):
+    """Predict stopped on a signal before a batch, with every earlier batch recorded."""
+
+    exit_code = EXIT_STOPPED
+
+
+class PredictSignals(StopSignals):
+    """``SIGTERM``, ``SIGUSR1`` and ``SIGINT`` set ``received``; a second ``SIGINT`` interrupts at once."""
+
+    signals = (*STOP_SIGNALS, signal.SIGINT)
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGINT and self.received is not None:
+            raise KeyboardInterrupt
+        if self.received is None:
+            self.received = signal.Signals(signum).name
+            log.warning("received %s: predict stops before the next batch, once the earlier ones are "
+                        "recorded (Ctrl-C again: stop at once)", self.received)  # fmt: skip
+
+
+def _where(path: str | Path) -> str:
+    """A local path made absolute (a resume may run from another directory); a URL as given."""
+    return str(path) if "://" in str(path) else str(Path(path).expanduser().resolve())
+
+
+def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarray, selection: Any,
+                     members: Any, mesh: Any, batch_size: int, score: Any) -> dict[str, Any]:  # fmt: skip
+    """What decides a forecast's numbers: a resume must ask for exactly this (JSON values)."""
+    times = [str(t) for t in np.asarray(init_times).astype("datetime64[h]")]
+    hours = [int(h) for h in selection.leads / np.timedelta64(1, "h")]
+    scoring = None
+    if score is not None:
+        regions = list(score.regions) if score.regions else None
+        scoring = {"truth": _where(score.truth or cfg.data.store),
+                   "climatology": _where(score.climatology) if score.climatology else None,
+                   "regions": regions}  # fmt: skip
+    request = {
+        CHECKPOINT: str(Path(checkpoint).resolve()),
+        "checkpoint step": step,
+        "data.store": _where(cfg.data.store),
+        "initialisation times (--start, --end, --every-hours, --max-inits)": times,
+        "variables (--variables)": [*selection.upper_air, *selection.surface],
+        "levels (--levels)": list(selection.levels),
+        "leads in hours (--lead-hours, --lead-every, --steps)": hours,
+        "model steps (--steps)": selection.steps,
+        "members (--members)": None if members is None else members.total,
+        "noise seed (--seed)": None if members is None else members.seed,
+        "mesh (data x [ensemble x] lat x lon)": str(mesh.shape),
+        BATCH: batch_size,
+        "precision (training.precision)": cfg.training.precision,
+        "device": mesh.device.type,
+        "scoring (--score --truth --climatology --regions)": scoring,
+    }
+    return json.loads(json.dumps(request))
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, list) and len(value) > 4:
+        return f"{len(value)} values {value[0]} … {value[-1]}"
+    return json.dumps(value)
+
+
+def _differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    keys = list(now) + [k for k in recorded if k not in now]
+    return [f"{k}: {_short(now.get(k))} (recorded: {_short(recorded.get(k))})"
+            for k in keys if recorded.get(k) != now.get(k)]  # fmt: skip
+
+
+def _atomic(path: Path, write: Any) -> None:
+    tmp = path.with_name(path.name + ".part")
+    with open(tmp, "wb") as f:
+        write(f)
+    os.replace(tmp, path)
+
+
+class Progress:
+    """The progress of one output (``folder`` None: a score-only run without ``--scores``: a signal
+    still stops it cleanly, but nothing is recorded)."""
+
+    def __init__(self, folder: Path | None):
+        self.folder = folder
+        self.lock = Lock(folder) if folder is not None else None
+        self.signals: PredictSignals | None = None
+        self.first, self.fresh, self.done, self.rank, self.world = 0, True, 0, 0, 1
+        self.total = self.common = self.own = self.batch = self.replica = 0
+        self.sizes: list[int] = []
+        self.request: dict[str, Any] = {}
+        self._checked: tuple[Any, Any] = ((), ())
+
+    @classmethod
+    def for_output(cls, out: str | Path | None, scores: str | Path | None = None) -> Progress:
+        target = out if out is not None else scores
+        return cls(None if target is None else in_progress_path(Path(target).expanduser().absolute()))
+
+    def recorded(self, key: str) -> Any:
+        info = read_request(self.folder) if self.folder is not None else None
+        return None if info is None else info["request"].get(key)
+
+    def checkpoint(self, given: str | None) -> str | None:
+        """``--checkpoint`` as given, else the one the recorded progress used (if it still exists)."""
+        recorded = self.recorded(CHECKPOINT) if given is None else None
+        if recorded is not None and (Path(recorded) / "meta.json").is_file():
+            return recorded
+        return given
+
+    def batch_size(self, given: int | None) -> int | None:
+        return given if given is not None else self.recorded(BATCH)
+
+    def check(self, protected: Any = (), may_hold_outputs: Any = ()) -> None:
+        """Before any work: the in-progress folder is predict's own, or new and where ``--out`` may be
+        (never the truth store, the checkpoints, ...; ``data.outputs.check_output``)."""
+        self._checked = (protected, may_hold_outputs)
+        if self.folder is None or (self.folder / PROGRESS).is_dir():  # predict's, checked when it was made
+            return
+        if (read_marker(self.folder) or {}).get("complete") is True:
+            raise ValueError(
+                f"{self.folder} is a complete forecast store, not a forecast in progress; nothing was "
+                f"deleted: rename or remove it, or choose another output"
+            )
+        check_output(self.folder, KIND, overwrite=True, protected=protected,
+                     may_hold_outputs=may_hold_outputs, option="the in-progress folder")  # fmt: skip
+
+    @contextmanager
+    def watching(self) -> Iterator[PredictSignals]:
+        """Stop signals set a flag while inside (collective checks need ``open``'s mesh)."""
+        with PredictSignals(None) as stop:  # type: ignore[arg-type]
+            self.signals = stop
+            yield stop
+
+    # ------------------------------------------------------------------ start
+    def open(self, mesh: Any, request: dict[str, Any], n_inits: int, batch_size: int) -> None:
+        """Collective: lock the folder, compare a recorded request, find the batch to start from."""
+        if self.signals is not None:
+            self.signals.mesh = mesh
+        self.rank, self.world = mesh.rank, mesh.shape.world_size
+        replicas, replica = mesh.axis("data").size, mesh.axis("data").index
+        self.sizes = [len(range(r, n_inits, replicas)) for r in range(replicas)]  # inits per replica
+        counts = [math.ceil(n / batch_size) for n in self.sizes]
+        self.total, self.common, self.own, self.replica = max(counts), min(counts), counts[replica], replica
+        self.batch, self.request = batch_size, request
+        if self.folder is None:
+            if self.rank == 0:
+                log.warning("a score-only run without --scores PREFIX records no progress: a signal stops "
+                            "it cleanly, but a rerun starts over")  # fmt: skip
+            return
+        answer: list[Any] = [None]
+        if self.rank == 0:
+            try:
+                answer = [self._claim(mesh.shape.world_size)]
+            except (ValueError, OSError) as err:
+                answer = [f"{type(err).__name__}: {err}"]
+        if dist.is_initialized():
+            dist.broadcast_object_list(answer, src=0)
+        if isinstance(answer[0], str):
+            raise ValueError(answer[0].split(": ", 1)[1])
+        self.first, self.fresh = answer[0]
+        self.done = self.first
+
+    def _claim(self, world: int) -> tuple[int, bool]:
+        folder = self.folder
+        assert folder is not None and self.lock is not None
+        self.check(*self._checked)  # again, just before it is written: never clear what predict did not write
+        self.lock.acquire()
+        try:
+            info = read_request(folder)
+            if info is not None:
+                diffs = _differences(info["request"], self.request)
+                if diffs:
+                    raise ValueError(
+                        f"{folder} holds an unfinished forecast of another request; it differs in: "
+                        f"{'; '.join(diffs)}. A resume needs the same checkpoint, store, inits, variables, "
+                        f"levels, leads, members, seed, mesh, batch, precision, device and scoring "
+                        f"(--overwrite, --scores, logging and the launcher may change). Run it as recorded "
+                        f"to finish it, or remove it: jigsaw-earth predict --remove-unfinished {folder}"
+                    )
+                first = min(batches_done(folder, world), self.total)
+                log.info("resuming %s: %d of %d batches recorded; starting at batch %d", folder, first,
+                         self.total, first + 1)  # fmt: skip
+            else:  # new, or its creation was cut short: start it (again)
+                first = 0
+                self._clear(folder)
+            for item in find_unfinished(folder.parent, besides=folder):
+                log.warning("%s; remove it: jigsaw-earth predict --remove-unfinished %s", item.text(),
+                            item.path)  # fmt: skip
+        except BaseException:
+            self.lock.release()
+            raise
+        return first, info is None
+
+    @staticmethod
+    def _clear(folder: Path) -> None:
+        for entry in folder.iterdir():
+            inner = list(entry.iterdir()) if entry.name == PROGRESS else [entry]
+            for path in inner:
+                if path.name != "lock":
+                    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+    def begin(self, scorer: Any) -> None:
+        """After the store exists: record the request (rank 0, new runs), restore earlier scores."""
+        if self.folder is None:
+            return
+        progress = self.folder / PROGRESS
+        if self.rank == 0 and self.fresh:
+            import zarr
+
+            scores_only = not (self.folder / "zarr.json").exists()
+            if scores_only:  # no store: the marker alone
+                group = zarr.open_group(self.folder, mode="a", zarr_format=3)
+                group.attrs[MARKER] = {"kind": KIND, "complete": False}
+            info = {"format": FORMAT, "request": self.request, "batches": self.total,
+                    "batch_size": self.batch, "inits": sum(self.sizes), "world": self.world,
+                    "scores_only": scores_only, "created": time.time()}  # fmt: skip
+            _atomic(progress / REQUEST, lambda f: f.write(json.dumps(info, indent=1).encode()))
+        if scorer is not None:
+            batches = []
+            for g in range(min(self.first, self.own)):
+                path = self._shares(g)
+                if not path.is_file():
+                    raise FileNotFoundError(
+                        f"{path} is missing: the recorded progress of {self.folder} is damaged; remove it "
+                        f"(jigsaw-earth predict --remove-unfinished {self.folder}) and run again"
+                    )
+                batches.append(torch.load(path, map_location="cpu", weights_only=True))
+            scorer.restore(batches)
+        if self.first >= self.own:  # nothing left for this rank
+            self._record_count(self.total)
+
+    # ------------------------------------------------------------------ each batch
+    def remaining(self, chunks: list[Any]) -> list[Any]:
+        """The batches still to run (the loop's index ``i`` is then batch ``first + i``)."""
+        return chunks[self.first :]
+
+    def boundary(self, i: int, pipe: Any) -> None:
+        """Collective before batch ``first + i``: on a signal to any rank, record and raise ``Stopped``."""
+        g = self.first + i
+        if g >= self.common or self.signals is None or not self.signals.should_stop():
+            return
+        pipe.drain()  # every earlier batch written, scored and recorded
+        if dist.is_initialized():
+            dist.barrier()
+        if self.lock is not None:
+            self.lock.release()
+        done = sum(min(g * self.batch, n) for n in self.sizes)
+        where = (f"{g} of {self.total} batches ({done} of {sum(self.sizes)} inits) are recorded in "
+                 f"{self.folder}: run the same command again (sbatch --requeue does) to resume"
+                 if self.folder is not None else "nothing is recorded for a score-only run without "
+                 "--scores PREFIX: a rerun starts over")  # fmt: skip
+        raise Stopped(f"stopped on {self.signals.received} before batch {g + 1} of {self.total}; {where}")
+
+    def record(self, i: int, scored: Future | None) -> None:
+        """On the writing thread, once batch ``first + i`` is written: record it, with its score shares
+        (``scored``: the scoring thread's future of them; None without ``--score``) once they are in."""
+        shares = None if scored is None else scored.result()
+        if self.folder is None:
+            return
+        g = self.first + i
+        if shares is not None:
+            path = self._shares(g)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shares = {m: t.cpu() for m, t in shares.items()}  # any device may resume them
+            _atomic(path, lambda f: torch.save(shares, f))
+        self._record_count(self.total if g + 1 >= self.own else g + 1)
+
+    @property
+    def skipped(self) -> int:
+        """This replica's inits in the batches an earlier run recorded."""
+        return min(self.first * self.batch, self.sizes[self.replica]) if self.sizes else 0
+
+    def inits_this_run(self) -> int:
+        """Inits forecast by this invocation, every replica together."""
+        return sum(n - min(self.first * self.batch, n) for n in self.sizes)
+
+    # ------------------------------------------------------------------ the end
+    def finish(self) -> None:
+        """Collective, after success: remove the progress (a store's left with its rename)."""
+        if self.folder is None:
+            return
+        if dist.is_initialized():
+            dist.barrier()
+        if self.rank == 0 and self.folder.exists():
+            shutil.rmtree(self.folder)
+        if self.lock is not None:
+            self.lock.held = False
+
+    def abort(self, err: BaseException) -> None:
+        """A failure or a second Ctrl-C: keep what is recorded (rank 0 removes a folder of nothing)."""
+        if self.folder is None or isinstance(err, Stopped) or self.lock is None or not self.lock.held:
+            return
+        self.lock.release()
+        if self.done == 0:
+            shutil.rmtree(self.folder, ignore_errors=True)
+        else:
+            log.warning("kept %s: %d of %d batches recorded; run the same command again to resume, or "
+                        "remove it: jigsaw-earth predict --remove-unfinished %s", self.folder, self.done,
+                        self.total, self.folder)  # fmt: skip
+
+    # ------------------------------------------------------------------ files
+    def _shares(self, batch: int) -> Path:
+        assert self.folder is not None
+        return self.folder / PROGRESS / "scores" / f"rank-{self.rank:05d}" / f"batch-{batch:06d}.pt"
+
+    def _record_count(self, done: int) -> None:
+        assert self.folder is not None
+        text = json.dumps({"batches": done, "time": time.time()}).encode()
+        _atomic(self.folder / PROGRESS / f"rank-{self.rank:05d}.json", lambda f: f.write(text))
+        self.done = done
