@@ -24,8 +24,6 @@ difference.
 
 from __future__ import annotations
 
-from concurrent.futures import Future
-
 import json
 import logging
 import math
@@ -34,6 +32,7 @@ import shutil
 import signal
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from types import FrameType
