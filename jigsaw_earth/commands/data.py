@@ -11,7 +11,7 @@ from pathlib import Path
 from ..argtypes import parse_grid, parse_list
 from ..distributed.halo import Halo
 from ..distributed.mesh import parse_mesh
-from .output import write_json
+from .output import check_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -202,9 +202,13 @@ def _layout(args: argparse.Namespace, grid: tuple[int, int] | None, default_time
     return replace(layout, compression=args.compression) if args.compression else layout
 
 
-def _write_json(path: Path | None, obj) -> None:
+#: what ``data inspect --json`` and ``data io-report --json`` hold
+INSPECT_KEYS, IO_KEYS = ("path", "grid", "variables"), ("store", "mesh")
+
+
+def _write_json(path: Path | None, obj, keys: tuple[str, ...]) -> None:
     if path:
-        write_json(path, obj)
+        write_json(path, obj, "--json", *keys)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -282,6 +286,7 @@ def _prepare(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from jigsaw_earth.data.report import inspect_store
 
+    check_json(args.json, "--json", *INSPECT_KEYS)
     r = inspect_store(args.path, _names(args.name), args.nans)
     g, t = r["grid"], r["time"]
     print(f"store     {r['path']}  (complete marker: {r['complete']})")
@@ -313,7 +318,7 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{v['name']:<28} {','.join(v['dims']):<40} {'x'.join(map(str, v['chunks'])):<22} "
             f"{shards:<22} {v.get('nans', '-')}"
         )
-    _write_json(args.json, r)
+    _write_json(args.json, r, INSPECT_KEYS)
     return 0
 
 
@@ -321,6 +326,7 @@ def _io(args: argparse.Namespace) -> int:
     from jigsaw_earth.data.report import io_report, throughput
     from jigsaw_earth.data.store import StoreView
 
+    check_json(args.json, "--json", *IO_KEYS)
     names = _names(args.name)
     view = StoreView.open(args.path, names=names)
     spec = _spec(args, view)
@@ -358,5 +364,5 @@ def _io(args: argparse.Namespace) -> int:
                 f"{b['xarray_full_then_slice_samples_per_s']:.1f} samples/s ({b['speedup']:.2f}x)"
             )
         records.append(r)
-    _write_json(args.json, records)
+    _write_json(args.json, records, IO_KEYS)
     return 1 if failed else 0

@@ -19,8 +19,11 @@ from ..distributed.mesh import MeshShape
 from ..models import make_config, model_entry
 from ..models.plan import Hardware, MeshPlan, plan_meshes, recommend
 from ..models.plan_eval import EvalPlan, plan_evaluation, writes
+from .output import check_json, write_json
 
 __all__ = ["add_parser", "run"]
+
+JSON_KEYS = ("model", "world_size", "meshes")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -321,6 +324,7 @@ def _evaluation(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan], g
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json(args.json, "--json", *JSON_KEYS)
     grid = parse_grid(args.grid, example="721x1440")
     channels = parse_ints(args.channels, "--channels", 3, sep=",", minimum=0, example="69,2,4")
     if channels[0] < 1:
@@ -352,6 +356,5 @@ def run(args: argparse.Namespace) -> int:
             "meshes": [p.as_dict() for p in plans],
             "evaluation": evaluation.as_dict() if evaluation else None,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1))
+        write_json(args.json, doc, "--json", *JSON_KEYS)
     return 0

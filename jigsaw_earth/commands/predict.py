@@ -13,6 +13,7 @@ import numpy as np
 from ..config import load_config
 
 if TYPE_CHECKING:
+    from ..config.schema import TrainConfig
     from ..inference.predict import Prediction
     from ..inference.scoring import ScoreRequest
 
@@ -82,7 +83,17 @@ def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
     return ScoreRequest(args.truth, args.climatology, tuple(args.regions) if args.regions else None)
 
 
-def _report(args: argparse.Namespace, result: Prediction) -> None:
+def _stores(args: argparse.Namespace, cfg: TrainConfig) -> tuple[tuple[str, str | None], ...]:
+    """What ``--scores`` may never be inside: the stores read and the one written."""
+    from ..data.preflight import default_climatology_path
+
+    d = cfg.data
+    return (("--out store", args.out), ("--truth store", args.truth), ("truth/training store data.store",
+            d.store), ("--climatology store", args.climatology),
+            ("climatology", d.climatology or default_climatology_path(d.store)))  # fmt: skip
+
+
+def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> None:
     """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
     r = result
     members = "" if r.members is None else f" × {r.members} member" + "s" * (r.members != 1)
@@ -103,13 +114,16 @@ def _report(args: argparse.Namespace, result: Prediction) -> None:
         resolution = grid_resolution(result.n_lon)
         print(format_scorecard(result.rows, read_baselines(None), resolution, period, members=result.members))
         if args.scores:
+            from ..inference.scoring import score_stores
+
             first, last = result.init_times.min(), result.init_times.max()
             times = [str(np.datetime_as_string(t, unit="h")) for t in (first, last)]
+            truth, climatology = score_stores(_score_request(args), cfg)  # the stores actually read
             info = {"forecast": None if result.path is None else str(Path(result.path).resolve()),
-                    "truth": args.truth, "climatology": args.climatology, "baselines": None,
+                    "truth": truth, "climatology": climatology, "baselines": None,
                     "resolution": resolution, "inits": [*times, int(result.init_times.size)],
                     "members": result.members}  # fmt: skip
-            for path in write_scores(result.rows, Path(args.scores), info):
+            for path in write_scores(result.rows, Path(args.scores), info, "--scores", _stores(args, cfg)):
                 print(f"wrote {path}")
     if result.path is not None:
         print(f"wrote {result.path}; open it with xarray.open_zarr({str(result.path)!r})")
@@ -129,6 +143,10 @@ def run(args: argparse.Namespace) -> int:
     if args.seed is not None and args.members is None:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
     score = _score_request(args)
+    if args.scores:  # before any work: the one output check (never a run record, never in a store)
+        from ..metrics.scorecard import check_scores_output
+
+        check_scores_output(args.scores, "--scores", _stores(args, cfg))
     variables = [v for item in args.variables for v in item.split(",") if v] if args.variables else None
     result = run_prediction(
         cfg,
@@ -150,5 +168,5 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
     )
     if int(os.environ.get("RANK", "0")) == 0:
-        _report(args, result)
+        _report(args, result, cfg)
     return 0

@@ -18,7 +18,9 @@ from ..distributed.mesh import parse_mesh
 from ..distributed.spawn import spawn
 from ..validation.registry import ENSEMBLE_OPS, checks, run_checks
 from ..validation.user_model import check_user_model
-from .output import write_json
+from .output import check_json, write_json
+
+JSON_KEYS = ("op", "mesh", "passed")
 
 log = logging.getLogger(__name__)
 DEFAULT_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3", "2x3", "3x2", "1x2x1x3", "1x2x2x3"]
@@ -66,6 +68,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(checks()))
         return 0
+    check_json(args.json, "--json", *JSON_KEYS)
     meshes = [parse_mesh(m) for m in (args.mesh or DEFAULT_MESHES)]
     for shape in meshes:
         if shape.data != 1:
@@ -117,5 +120,5 @@ def run(args: argparse.Namespace) -> int:
         f"({len(meshes)} meshes, {time.perf_counter() - start:.1f} s)"
     )
     if args.json:
-        write_json(args.json, records)
+        write_json(args.json, records, "--json", *JSON_KEYS)
     return 1 if failed or not records else 0
