@@ -47,7 +47,7 @@ def run_validate(args: argparse.Namespace) -> int:
             f"(e.g. --world-size 4), or leave it out"
         )
     cfg = load_config(args.config, args.overrides, world_size=args.world_size)
-    note = _preflight(cfg)
+    note = _preflight(cfg, args.config)
     if not args.quiet:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     store = args.store or cfg.data.store
@@ -75,12 +75,13 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preflight(cfg: TrainConfig) -> str:
+def _preflight(cfg: TrainConfig, config_file: str | None = None) -> str:
     """The run-directory checks of ``train``, without creating anything; returns a summary."""
     from ..training.preflight import preflight_run_dir
-    from ..training.rundir import claim_run_dir
+    from ..training.rundir import check_place, claim_run_dir
 
     run_dir = Path(cfg.run.dir)
+    check_place(cfg, config_file)
     size = _checkpoint_estimate(cfg)
     preflight_run_dir(run_dir, size, cfg.checkpoint.keep, create=False)
     claim_run_dir(cfg)  # refuses a run.dir holding another run's checkpoints (changes nothing)
@@ -111,13 +112,13 @@ def _checkpoint_estimate(cfg: TrainConfig) -> int | None:
 
 def run_schema(args: argparse.Namespace) -> int:
     from ..config.json_schema import json_schema
+    from .output import write_json
 
-    text = json.dumps(json_schema(), indent=1)
+    schema = json_schema()
     if args.out is None:
-        print(text)
+        print(json.dumps(schema, indent=1))
         return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write_json(args.out, schema, "--out", "title", "properties")
     print(f"wrote the config's JSON schema to {args.out}")
     return 0
 

@@ -51,7 +51,7 @@ from .monitor import Monitor, memory_mb
 from .noise import forecast_sample_index, member_noise, train_sample_index
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
-from .rundir import claim_run_dir, config_hash, record_start, resumes
+from .rundir import claim_run_dir, config_hash, lock_run_dir, record_start, resumes
 from .signals import Preempted, StopSignals
 from .step import build_run_model, model_step
 
@@ -77,6 +77,7 @@ class Trainer:
     ):
         self.cfg, self.mesh = cfg, mesh
         self.run_dir = Path(cfg.run.dir)
+        self._lock = None  # rank 0: run.dir's lock, held from the preflight to the end of ``fit``
         set_overlap(cfg.distributed.overlap == "on")
         if cfg.distributed.transport == "backend":
             set_transport(None)  # the mesh may have connected shared memory (init_mesh's default)
@@ -116,13 +117,24 @@ class Trainer:
             mesh,
             lambda: preflight_run_dir(self.run_dir, self.checkpoint_bytes, cfg.checkpoint.keep, create=True),
         )
-        resumed = self._resume()
-        on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
+        self._lock = on_rank0(mesh, lambda: lock_run_dir(cfg))
+        try:
+            resumed = self._resume()
+            on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
+        except BaseException:
+            self.close()
+            raise
         # step accounting (``accounting.py``): phases of every step, declared FLOPs, the peak
         self.clock = StepClock(mesh.device)
         replica_batch = cfg.training.batch_size // mesh.shape.data * len(self.members)
         self.flops = step_flops(self.model, replica_batch, cfg.training.rollout_steps)
         self.peak_tflops = device_peak_tflops(mesh.device, cfg.training.precision, cfg.logging.peak_tflops)
+
+    def close(self) -> None:
+        """Release run.dir's lock (rank 0; ``fit`` does it when it ends). Idempotent."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ------------------------------------------------------------------ checkpoints
     def _resume(self) -> Path | None:
@@ -364,3 +376,4 @@ class Trainer:
             return summary
         finally:
             monitor.close()
+            self.close()
