@@ -47,6 +47,10 @@ def run_validate(args: argparse.Namespace) -> int:
             f"(e.g. --world-size 4), or leave it out"
         )
     cfg = load_config(args.config, args.overrides, world_size=args.world_size)
+    from ..config.advice import check_learnable
+
+    for warning in check_learnable(cfg):  # errors raise; warnings are printed
+        print(f"warning: {warning}", file=sys.stderr)
     note = _preflight(cfg, args.config)
     if not args.quiet:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())

@@ -36,6 +36,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from ..config.advice import check_learnable
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
 from ..distributed.comm import set_overlap, set_transport
@@ -75,6 +76,9 @@ class Trainer:
         model: nn.Module | None = None,
         new_run: bool = False,
     ):
+        for warning in check_learnable(cfg):  # a loss and ensemble that cannot learn: refused first
+            if mesh.rank == 0:
+                log.warning("%s", warning)
         self.cfg, self.mesh = cfg, mesh
         self.run_dir = Path(cfg.run.dir)
         self._lock = None  # rank 0: run.dir's lock, held from the preflight to the end of ``fit``
