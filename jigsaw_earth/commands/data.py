@@ -132,6 +132,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--stats-start", help="first time of the statistics period")
     r.add_argument("--stats-end", help="last time of the statistics period")
+    r.add_argument(
+        "--nans",
+        choices=["refuse", "fill", "keep"],
+        default="refuse",
+        help="NaNs in the source (scanned before writing): refuse (default: report them per variable), "
+        "fill with each variable's mean, or keep them unscanned",
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     _layout_args(r)
 
@@ -275,7 +282,10 @@ def _prepare(args: argparse.Namespace) -> int:
         layout=layout,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        nans=args.nans,
     )
+    if info["nans_filled"]:
+        print(f"filled NaNs with each variable's mean: {info['nans_filled']}")
     print(
         f"wrote {info['store']}: {', '.join(info['variables'])}; {info['times']} times, grid "
         f"{info['grid'][0]}x{info['grid'][1]} ({time.perf_counter() - t0:.1f} s)"
