@@ -7,7 +7,8 @@ parameter made in its constructor. ``check_signature`` refuses a ``forward`` tha
 those three arguments before anything runs; ``guard`` watches the first forward and refuses an
 output of another shape or a parameter created during the call (the optimizer, the checkpoints
 and the other ranks would never see it: it would never be trained). The guard removes itself
-after the first call, so it costs nothing afterwards.
+after the first call, so it costs nothing afterwards. ``probe`` runs that first call at once, on
+zeros of one sample (eval mode, no gradient), so a breach is refused before a run writes anything.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["CONTRACT", "check_signature", "guard"]
+__all__ = ["CONTRACT", "check_signature", "guard", "probe"]
 
 CONTRACT = (
     "forward(state (B, n_state, h, w), static (n_static, h, w), time (B, n_time)) -> (B, n_state, h, w) "
@@ -78,3 +79,36 @@ def guard(model: nn.Module, n_state: int, name: str | None = None) -> nn.Module:
 
     handles.append(model.register_forward_hook(after))
     return model
+
+
+def probe(
+    model: nn.Module,
+    n_state: int,
+    n_static: int,
+    n_time: int,
+    tile: tuple[int, int],
+    device: torch.device,
+    name: str | None = None,
+) -> None:
+    """One forward of ``model`` on zeros of one sample of this rank's ``tile`` (collective: every
+    rank of the mesh calls it), in eval mode without gradients: the first-forward checks of
+    ``guard``, and any error of the forward itself as one line."""
+    h, w = tile
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(
+                torch.zeros(1, n_state, h, w, device=device),
+                torch.zeros(n_static, h, w, device=device),
+                torch.zeros(1, n_time, device=device),
+            )
+    except (RuntimeError, TypeError, IndexError, AttributeError) as err:
+        first = (str(err).strip().splitlines() or [""])[0]
+        raise ValueError(
+            f"model {_name(model, name)}: forward fails on one sample of this rank's {h}x{w} tile "
+            f"({n_state} state, {n_static} static, {n_time} time channels): {type(err).__name__}: {first}; "
+            f"the contract is {CONTRACT}"
+        ) from None
+    finally:
+        model.train(was_training)
