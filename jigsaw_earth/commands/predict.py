@@ -46,6 +46,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="an ensemble of N members (store dimension 'number'; a stochastic model: model.noise_channels)",
     )
     p.add_argument("--seed", type=int, help="the ensemble's noise seed (default run.seed); with --members")
+    p.add_argument(
+        "--first-member",
+        type=int,
+        default=0,
+        metavar="K",
+        help="number the members K … K+N-1: further members of the same ensemble (the same seed), e.g. "
+        "--members 10 --first-member 10 after a first --members 10 run",
+    )
     g = p.add_argument_group("scoring while forecasting (--score)")
     g.add_argument(
         "--score", action="store_true", help="WB2 RMSE/bias/ACC (ensembles: CRPS …) as it runs, as `score`"
@@ -142,6 +150,11 @@ def run(args: argparse.Namespace) -> int:
     _check_period(start, end)
     if args.seed is not None and args.members is None:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
+    if args.first_member and args.members is None:
+        raise ValueError(
+            f"--first-member {args.first_member} numbers an ensemble's members; add --members N or leave "
+            f"it out"
+        )
     score = _score_request(args)
     if args.scores:  # before any work: the one output check (never a run record, never in a store)
         from ..metrics.scorecard import check_scores_output
@@ -166,6 +179,7 @@ def run(args: argparse.Namespace) -> int:
         score=score,
         members=args.members,
         seed=args.seed,
+        first_member=args.first_member,
     )
     if int(os.environ.get("RANK", "0")) == 0:
         _report(args, result, cfg)

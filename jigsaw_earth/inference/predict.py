@@ -37,11 +37,13 @@ from ..data.outputs import check_output
 from ..data.times import hour_dayofyear, period_mask
 from ..distributed.mesh import DomainMesh
 from ..training.data import TrainData
+from ..training.preflight import on_rank0
 from ..training.runner import setup_mesh
 from ..training.step import build_run_model, model_step
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
+from .progress import Progress, check_room, lock_output
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, training_forward_rate
@@ -70,7 +72,8 @@ def select_inits(
     return idx
 
 
-def _layout(data: TrainData, inits: np.ndarray, selection: Selection, members: int | None) -> ForecastLayout:
+def _layout(data: TrainData, inits: np.ndarray, selection: Selection, members: int | None,
+            first_member: int = 0) -> ForecastLayout:  # fmt: skip
     layout = ForecastLayout(
         init_times=np.asarray(data.times)[inits],
         leads=selection.leads,
@@ -80,6 +83,7 @@ def _layout(data: TrainData, inits: np.ndarray, selection: Selection, members: i
         latitude=np.asarray(data.source.lat),
         longitude=np.asarray(data.source.view.lon),
         members=members,
+        first_member=first_member,
     )
     missing = sorted(set(layout.channels) - set(data.channels))
     if missing:
@@ -160,15 +164,17 @@ def run_prediction(
     mesh: DomainMesh | None = None,
     members: int | None = None,
     seed: int | None = None,
+    first_member: int = 0,
 ) -> Prediction:
     """Forecast from every selected init; write the selected variables, levels and leads to ``out``
     and/or score them (``score``) as the rollout runs (collective). ``mesh``: run on this existing
     mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one. ``members``: an
     ensemble of that many members (a ``number`` dimension; None: deterministic, no dimension), their
-    noise drawn with ``seed`` (default ``run.seed``)."""
+    noise drawn with ``seed`` (default ``run.seed``), numbered from ``first_member`` (further members
+    of the same ensemble)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
     if members is not None:
-        check(cfg, members, cfg.mesh.ensemble)
+        check(cfg, members, cfg.mesh.ensemble, first_member)
     elif cfg.mesh.ensemble > 1:
         raise ValueError(
             f"mesh.ensemble={cfg.mesh.ensemble} spreads ensemble members over groups of ranks; give "
@@ -193,12 +199,16 @@ def run_prediction(
     if mesh is not None and mesh.shape != cfg.mesh.shape:
         raise ValueError(f"mesh {mesh.shape} differs from the config's mesh {cfg.mesh.shape}")
     mesh = setup_mesh(cfg) if mesh is None else mesh
+    lock = None
     try:
         with _sigterm_raises():
-            ens = None if members is None else Members.plan(cfg, mesh, members, seed)
+            lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
+            ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member)
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
                             batch_size, overwrite, score, ens)  # fmt: skip
     finally:
+        if lock is not None:
+            lock.release()
         if own and dist.is_initialized():
             dist.destroy_process_group()
 
@@ -231,7 +241,11 @@ def _predict(
     steps = selection.steps
     inits = select_inits(data, start, end, steps, every_hours, max_inits)
     total = None if ens is None else ens.total
-    layout = _layout(data, inits, selection, total)
+    layout = _layout(data, inits, selection, total, 0 if ens is None else ens.first)
+    if out is not None:  # the size of what will be written, refused before any forecast if it cannot fit
+        line = on_rank0(mesh, lambda: check_room(out, layout))
+        if line:
+            log.info("%s", line)
     scorer = None
     if score is not None:
         scorer = TileScorer(score, cfg, data, selection, layout.init_times, members=total)
@@ -275,6 +289,7 @@ def _predict(
         chunks = [mine[k : k + batch_size] for k in range(0, len(mine), batch_size)]
         ahead = pipe.read(partial(data._batch, inits[chunks[0]], 0)) if chunks else None  # inputs only
         reported, t0 = 0, time.perf_counter()
+        progress = Progress(len(mine) * per_init * steps, mesh.rank)
         for i, chunk in enumerate(chunks):
             batch = ahead.result().to(dev)
             if i + 1 < len(chunks):  # the next inputs are read while this batch runs
@@ -289,6 +304,7 @@ def _predict(
                     tf = ens.expand(tf)
                     noise = ens.noise(data, layout.init_times[chunk], lead, dev)
                 state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency, noise=noise)
+                progress.advance(len(chunk) * per_init)
                 if lead + 1 in lead_of:  # written and scored on the sink thread, in order
                     every = None
                     if ens is not None and scorer is not None:  # every member, gathered here
