@@ -293,7 +293,7 @@ def _evaluation(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan], g
         best, _ = recommend(plans)
         if best is None:
             raise ValueError("no mesh fits for training, so none is recommended: pass --eval-mesh DxLATxLON")
-        shape = MeshShape(best.data, best.lat, best.lon)
+        shape = MeshShape(best.data, best.lat, best.lon, ensemble=best.ensemble)
     e = plan_evaluation(
         args.model,
         args.preset,
@@ -307,15 +307,20 @@ def _evaluation(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan], g
         batch=args.eval_batch,
         elsize=elsize,
         write_gbps=args.write_gbps,
+        members=args.members,
     )
     if e.error:
         raise ValueError(f"--eval-mesh {e.mesh}: {e.error}")
     fit = "fits" if e.fits else "DOES NOT FIT"
-    print(f"evaluation: {inits} inits × {steps} steps on {e.mesh}, batch {e.batch} per data replica "
-          f"({_gb(e.memory['total'])} GB per GPU for the forward: {fit})")  # fmt: skip
+    ens = ""
+    if args.members > 1:
+        per_rank = args.members // shape.ensemble
+        ens = f" × {args.members} members ({per_rank} batched per rank, {e.rows} rows per forward)"
+    print(f"evaluation: {inits} inits{ens} × {steps} steps on {e.mesh}, batch {e.batch} inits per data "
+          f"replica ({_gb(e.memory['total'])} GB per GPU for the forward: {fit})")  # fmt: skip
     print(
-        f"  forward of {e.batch} inits {e.forward_s * 1e3:.1f} ms; {inits * steps} model steps in "
-        f"{e.time_s / 3600:.2f} h of forwards ({e.steps_per_s:.1f} steps/s)"
+        f"  forward of {e.rows} rows {e.forward_s * 1e3:.1f} ms; {inits * args.members * steps} model "
+        f"steps in {e.time_s / 3600:.2f} h of forwards ({e.steps_per_s:.1f} steps/s)"
     )
     print(f"  written at {args.write_gbps:g} GB/s per rank beside the forward (the longer of the two):")
     for label, nbytes in e.written.items():
