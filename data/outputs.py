@@ -207,8 +207,8 @@ def _refuse_store_and_records(out: Path, text: str, option: str) -> None:
         if inner and inner[0] in RUN_RECORDS:
             raise ValueError(
                 f"{option} {text} is {'in ' if len(inner) > 1 else ''}the record {run / inner[0]} of "
-                f"the training run in {run}; nothing was written. Choose another {option} (e.g. "
-                f"{run / ('my-' + out.name)})"
+                f"the training run in {run}; nothing was written. Choose another {option} (a new name "
+                f"in the run directory is fine)"
             )
 
 
@@ -294,10 +294,17 @@ def check_run_dir(
             f"run.dir {text} {'is' if store == out else 'lies inside'} the Zarr store {store}; nothing "
             f"was written. Choose a run.dir outside every store"
         )
-    if not out.is_dir() or _is_run_dir(out):
-        return
+    if not out.is_dir() or _is_run_dir(out) or (out / "run.lock").exists():
+        return  # a run, or one starting (its lock says whose: training/rundir.py)
+
+    def foreign(name: str) -> bool:
+        p = out / name
+        if not p.exists() or (mine is not None and p.resolve() == mine):
+            return False
+        return not (p.is_dir() and not any(p.iterdir()))  # an empty checkpoints/ of a start that stopped
+
     mine = None if config_file is None else Path(config_file).expanduser().resolve()
-    clash = [n for n in RUN_RECORDS if (out / n).exists() and (out / n).resolve() != mine]
+    clash = [n for n in RUN_RECORDS if foreign(n)]
     if clash:
         raise ValueError(
             f"run.dir {text} is not a jigsaw-earth run directory (no history.jsonl) but holds "
