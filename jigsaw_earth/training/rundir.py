@@ -144,12 +144,7 @@ def claim_run_dir(cfg: TrainConfig, new_run: bool = False) -> Path | None:
     naming the directory, the conflict and the three ways out.
     """
     run_dir = Path(cfg.run.dir)
-    held = PathLock.holder(run_dir / LOCK_FILE)
-    if held is not None:
-        raise RunDirError(
-            f"run.dir {str(run_dir)!r} is in use by another run: {describe_holder(held)} holds "
-            f"{run_dir / LOCK_FILE}; nothing was changed. {_LOCK_FIX[0].upper()}{_LOCK_FIX[1:]}"
-        )
+    _refuse_if_held(run_dir)
     if cfg.checkpoint.resume not in ("auto", "never"):
         read_meta(cfg.checkpoint.resume)  # a complete checkpoint, or an error naming what is missing
     if new_run:
@@ -170,16 +165,26 @@ def claim_run_dir(cfg: TrainConfig, new_run: bool = False) -> Path | None:
     return None
 
 
+def _refuse_if_held(run_dir: Path) -> None:
+    held = PathLock.holder(run_dir / LOCK_FILE)
+    if held is not None:
+        raise RunDirError(
+            f"run.dir {str(run_dir)!r} is in use by another run: {describe_holder(held)} holds "
+            f"{run_dir / LOCK_FILE}; nothing was changed. {_LOCK_FIX[0].upper()}{_LOCK_FIX[1:]}"
+        )
+
+
 def check_place(cfg: TrainConfig, config_file: str | Path | None = None) -> None:
     """``run.dir`` is a place for a run (``data.outputs.check_run_dir``): not in or around the data
     or climatology store, and no file a run writes that another hand put there (``config_file``,
-    the config being trained, may be its ``config.yaml``)."""
+    the config being trained, may be its ``config.yaml``); and no live run holds it."""
     d = cfg.data
     stores = (
         ("data store data.store", d.store),
         ("climatology", d.climatology or default_climatology_path(d.store)),
     )
     check_run_dir(cfg.run.dir, stores, config_file)
+    _refuse_if_held(Path(cfg.run.dir))  # at once, before the mesh and the model are built
 
 
 def lock_run_dir(cfg: TrainConfig) -> PathLock:
