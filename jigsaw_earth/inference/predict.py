@@ -12,6 +12,8 @@ Inference is read-only on the run (``load.py``): no run-directory claim, no ``co
 ``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
 before any work (``data.outputs.check_output``): never the truth store, the checkpoints, or a
 path that is not predict's own; the temporary store is removed on any exit (SIGTERM included).
+Rank 0 holds ``OUT.lock`` while writing, refuses a store its filesystem cannot hold, and logs the
+progress (``progress.py``).
 """
 
 from __future__ import annotations
