@@ -14,6 +14,14 @@ Every store written by jigsaw-earth carries a marker in its root attributes,
 Temporary names are unique per invocation (``unique_tmp``), so two writers never share one; a
 forecast in progress has one name per output instead (``in_progress_path``: ``OUT.in-progress``),
 which the same predict command resumes (``inference/progress.py``).
+
+Files and folders of files (``--scores``, ``--json``, ``--plot``, ``score --out``, ``config schema
+--out``, ``bench report --out``) and run directories go through the same rule
+(``check_file_output``, ``check_dir_output``, ``check_run_dir``): never a record of a training run
+(``RUN/summary.json``, ``metrics.jsonl``, …, anything in ``RUN/checkpoints``), never inside a
+Zarr store (a store that is read, or any other), never over a file that is not the same kind of
+output of jigsaw-earth (each writer says how to recognise its own: ``json_with_keys``,
+``text_with``, ``png_of_ours``).
 """
 
 from __future__ import annotations
@@ -21,20 +29,44 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "IN_PROGRESS",
     "MARKER",
+    "PNG_SOURCE",
+    "RUN_RECORDS",
+    "check_dir_output",
+    "check_file_output",
     "check_output",
+    "check_run_dir",
     "in_progress_path",
+    "json_with_keys",
     "kind_of",
+    "png_of_ours",
     "read_marker",
+    "run_dir_of",
+    "store_of",
+    "text_with",
     "unfinished_reason",
     "unique_tmp",
 ]
+
+#: what a training run writes in its directory (``training/rundir.py``, ``training/monitor.py``)
+RUN_RECORDS = (
+    "checkpoints",
+    "config.yaml",
+    "history.jsonl",
+    "metrics.jsonl",
+    "summary.json",
+    "validation.txt",
+    "run.lock",
+)
+#: the PNG text chunk ``Source`` of every picture jigsaw-earth draws (``metrics/plots.py``)
+PNG_SOURCE = "jigsaw-earth"
+Recognise = Callable[[Path], bool]
 
 MARKER = "jigsaw_earth"
 IN_PROGRESS = ".in-progress"
@@ -98,6 +130,205 @@ def in_progress_path(dst: str | Path) -> Path:
     return dst.with_name(f"{dst.name}{IN_PROGRESS}")
 
 
+def store_of(path: str | Path) -> Path | None:
+    """The Zarr store (v2 or v3) that ``path`` is or lies inside, or ``None``."""
+    p = Path(path).expanduser().resolve()
+    for d in (p, *p.parents):
+        if any((d / name).is_file() for name in ("zarr.json", ".zgroup", ".zarray")):
+            return d
+    return None
+
+
+def _is_run_dir(d: Path) -> bool:
+    return (d / "history.jsonl").is_file() or (d / "checkpoints" / "latest").is_file()
+
+
+def run_dir_of(path: str | Path) -> Path | None:
+    """The training run directory (it holds ``history.jsonl`` or ``checkpoints/latest``) that
+    ``path`` is or lies inside, or ``None``."""
+    p = Path(path).expanduser().resolve()
+    for d in (p, *p.parents):
+        if d.is_dir() and _is_run_dir(d):
+            return d
+    return None
+
+
+def json_with_keys(*keys: str) -> Recognise:
+    """An output is this kind of JSON: a mapping with ``keys``, or a list of such mappings."""
+
+    def recognise(path: Path) -> bool:
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, UnicodeDecodeError, ValueError):
+            return False
+        items = data if isinstance(data, list) else [data]
+        return all(isinstance(x, dict) and all(k in x for k in keys) for x in items)
+
+    return recognise
+
+
+def text_with(fragment: str) -> Recognise:
+    """An output is a text file holding ``fragment`` (what its writer always puts in it)."""
+
+    def recognise(path: Path) -> bool:
+        try:
+            return fragment in path.read_text()
+        except (OSError, UnicodeDecodeError):
+            return False
+
+    return recognise
+
+
+def png_of_ours(path: Path) -> bool:
+    """A PNG whose text chunks name jigsaw-earth as its source (``PNG_SOURCE``)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 16)
+    except OSError:
+        return False
+    return head.startswith(b"\x89PNG") and b"Source\x00" + PNG_SOURCE.encode() in head
+
+
+def _check_common(text: str, option: str, what: str) -> Path:
+    if not text.strip():
+        raise ValueError(f"{option} is empty; give the path of the {what} to write")
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", text):
+        raise ValueError(f"{option} {text!r} must be a local path; write locally and copy it afterwards")
+    return Path(text).expanduser().resolve()
+
+
+def _refuse_protected(out: Path, text: str, option: str, protected: Iterable, allow: tuple[str, ...]) -> None:
+    for label, other in protected:
+        if other is None or "://" in str(other):
+            continue
+        rel = _relation(out, Path(other).expanduser().resolve())
+        if rel is not None and rel not in allow:
+            raise ValueError(
+                f"{option} {text} {rel} the {label} {other}; nothing was written. Choose an {option} "
+                f"outside it"
+            )
+
+
+def _refuse_store_and_records(out: Path, text: str, option: str) -> None:
+    store = store_of(out)
+    if store is not None:
+        rel = "is" if store == out else "lies inside"
+        raise ValueError(
+            f"{option} {text} {rel} the Zarr store {store}; nothing was written. Stores hold only "
+            f"what their writer put there: choose an {option} outside it"
+        )
+    run = run_dir_of(out.parent)
+    if run is not None:
+        inner = out.relative_to(run).parts
+        if inner and inner[0] in RUN_RECORDS:
+            raise ValueError(
+                f"{option} {text} is {'in ' if len(inner) > 1 else ''}the record {run / inner[0]} of "
+                f"the training run in {run}; nothing was written. Choose another {option} (a new name "
+                f"in the run directory is fine)"
+            )
+
+
+def check_file_output(
+    dst: str | Path,
+    option: str,
+    what: str,
+    recognise: Recognise,
+    *,
+    protected: Iterable[tuple[str, str | Path | None]] = (),
+) -> Path:
+    """Raise ``ValueError`` (option, value, fix) unless the file ``dst`` may be written as ``what``.
+
+    Refused: a run's record, a path inside a Zarr store or one of ``protected`` (``(label,
+    path)`` pairs), a directory or link, or an existing file that ``recognise`` does not know as
+    an earlier ``what``. Returns the resolved path."""
+    text = str(dst)
+    out = _check_common(text, option, what)
+    _refuse_protected(out, text, option, protected, ())
+    _refuse_store_and_records(out, text, option)
+    if Path(text).expanduser().is_symlink() or out.is_dir():
+        kind = "a link" if Path(text).expanduser().is_symlink() else "a directory"
+        raise ValueError(
+            f"{option} {text} is {kind}, not a {what}; nothing was written. Choose another {option} "
+            f"(a file name)"
+        )
+    if out.exists() and not recognise(out):
+        raise ValueError(
+            f"{option} {text} exists and is not a {what} written by jigsaw-earth; nothing was "
+            f"written or deleted. Choose another {option} or remove it yourself"
+        )
+    return out
+
+
+def check_dir_output(
+    dst: str | Path,
+    option: str,
+    files: dict[str, Recognise],
+    *,
+    protected: Iterable[tuple[str, str | Path | None]] = (),
+    what: str = "picture",
+) -> Path:
+    """A folder to write ``files`` (name → how to recognise an earlier one) into: not inside a
+    Zarr store, a run's records or one of ``protected``; not a file; and every file of ``files``
+    that exists is an earlier output of the same kind (``check_file_output``). Other entries of
+    the folder are left alone. Returns the resolved folder."""
+    text = str(dst)
+    out = _check_common(text, option, f"folder for the {what}s")
+    _refuse_protected(out, text, option, protected, ("contains",))
+    _refuse_store_and_records(out, text, option)
+    if out.exists() and not out.is_dir():
+        raise ValueError(
+            f"{option} {text} is a file, not a folder; nothing was written. Choose another {option}"
+        )
+    for name, recognise in files.items():
+        check_file_output(out / name, option, what, recognise)
+    return out
+
+
+def check_run_dir(
+    run_dir: str | Path,
+    protected: Iterable[tuple[str, str | Path | None]] = (),
+    config_file: str | Path | None = None,
+) -> None:
+    """``run.dir`` may hold a training run: not a Zarr store, not inside one, not containing or
+    inside one of ``protected`` (the data and climatology stores); and an existing folder that
+    is not a run yet holds none of the files a run writes (``RUN_RECORDS``), other than the
+    config file being trained (``config_file``)."""
+    text = str(run_dir)
+    out = _check_common(text, "run.dir", "run directory")
+    for label, other in protected:
+        if other is None or "://" in str(other):
+            continue
+        rel = _relation(out, Path(other).expanduser().resolve())
+        if rel is not None:
+            raise ValueError(
+                f"run.dir {text} {rel} the {label} {other}; nothing was written. Choose a run.dir "
+                f"beside the stores, e.g. {Path(text).expanduser().parent / 'runs' / 'my-run'}"
+            )
+    store = store_of(out)
+    if store is not None:
+        raise ValueError(
+            f"run.dir {text} {'is' if store == out else 'lies inside'} the Zarr store {store}; nothing "
+            f"was written. Choose a run.dir outside every store"
+        )
+    if not out.is_dir() or _is_run_dir(out) or (out / "run.lock").exists():
+        return  # a run, or one starting (its lock says whose: training/rundir.py)
+
+    def foreign(name: str) -> bool:
+        p = out / name
+        if not p.exists() or (mine is not None and p.resolve() == mine):
+            return False
+        return not (p.is_dir() and not any(p.iterdir()))  # an empty checkpoints/ of a start that stopped
+
+    mine = None if config_file is None else Path(config_file).expanduser().resolve()
+    clash = [n for n in RUN_RECORDS if foreign(n)]
+    if clash:
+        raise ValueError(
+            f"run.dir {text} is not a jigsaw-earth run directory (no history.jsonl) but holds "
+            f"{', '.join(clash)}, which a run writes; nothing was written or deleted. Choose another "
+            f"run.dir, or move those files away"
+        )
+
+
 def _relation(out: Path, other: Path) -> str | None:
     if out == other:
         return "is"
@@ -141,6 +372,12 @@ def check_output(
                     f"{option} {text} {rel} the {label} {other}; nothing was written or deleted. "
                     f"Choose an {option} outside it"
                 )
+    store = store_of(out.parent)
+    if store is not None:
+        raise ValueError(
+            f"{option} {text} lies inside the Zarr store {store}; nothing was written or deleted. "
+            f"Choose an {option} outside it"
+        )
     if not out.exists() and not out.is_symlink():
         return
     if not overwrite:

@@ -25,7 +25,10 @@ from .batch import VariableSpec
 from .store import StoreView
 from .times import TimeAxis, period_mask, sample_index
 
-__all__ = ["default_climatology_path", "store_preflight"]
+__all__ = ["NAN_SCANS", "default_climatology_path", "store_nans", "store_preflight"]
+
+NAN_SCANS = ("auto", "sample", "full", "none")
+FULL_SCAN_BYTES = 2 << 30  # ``auto`` scans every time of the periods up to this many float32 bytes
 
 log = logging.getLogger(__name__)
 
@@ -164,6 +167,62 @@ def _check_climatology(view: StoreView, cfg: Any, spec: VariableSpec) -> list[st
                     f"levels it has ({clim['level'].values.tolist()})"
                 )
     return problems
+
+
+def store_nans(cfg: Any, store: str | None = None, scan: str = "auto") -> tuple[list[str], str]:
+    """NaNs in the values training reads: each configured variable (at ``data.levels``) at the times
+    of ``data.train_period`` and ``data.val_period`` — 5 of them spread over the periods
+    (``sample``), every one (``full``), or every one when that is at most ``FULL_SCAN_BYTES``
+    (``auto``); ``none``: no scan. Returns one problem per variable holding any (its count, how
+    many times, the first) and what was scanned (``"sample"``, ``"full"`` or ``"none"``)."""
+    if scan not in NAN_SCANS:
+        raise ValueError(f"--nans {scan!r}: choose one of {', '.join(NAN_SCANS)}")
+    if scan == "none":
+        return [], "none"
+    d = cfg.data
+    view = StoreView.open(store or d.store)
+    t = np.asarray(view.times).astype("datetime64[s]")
+    mask = np.zeros(len(t), dtype=bool)
+    for period in (d.train_period, d.val_period):
+        if period:
+            mask |= period_mask(t, period, unit="s")
+    idx = np.nonzero(mask)[0]
+    if scan == "auto":
+        channels = len(d.upper_air) * len(d.levels) + len(d.surface)
+        scan = (
+            "full" if len(idx) * channels * len(view.lat) * len(view.lon) * 4 <= FULL_SCAN_BYTES else "sample"
+        )
+    if scan == "sample" and len(idx) > 5:
+        idx = idx[np.unique(np.linspace(0, len(idx) - 1, 5).round().astype(int))]
+    tdim, ldim = view.coord_names["time"], view.coord_names.get("level")
+    problems = []
+    wanted = [(v, True) for v in d.upper_air] + [(v, False) for v in (*d.surface, *d.static)]
+    for v, upper in wanted:
+        da = view.dataset[view.resolve(v, upper_air=upper)]
+        if upper and ldim in da.dims:
+            levels = np.asarray(view.levels)
+            da = da.isel({ldim: [int(np.argmin(np.abs(levels - lev))) for lev in d.levels]})
+        if tdim in da.dims:
+            da = da.isel({tdim: idx})
+        values = np.asarray(da.values, dtype=np.float64)
+        bad = np.isnan(values)
+        if not bad.any():
+            continue
+        key = "data.upper_air" if upper else ("data.static" if v in d.static else "data.surface")
+        if tdim in da.dims:
+            per_time = np.moveaxis(bad, da.dims.index(tdim), 0).reshape(len(idx), -1).any(-1)
+            hit = np.nonzero(per_time)[0]
+            first = np.datetime_as_string(t[idx[hit[0]]], unit="h")
+            sampled = "sampled " if scan == "sample" else ""
+            where = f"in {hit.size} of the {len(idx)} {sampled}times (first {first})"
+        else:
+            where = "(a static field)"
+        problems.append(
+            f"{key} {v!r}: {int(bad.sum())} NaN values {where} in store {view.path!r}; training stops at "
+            f"the first step that reads one: fill them (data prepare --nans fill), or choose periods or "
+            f"variables without them"
+        )
+    return problems, scan
 
 
 def store_preflight(cfg: Any, store: str | None = None) -> list[str]:

@@ -4,6 +4,12 @@ The output uses WB2 names, dims ``(time, [level], latitude, longitude)``, latitu
 levels ascending in hPa, float32, and the tile-friendly chunking of ``ChunkLayout`` (Zarr v3
 shards); statistics go into its ``statistics`` group. The copy is one dask computation (a
 progress bar over its tasks); it is written to ``DST.tmp-<pid>`` and renamed when complete.
+
+Before anything is written the source is scanned for NaNs (one read of every selected value,
+``nans="refuse"``, the default): a source holding any is refused with the count per variable, how
+many times hold them and the first one. ``nans="fill"`` replaces them by the variable's mean (per
+level) over its finite values, and says so per variable; ``nans="keep"`` skips the scan and copies
+NaNs as they are (training then stops at the first step that reads one).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import dask
 import numpy as np
 import xarray as xr
 
+from .outputs import check_output
 from .stats import TqdmCallback, compute_statistics, write_statistics
 from .store import (
     ACCUMULATED,
@@ -32,7 +39,9 @@ from .store import (
 from .times import TimeAxis, resample_plan
 from .writer import ChunkLayout, atomic_store, mark_complete
 
-__all__ = ["TimeOptions", "open_source", "prepare_store"]
+__all__ = ["NAN_POLICIES", "TimeOptions", "nan_report", "open_source", "prepare_store"]
+
+NAN_POLICIES = ("refuse", "fill", "keep")
 
 log = logging.getLogger(__name__)
 STATIC = STATIC_VARIABLES
@@ -275,6 +284,42 @@ def _shape_time(ds: xr.Dataset, opts: TimeOptions, where: str) -> xr.Dataset:
     return ds
 
 
+def _nan_scan(ds: xr.Dataset, progress: bool) -> dict[str, dict[str, Any]]:
+    """Per variable: NaN count, times holding NaNs, the first such time, and the per-level mean of
+    the finite values (for ``fill``); one dask pass over the selected source."""
+    lazy: dict[str, Any] = {}
+    for v, da in ds.data_vars.items():
+        bad = da.isnull()
+        other = [d for d in da.dims if d != "time"]
+        lazy[v] = {
+            "count": bad.sum(),
+            "per_time": bad.sum(other) if "time" in da.dims else None,
+            "mean": da.mean([d for d in da.dims if d != "level"], skipna=True),
+        }
+    with TqdmCallback("scan for NaNs", disable=not progress):
+        (done,) = dask.compute(lazy)
+    out = {}
+    for v, r in done.items():
+        count = int(r["count"])
+        entry: dict[str, Any] = {"count": count, "mean": r["mean"]}
+        if r["per_time"] is not None and count:
+            hit = np.nonzero(np.asarray(r["per_time"]) > 0)[0]
+            times = ds["time"].values
+            entry.update(times=int(hit.size), first=str(np.datetime_as_string(times[hit[0]], unit="h")))
+        out[v] = entry
+    return out
+
+
+def nan_report(scan: dict[str, dict[str, Any]]) -> str:
+    """``temperature: 120 NaNs in 3 times (first 2020-01-05T06); …`` for the variables holding any."""
+    parts = []
+    for v, e in scan.items():
+        if e["count"]:
+            where = f" in {e['times']} times (first {e['first']})" if "times" in e else " (static field)"
+            parts.append(f"{v}: {e['count']} NaNs{where}")
+    return "; ".join(parts)
+
+
 def prepare_store(
     src: str | Path,
     dst: str | Path,
@@ -290,12 +335,19 @@ def prepare_store(
     overwrite: bool = False,
     progress: bool = True,
     time: TimeOptions | None = None,
+    nans: str = "refuse",
 ) -> dict[str, Any]:
     """Copy ``src`` into the training layout at ``dst`` (local), with statistics.
 
     ``upper_air`` / ``surface`` default to every known variable the source holds; an empty
     list means none. ``time`` shapes the time axis (``period`` / ``step_hours`` are shorthands).
+    ``nans``: ``refuse`` a source holding NaNs (the default), ``fill`` them with the variable's
+    mean, or ``keep`` them without scanning (module doc).
     """
+    if nans not in NAN_POLICIES:
+        raise ValueError(f"--nans {nans!r}: choose one of {', '.join(NAN_POLICIES)}")
+    source = None if "://" in str(src) else src
+    check_output(dst, "store", overwrite=overwrite, protected=(("source of the prepare", source),))
     opts = time or TimeOptions()
     if period is not None or step_hours is not None:
         opts = replace(opts, period=period or opts.period, step_hours=step_hours or opts.step_hours)
@@ -348,6 +400,22 @@ def prepare_store(
         da = _canonical(view, view.resolve(v, False), v, None)
         fields[v] = da.isel(time=0, drop=True) if "time" in da.dims else da
     ds = _shape_time(xr.Dataset(fields), opts, repr(view.path))
+    filled = ""
+    if nans != "keep":
+        scan = _nan_scan(ds, progress)
+        found = nan_report(scan)
+        if found and nans == "refuse":
+            raise ValueError(
+                f"source {view.path!r} holds NaN values: {found}. Nothing was written. Fill them with "
+                f"each variable's mean (--nans fill), keep them (--nans keep: training stops at the first "
+                f"step that reads one), or choose --start/--end or --surface/--upper-air without them"
+            )
+        if found:
+            for v, e in scan.items():
+                if e["count"]:
+                    ds[v] = ds[v].fillna(e["mean"].astype(np.float32))
+            filled = found
+            log.warning("%s: filled NaNs with each variable's mean: %s", view.path, found)
     for var in ds.variables.values():  # our codecs and chunks, never the source's (numcodecs Blosc in v2)
         var.encoding = {}
     encoding, chunks = {}, {}
@@ -369,7 +437,6 @@ def prepare_store(
         "calendar": "proleptic_gregorian",
         "dtype": "int64",
     }
-    source = None if "://" in str(src) else src
     with atomic_store(dst, overwrite, protected=(("source of the prepare", source),)) as tmp:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
@@ -386,6 +453,7 @@ def prepare_store(
         write_statistics(tmp, stats)
         mark_complete(tmp, source=str(src), layout=layout.describe())
     return {
+        "nans_filled": filled,
         "store": str(dst),
         "variables": [str(v) for v in ds.data_vars],
         "times": int(ds.sizes["time"]),

@@ -10,7 +10,10 @@ From the same layer cost declarations as ``plan`` (``layers/cost.py``), forward 
 * an evaluation of ``inits × leads`` model steps (one forward per init per step, ``batch`` inits
   per forward on every data replica) takes ``ceil(inits / (data × batch)) × steps × forward``,
   and writes ``inits × written leads × written channels × n_lat × n_lon × 4`` bytes, every rank its
-  tile at ``write_gbps``; writing overlaps the forward, so the evaluation takes the longer of the two.
+  tile at ``write_gbps``; writing overlaps the forward, so the evaluation takes the longer of the two;
+* an ensemble of ``members`` (``predict --members``) is spread over the mesh's ensemble axis and
+  batched on each rank as ``predict`` runs it: every forward holds ``batch × members / ensemble``
+  rows, and the store holds ``members`` times the fields.
 
 ``predict`` sizes its batch with ``inference_memory`` on the real model; ``plan --evaluate``
 prices a whole evaluation before it is queued.
@@ -96,6 +99,8 @@ class EvalPlan:
     steps_per_s: float = 0.0  # model steps × inits per second, all replicas
     written: dict[str, int] = field(default_factory=dict)  # bytes by what is written
     total_s: dict[str, float] = field(default_factory=dict)  # by what is written: max(forward, writing)
+    members: int = 1  # ensemble members per init (1: deterministic)
+    rows: int = 0  # the model's batch on one rank: inits per forward × members batched per rank
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -115,12 +120,18 @@ def plan_evaluation(
     batch: int | None = None,
     elsize: int = 4,
     write_gbps: float = 1.0,
+    members: int = 1,
     **overrides: Any,
 ) -> EvalPlan:
     """Time and bytes of forecasting ``inits`` × ``steps`` model steps on ``shape``. ``writes``:
     ``{label: (channels written, leads written)}``; ``batch``: inits per forward per data replica
-    (default: the most that fit, at most the inits per replica); ``write_gbps``: GB/s one rank writes."""
-    plan = EvalPlan(str(shape), batch or 1, inits, steps)
+    (default: the most that fit, at most the inits per replica); ``write_gbps``: GB/s one rank writes;
+    ``members``: an ensemble's size (split over ``shape.ensemble``, the rest batched per rank)."""
+    plan = EvalPlan(str(shape), batch or 1, inits, steps, members=members)
+    if members < 1 or members % shape.ensemble:
+        plan.error = f"{members} members do not split over {shape.ensemble} ensemble groups"
+        return plan
+    batched = members // shape.ensemble
     per_replica = math.ceil(inits / shape.data)
     try:
         with meta_construction():
@@ -130,20 +141,21 @@ def plan_evaluation(
         plan.error = str(e)
         return plan
     h, w = domain.tile.shape
-    one = inference_memory(model, 1, elsize, h * w, channels)
+    one = inference_memory(model, batched, elsize, h * w, channels)  # one init: its members batched
     fixed, per = one["parameters"], one["total"] - one["parameters"]
     plan.batch = batch or max(1, min(per_replica, (hw.memory - fixed) // max(per, 1)))
-    plan.memory = inference_memory(model, plan.batch, elsize, h * w, channels)
+    plan.rows = plan.batch * batched
+    plan.memory = inference_memory(model, plan.rows, elsize, h * w, channels)
     plan.fits = plan.memory["total"] <= hw.memory
-    costs = model_cost(model, plan.batch, elsize, input_grad=False)
+    costs = model_cost(model, plan.rows, elsize, input_grad=False)
     if hw.measured:  # the measured rate at this rank's forward work per sample, as plan_mesh
-        work = sum(c.flops[0] for c in costs.values()) / plan.batch / 1e12
+        work = sum(c.flops[0] for c in costs.values()) / plan.rows / 1e12
         hw = replace(hw, tflops=hw.rank_rate(work, shape.world_size), efficiency=1.0)
     plan.forward_s = forward_seconds(costs, shape, hw)
     plan.time_s = math.ceil(per_replica / plan.batch) * steps * plan.forward_s
-    plan.steps_per_s = inits * steps / plan.time_s if plan.time_s > 0 else math.inf
+    plan.steps_per_s = inits * members * steps / plan.time_s if plan.time_s > 0 else math.inf
     cells = grid[0] * grid[1]
-    plan.written = {label: inits * c * leads * cells * 4 for label, (c, leads) in writes.items()}
+    plan.written = {label: inits * members * c * leads * cells * 4 for label, (c, leads) in writes.items()}
     rate = write_gbps * 1e9 * shape.world_size
     plan.total_s = {label: max(plan.time_s, n / rate) for label, n in plan.written.items()}
     return plan

@@ -6,7 +6,7 @@
   step-4 checkpoint resumes on 1 rank with the 2 × 2 run's steps 5 and 6; the run records name the
   model; ``predict`` loads the 2 × 2 checkpoint on 1 rank and ``score`` scores its forecast.
 * ``validate --model`` passes the examples, and on ``tests.byo_models:TileMeanNet`` (a
-  tile-local ``torch.mean``) fails and names the module that holds it.
+  tile-local ``torch.mean``) fails and names the op and the module that holds it.
 """
 
 from __future__ import annotations
@@ -138,9 +138,12 @@ def test_validate_names_the_tile_local_module(capsys: pytest.CaptureFixture[str]
     )
     out = capsys.readouterr().out
     assert "1 passed, 1 failed" in out, out
-    assert "on 1x2: the first module whose output diverges from the serial run is 'centre' (Centre" in out, (
-        out
-    )
+    assert (
+        "on 1x2: the first value that diverges from the serial run is op Tensor.mean at "
+        "tests/byo_models.py:" in out
+    ), out
+    assert "in Centre.forward (inside module 'centre', Centre)" in out, out
+    assert "it reduces over this rank's tile only" in out, out
 
 
 def test_validate_passes_the_example_convnet(

@@ -51,8 +51,10 @@ def test_world_size_error_names_the_ensemble_factor(monkeypatch: pytest.MonkeyPa
 def test_config_checks_members_against_the_ensemble_axis_and_the_noise() -> None:
     from .train_helpers import tiny_config
 
-    ok = tiny_config("r", (1, 1, 2, 2), training={"members": 4}, model={"noise_channels": 1})
-    assert ok.mesh.shape == MeshShape(1, 1, 2, ensemble=2) and ok.loss.kind == "mse"
+    ok = tiny_config(
+        "r", (1, 1, 2, 2), training={"members": 4}, model={"noise_channels": 1}, loss={"kind": "fair_crps"}
+    )
+    assert ok.mesh.shape == MeshShape(1, 1, 2, ensemble=2) and ok.loss.kind == "fair_crps"
     ok.check(world_size=4)
     with pytest.raises(ValueError, match="data=1 × ensemble=2 × lat=1 × lon=2 = 4 ranks"):
         ok.check(world_size=2)

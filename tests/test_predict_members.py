@@ -186,3 +186,40 @@ def test_members_over_the_ensemble_axis_equal_batched(
     theirs = _score_rows(store, stochastic)
     for mine in per_rank:
         _same_scores(_keyed(mine), theirs)
+
+
+def test_further_members_join_into_the_ensemble_and_repeats_are_refused(
+    stochastic: Path, tmp_path: Path, capsys
+) -> None:
+    """``--first-member 2`` draws members 2 and 3 of the ensemble whose members 0 and 1 a first run
+    drew: joined, they are the 4-member run. Joining the first run with itself (a second run that
+    forgot ``--first-member``) is refused by ``score``, by member number or, renumbered, by value."""
+    from jigsaw_earth.cli import main
+
+    cfg = parse_config(_stochastic_config(stochastic))
+    four, first, more = tmp_path / "four.zarr", tmp_path / "a.zarr", tmp_path / "b.zarr"
+    run_prediction(cfg, four, steps=2, members=4, **PERIOD)
+    run_prediction(cfg, first, steps=2, members=2, **PERIOD)
+    run_prediction(cfg, more, steps=2, members=2, first_member=2, **PERIOD)
+    a, b, c = (xr.open_zarr(p, chunks=None) for p in (four, first, more))
+    assert list(c["number"].values) == [2, 3]
+    joined = xr.concat([b, c], "number")
+    for name in a.data_vars:
+        np.testing.assert_array_equal(joined[name].values, a[name].values, err_msg=name)
+    twice = xr.concat([b, b], "number").load()
+    renumbered = twice.assign_coords(number=[0, 1, 2, 3])
+    truth = _stochastic_config(stochastic)["data"]["store"]
+    cases = [("twice", twice, "forecast members [0, 1] appear 2 times"),
+             ("renumbered", renumbered, "forecast members 0 and 2 are identical")]  # fmt: skip
+    for name, ds, words in cases:
+        for v in ds.variables.values():
+            v.encoding = {}
+        ds.to_zarr(tmp_path / f"{name}.zarr", zarr_format=3, consolidated=False)
+        code = main(
+            ["score", str(tmp_path / f"{name}.zarr"), "--truth", truth, "--out", str(tmp_path / name)]
+        )
+        err = capsys.readouterr().err
+        assert code == 2 and words in err and "--first-member K" in err, err
+        assert not (tmp_path / f"{name}.json").exists()
+    with pytest.raises(ValueError, match=r"--first-member -1: member numbers start at 0"):
+        run_prediction(cfg, tmp_path / "x.zarr", steps=1, members=2, first_member=-1, **PERIOD)

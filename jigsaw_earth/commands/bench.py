@@ -16,7 +16,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import statistics
@@ -27,6 +26,7 @@ import torch
 
 from ..argtypes import parse_grid, parse_list
 from ..bench.cases import SIZES
+from ..data.outputs import check_file_output, text_with
 from ..distributed.comm import ledger
 from ..distributed.matmul import (
     channel_bytes,
@@ -39,7 +39,7 @@ from ..distributed.matmul import (
 from ..distributed.mesh import DomainMesh, parse_mesh
 from ..distributed.spawn import spawn
 from ..layers.base import Domain
-from .output import write_json
+from .output import check_json, write_json, write_text
 
 log = logging.getLogger(__name__)
 
@@ -195,7 +195,23 @@ def _bench(mesh: DomainMesh, grid: tuple[int, int], batch: int, cin: int, cout: 
     return result
 
 
+#: what each bench's ``--json`` holds (how an earlier one is recognised before it is replaced)
+JSON_KEYS = {
+    "layers": ("kind", "meta", "results"),
+    "models": ("kind", "meta", "results"),
+    "all": ("kind", "meta", "results"),
+    "strategies": ("kind", "meta", "results"),
+    "scaling": ("kind", "meta", "result"),
+    "io": ("ranks", "cache"),
+    "matmul": ("channels", "tokens"),
+}
+REPORT_MARK = "jigsaw-earth bench report"
+
+
 def run(args: argparse.Namespace) -> int:
+    check_json(getattr(args, "json", None), "--json", *JSON_KEYS.get(args.what, ()))
+    if args.what == "report" and args.out:
+        check_file_output(args.out, "--out", "bench report", text_with(REPORT_MARK))
     if args.what in ("layers", "models", "all"):
         return _run_cases(args)
     if args.what == "report":
@@ -229,7 +245,7 @@ def run(args: argparse.Namespace) -> int:
             )
         print(f"{form:<9} auto picks {out[form]['auto_choice']}")
     if args.json:
-        args.json.write_text(json.dumps(out, indent=1))
+        write_json(args.json, out, "--json", *JSON_KEYS["matmul"])
     return 0
 
 
@@ -265,7 +281,7 @@ def _run_cases(args: argparse.Namespace) -> int:
     print(format_table(results))
     if args.json:
         data = {"kind": args.what, "quick": size == "quick", "size": size, "meta": meta, "results": results}
-        write_json(args.json, data)
+        write_json(args.json, data, "--json", *JSON_KEYS[args.what])
     return 0
 
 
@@ -275,14 +291,12 @@ def _run_report(args: argparse.Namespace) -> int:
     if not args.inputs:
         raise ValueError("bench report needs the JSON files written by bench layers/models --json")
     runs = [(str(p), load_results(p)) for p in args.inputs]
-    command = "jigsaw-earth bench report " + " ".join(str(p) for p in args.inputs)
+    command = f"{REPORT_MARK} " + " ".join(str(p) for p in args.inputs)
     if args.out:
         command += f" --out {args.out}"
     text = markdown(runs, command)
     if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text)
-        log.info("wrote %s", args.out)
+        write_text(args.out, text, "--out", "bench report", text_with(REPORT_MARK))
     else:
         print(text)
     return 0

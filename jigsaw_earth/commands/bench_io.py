@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 
 from ..bench.io import bench_io, format_io
@@ -11,6 +10,7 @@ from ..data.batch import VariableSpec
 from ..data.store import StoreView
 from ..distributed.halo import Halo
 from ..distributed.mesh import parse_mesh
+from .output import write_json
 
 __all__ = ["run_io"]
 
@@ -52,7 +52,5 @@ def run_io(args: argparse.Namespace) -> int:
         print(format_io(r))
         results.append(r)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(results, indent=1))
-        log.info("wrote %s", args.json)
+        write_json(args.json, results, "--json", "ranks", "cache")
     return 0

@@ -119,5 +119,6 @@ def run_bench_scaling(args: argparse.Namespace) -> int:
         f"global batch {result['global_batch']}, {args.world_size} ranks\n{format_scaling(result)}"
     )
     if args.json:
-        write_json(args.json, {"kind": "scaling", "meta": meta, "result": result})
+        doc = {"kind": "scaling", "meta": meta, "result": result}
+        write_json(args.json, doc, "--json", "kind", "meta", "result")
     return 0

@@ -136,5 +136,6 @@ def run_strategies(args: argparse.Namespace) -> int:
             )
     meta["load_average_end"] = list(os.getloadavg())
     if args.json:
-        write_json(args.json, {"kind": "strategies", "meta": meta, "results": runs})
+        doc = {"kind": "strategies", "meta": meta, "results": runs}
+        write_json(args.json, doc, "--json", "kind", "meta", "results")
     return 0

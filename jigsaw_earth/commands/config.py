@@ -5,7 +5,8 @@
 (``training/preflight.py``: writable, room for ``keep + 1`` checkpoints estimated from the model
 on the store's grid), the run-directory claim (would ``train`` refuse this ``run.dir``?) and, when
 the store is reachable, the store preflight (``data/preflight.py``: variables, levels, statics,
-step, periods, climatology).
+step, periods, climatology; NaNs in the values training reads, ``--nans``), and the loss/ensemble
+advice (``config/advice.py``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--store",
         help="check the config against this store (default: data.store, when it is reachable)",
     )
+    v.add_argument(
+        "--nans",
+        choices=["auto", "sample", "full", "none"],
+        default="auto",
+        help="NaNs in the values training reads: every time of the periods up to 2 GiB, else 5 of them "
+        "(auto, the default); 5 times; every time; or none",
+    )
     v.set_defaults(run=run_validate)
     s = csub.add_parser("show", help="every config field with its type, default and documentation")
     s.set_defaults(run=run_show)
@@ -47,20 +55,31 @@ def run_validate(args: argparse.Namespace) -> int:
             f"(e.g. --world-size 4), or leave it out"
         )
     cfg = load_config(args.config, args.overrides, world_size=args.world_size)
-    note = _preflight(cfg)
+    from ..config.advice import check_learnable
+
+    for warning in check_learnable(cfg):  # errors raise; warnings are printed
+        print(f"warning: {warning}", file=sys.stderr)
+    note = _preflight(cfg, args.config)
     if not args.quiet:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     store = args.store or cfg.data.store
     if args.store or "://" in store or Path(store).exists():
-        from ..data.preflight import store_preflight
+        from ..data.preflight import store_nans, store_preflight
 
-        problems = store_preflight(cfg, store)
+        problems, scanned = store_preflight(cfg, store), "none"
+        if not problems:
+            problems, scanned = store_nans(cfg, store, args.nans)
         if problems:
             print(f"config {args.config} does not fit store {store!r}:", file=sys.stderr)
             for problem in problems:
                 print(f"- {problem}", file=sys.stderr)
             return 2
-        print(f"store {store!r} fits the config (variables, levels, statics, step, periods, climatology)")
+        scanned = {"sample": "; no NaN at 5 times of the periods (--nans full scans every time)",
+                   "full": "; no NaN in the periods", "none": ""}[scanned]  # fmt: skip
+        print(
+            f"store {store!r} fits the config (variables, levels, statics, step, periods, climatology)"
+            f"{scanned}"
+        )
     else:
         print(f"store {store!r} is not reachable from here: store checks skipped (give --store PATH)")
     m, t = cfg.mesh, cfg.training
@@ -75,12 +94,13 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preflight(cfg: TrainConfig) -> str:
+def _preflight(cfg: TrainConfig, config_file: str | None = None) -> str:
     """The run-directory checks of ``train``, without creating anything; returns a summary."""
     from ..training.preflight import preflight_run_dir
-    from ..training.rundir import claim_run_dir
+    from ..training.rundir import check_place, claim_run_dir
 
     run_dir = Path(cfg.run.dir)
+    check_place(cfg, config_file)
     size = _checkpoint_estimate(cfg)
     preflight_run_dir(run_dir, size, cfg.checkpoint.keep, create=False)
     claim_run_dir(cfg)  # refuses a run.dir holding another run's checkpoints (changes nothing)
@@ -111,13 +131,13 @@ def _checkpoint_estimate(cfg: TrainConfig) -> int | None:
 
 def run_schema(args: argparse.Namespace) -> int:
     from ..config.json_schema import json_schema
+    from .output import write_json
 
-    text = json.dumps(json_schema(), indent=1)
+    schema = json_schema()
     if args.out is None:
-        print(text)
+        print(json.dumps(schema, indent=1))
         return 0
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(text + "\n")
+    write_json(args.out, schema, "--out", "title", "properties")
     print(f"wrote the config's JSON schema to {args.out}")
     return 0
 

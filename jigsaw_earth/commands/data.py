@@ -11,7 +11,7 @@ from pathlib import Path
 from ..argtypes import parse_grid, parse_list
 from ..distributed.halo import Halo
 from ..distributed.mesh import parse_mesh
-from .output import write_json
+from .output import check_json, write_json
 
 log = logging.getLogger(__name__)
 
@@ -132,6 +132,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     r.add_argument("--stats-start", help="first time of the statistics period")
     r.add_argument("--stats-end", help="last time of the statistics period")
+    r.add_argument(
+        "--nans",
+        choices=["refuse", "fill", "keep"],
+        default="refuse",
+        help="NaNs in the source (scanned before writing): refuse (default: report them per variable), "
+        "fill with each variable's mean, or keep them unscanned",
+    )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     _layout_args(r)
 
@@ -202,9 +209,13 @@ def _layout(args: argparse.Namespace, grid: tuple[int, int] | None, default_time
     return replace(layout, compression=args.compression) if args.compression else layout
 
 
-def _write_json(path: Path | None, obj) -> None:
+#: what ``data inspect --json`` and ``data io-report --json`` hold
+INSPECT_KEYS, IO_KEYS = ("path", "grid", "variables"), ("store", "mesh")
+
+
+def _write_json(path: Path | None, obj, keys: tuple[str, ...]) -> None:
     if path:
-        write_json(path, obj)
+        write_json(path, obj, "--json", *keys)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -271,7 +282,10 @@ def _prepare(args: argparse.Namespace) -> int:
         layout=layout,
         overwrite=args.overwrite,
         progress=not args.no_progress,
+        nans=args.nans,
     )
+    if info["nans_filled"]:
+        print(f"filled NaNs with each variable's mean: {info['nans_filled']}")
     print(
         f"wrote {info['store']}: {', '.join(info['variables'])}; {info['times']} times, grid "
         f"{info['grid'][0]}x{info['grid'][1]} ({time.perf_counter() - t0:.1f} s)"
@@ -283,6 +297,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from jigsaw_earth.data.report import inspect_store
     from jigsaw_earth.inference.unfinished import describe
 
+    check_json(args.json, "--json", *INSPECT_KEYS)
     unfinished = describe(args.path)
     if unfinished is not None:  # its fields are not final: what it is and what it will hold
         print(f"UNFINISHED forecast of predict: {unfinished.text()}")
@@ -324,7 +339,7 @@ def _inspect(args: argparse.Namespace) -> int:
             f"{v['name']:<28} {','.join(v['dims']):<40} {'x'.join(map(str, v['chunks'])):<22} "
             f"{shards:<22} {v.get('nans', '-')}"
         )
-    _write_json(args.json, r)
+    _write_json(args.json, r, INSPECT_KEYS)
     return 0
 
 
@@ -332,6 +347,7 @@ def _io(args: argparse.Namespace) -> int:
     from jigsaw_earth.data.report import io_report, throughput
     from jigsaw_earth.data.store import StoreView
 
+    check_json(args.json, "--json", *IO_KEYS)
     names = _names(args.name)
     view = StoreView.open(args.path, names=names)
     spec = _spec(args, view)
@@ -369,5 +385,5 @@ def _io(args: argparse.Namespace) -> int:
                 f"{b['xarray_full_then_slice_samples_per_s']:.1f} samples/s ({b['speedup']:.2f}x)"
             )
         records.append(r)
-    _write_json(args.json, records)
+    _write_json(args.json, records, IO_KEYS)
     return 1 if failed else 0

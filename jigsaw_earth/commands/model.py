@@ -10,7 +10,6 @@ paper-scale presets at 721 × 1440 are summarised in seconds::
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,9 @@ from ..argtypes import parse_grid, parse_ints
 from ..distributed.mesh import parse_mesh
 from ..models import MODELS, model_entry
 from ..models.summary import ModelSummary, summarize
+from .output import check_json, write_json
+
+JSON_KEYS = ("model", "mesh", "total_params")
 
 __all__ = ["add_parser", "model_spec", "run"]
 
@@ -153,6 +155,7 @@ def _print(s: ModelSummary) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json(args.json, "--json", *JSON_KEYS)
     shape = parse_mesh(args.mesh)
     grid = parse_grid(args.grid, example="721x1440")
     specs = model_spec(args)
@@ -172,6 +175,5 @@ def run(args: argparse.Namespace) -> int:
         _print(s)
         out.append(s.as_dict())
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(out, indent=1))
+        write_json(args.json, out, "--json", *JSON_KEYS)
     return 0

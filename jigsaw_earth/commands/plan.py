@@ -19,8 +19,11 @@ from ..distributed.mesh import MeshShape
 from ..models import make_config, model_entry
 from ..models.plan import Hardware, MeshPlan, plan_meshes, recommend
 from ..models.plan_eval import EvalPlan, plan_evaluation, writes
+from .output import check_json, write_json
 
 __all__ = ["add_parser", "run"]
+
+JSON_KEYS = ("model", "world_size", "meshes")
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -290,7 +293,7 @@ def _evaluation(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan], g
         best, _ = recommend(plans)
         if best is None:
             raise ValueError("no mesh fits for training, so none is recommended: pass --eval-mesh DxLATxLON")
-        shape = MeshShape(best.data, best.lat, best.lon)
+        shape = MeshShape(best.data, best.lat, best.lon, ensemble=best.ensemble)
     e = plan_evaluation(
         args.model,
         args.preset,
@@ -304,15 +307,20 @@ def _evaluation(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan], g
         batch=args.eval_batch,
         elsize=elsize,
         write_gbps=args.write_gbps,
+        members=args.members,
     )
     if e.error:
         raise ValueError(f"--eval-mesh {e.mesh}: {e.error}")
     fit = "fits" if e.fits else "DOES NOT FIT"
-    print(f"evaluation: {inits} inits × {steps} steps on {e.mesh}, batch {e.batch} per data replica "
-          f"({_gb(e.memory['total'])} GB per GPU for the forward: {fit})")  # fmt: skip
+    ens = ""
+    if args.members > 1:
+        per_rank = args.members // shape.ensemble
+        ens = f" × {args.members} members ({per_rank} batched per rank, {e.rows} rows per forward)"
+    print(f"evaluation: {inits} inits{ens} × {steps} steps on {e.mesh}, batch {e.batch} inits per data "
+          f"replica ({_gb(e.memory['total'])} GB per GPU for the forward: {fit})")  # fmt: skip
     print(
-        f"  forward of {e.batch} inits {e.forward_s * 1e3:.1f} ms; {inits * steps} model steps in "
-        f"{e.time_s / 3600:.2f} h of forwards ({e.steps_per_s:.1f} steps/s)"
+        f"  forward of {e.rows} rows {e.forward_s * 1e3:.1f} ms; {inits * args.members * steps} model "
+        f"steps in {e.time_s / 3600:.2f} h of forwards ({e.steps_per_s:.1f} steps/s)"
     )
     print(f"  written at {args.write_gbps:g} GB/s per rank beside the forward (the longer of the two):")
     for label, nbytes in e.written.items():
@@ -321,6 +329,7 @@ def _evaluation(args: argparse.Namespace, hw: Hardware, plans: list[MeshPlan], g
 
 
 def run(args: argparse.Namespace) -> int:
+    check_json(args.json, "--json", *JSON_KEYS)
     grid = parse_grid(args.grid, example="721x1440")
     channels = parse_ints(args.channels, "--channels", 3, sep=",", minimum=0, example="69,2,4")
     if channels[0] < 1:
@@ -352,6 +361,5 @@ def run(args: argparse.Namespace) -> int:
             "meshes": [p.as_dict() for p in plans],
             "evaluation": evaluation.as_dict() if evaluation else None,
         }
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(doc, indent=1))
+        write_json(args.json, doc, "--json", *JSON_KEYS)
     return 0

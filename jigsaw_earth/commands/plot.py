@@ -22,10 +22,21 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..metrics.plots import plot_all
+    from ..metrics.plots import check_plot_dir, maps_unavailable, plot_all
 
     rows, info = read_scores(args.scores)
+    regions = [r.get("region", "global") for r in rows]
+    check_plot_dir(args.out, regions, [r["variable"] for r in rows], "--out", _stores(args.scores, info))
     baselines = read_baselines(args.baselines or info.get("baselines"))
     for path in plot_all(rows, info, baselines, args.out):
         print(f"wrote {path}")
+    why = maps_unavailable(info)
+    if why is not None:
+        print(f"no maps drawn: {why}")
     return 0
+
+
+def _stores(scores: Path, info: dict) -> tuple[tuple[str, str | None], ...]:
+    """The stores a score file names (never written into) and the score file itself."""
+    named = tuple((f"{k} store", info.get(k)) for k in ("forecast", "truth", "climatology"))
+    return (*named, ("score file", str(scores)))

@@ -21,6 +21,7 @@ import numpy as np
 from ..config import load_config
 
 if TYPE_CHECKING:
+    from ..config.schema import TrainConfig
     from ..inference.predict import Prediction
     from ..inference.scoring import ScoreRequest
 
@@ -55,6 +56,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="an ensemble of N members (store dimension 'number'; a stochastic model: model.noise_channels)",
     )
     p.add_argument("--seed", type=int, help="the ensemble's noise seed (default run.seed); with --members")
+    p.add_argument(
+        "--first-member",
+        type=int,
+        default=0,
+        metavar="K",
+        help="number the members K … K+N-1: further members of the same ensemble (the same seed), e.g. "
+        "--members 10 --first-member 10 after a first --members 10 run",
+    )
     g = p.add_argument_group("scoring while forecasting (--score)")
     g.add_argument(
         "--score", action="store_true", help="WB2 RMSE/bias/ACC (ensembles: CRPS …) as it runs, as `score`"
@@ -99,7 +108,17 @@ def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
     return ScoreRequest(args.truth, args.climatology, tuple(args.regions) if args.regions else None)
 
 
-def _report(args: argparse.Namespace, result: Prediction) -> None:
+def _stores(args: argparse.Namespace, cfg: TrainConfig) -> tuple[tuple[str, str | None], ...]:
+    """What ``--scores`` may never be inside: the stores read and the one written."""
+    from ..data.preflight import default_climatology_path
+
+    d = cfg.data
+    return (("--out store", args.out), ("--truth store", args.truth), ("truth/training store data.store",
+            d.store), ("--climatology store", args.climatology),
+            ("climatology", d.climatology or default_climatology_path(d.store)))  # fmt: skip
+
+
+def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> None:
     """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
     r = result
     members = "" if r.members is None else f" × {r.members} member" + "s" * (r.members != 1)
@@ -120,13 +139,16 @@ def _report(args: argparse.Namespace, result: Prediction) -> None:
         resolution = grid_resolution(result.n_lon)
         print(format_scorecard(result.rows, read_baselines(None), resolution, period, members=result.members))
         if args.scores:
+            from ..inference.scoring import score_stores
+
             first, last = result.init_times.min(), result.init_times.max()
             times = [str(np.datetime_as_string(t, unit="h")) for t in (first, last)]
+            truth, climatology = score_stores(_score_request(args), cfg)  # the stores actually read
             info = {"forecast": None if result.path is None else str(Path(result.path).resolve()),
-                    "truth": args.truth, "climatology": args.climatology, "baselines": None,
+                    "truth": truth, "climatology": climatology, "baselines": None,
                     "resolution": resolution, "inits": [*times, int(result.init_times.size)],
                     "members": result.members}  # fmt: skip
-            for path in write_scores(result.rows, Path(args.scores), info):
+            for path in write_scores(result.rows, Path(args.scores), info, "--scores", _stores(args, cfg)):
                 print(f"wrote {path}")
     if result.path is not None:
         print(f"wrote {result.path}; open it with xarray.open_zarr({str(result.path)!r})")
@@ -168,7 +190,16 @@ def run(args: argparse.Namespace) -> int:
     _check_period(start, end)
     if args.seed is not None and args.members is None:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
+    if args.first_member and args.members is None:
+        raise ValueError(
+            f"--first-member {args.first_member} numbers an ensemble's members; add --members N or leave "
+            f"it out"
+        )
     score = _score_request(args)
+    if args.scores:  # before any work: the one output check (never a run record, never in a store)
+        from ..metrics.scorecard import check_scores_output
+
+        check_scores_output(args.scores, "--scores", _stores(args, cfg))
     variables = [v for item in args.variables for v in item.split(",") if v] if args.variables else None
     try:
         result = run_prediction(
@@ -190,11 +221,12 @@ def run(args: argparse.Namespace) -> int:
             members=args.members,
             seed=args.seed,
             scores=args.scores,
+            first_member=args.first_member,
         )
     except Stopped as err:
         if rank == 0:
             print(f"jigsaw-earth predict: {err}", file=sys.stderr)
         return err.exit_code
     if rank == 0:
-        _report(args, result)
+        _report(args, result, cfg)
     return 0

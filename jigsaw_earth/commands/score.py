@@ -17,6 +17,7 @@ from ..data.store import open_dataset
 from ..metrics.evaluate import check_times, evaluate, members, normalise
 from ..metrics.regions import REGIONS
 from ..metrics.scorecard import (
+    check_scores_output,
     format_scorecard,
     grid_resolution,
     init_period,
@@ -90,9 +91,25 @@ def _distinct(args: argparse.Namespace) -> None:
         seen[key] = option
 
 
+def _outputs(args: argparse.Namespace, forecast: xr.Dataset) -> Path:
+    """Check ``--out`` (or its default beside FORECAST) and ``--plot`` before any work."""
+    from ..metrics.plots import check_plot_dir
+    from ..metrics.regions import get_regions
+
+    stores = (("forecast store", args.forecast), ("--truth store", args.truth),
+              ("--climatology store", args.climatology))  # fmt: skip
+    prefix = args.out or args.forecast.with_name(args.forecast.name.removesuffix(".zarr") + "-scores")
+    check_scores_output(prefix, "--out", stores)
+    if args.plot:
+        variables = args.variables or [str(v) for v in forecast.data_vars]
+        check_plot_dir(args.plot, [r.name for r in get_regions(args.regions)], variables, "--plot", stores)
+    return prefix
+
+
 def run(args: argparse.Namespace) -> int:
     _distinct(args)
     forecast = normalise(_open(args.forecast, "forecast"), "forecast")
+    prefix = _outputs(args, forecast)
     if "time" in forecast.dims:
         check_times(forecast["time"].values, f"forecast {args.forecast}: init times")
     if args.start or args.end:
@@ -111,7 +128,6 @@ def run(args: argparse.Namespace) -> int:
     period = init_period(times)
     n_members = members(forecast)
     print(format_scorecard(rows, baselines, resolution, period, members=n_members))
-    prefix = args.out or args.forecast.with_name(args.forecast.name.removesuffix(".zarr") + "-scores")
     info = {  # absolute, so `plot` finds the stores from any directory
         "forecast": _absolute(args.forecast),
         "truth": _absolute(args.truth),
@@ -121,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
         "inits": [first, last, int(times.size)],
         "members": n_members,
     }
-    for path in write_scores(rows, prefix, info):
+    for path in write_scores(rows, prefix, info, "--out"):
         print(f"wrote {path}")
     if args.plot:
         from ..metrics.plots import plot_all

@@ -41,6 +41,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from ..training import NonFiniteLossError, run_training
+    from ..training.rundir import check_place
     from ..training.runner import world_size_from_env
     from ..training.signals import Preempted
 
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     if args.peak_tflops is not None:
         overrides.append(f"logging.peak_tflops={args.peak_tflops}")
     cfg = load_config(args.config, overrides, world_size=world_size_from_env())
+    check_place(cfg, args.config)  # never in a store, never over files a run did not write
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)

@@ -18,7 +18,9 @@ from ..distributed.mesh import parse_mesh
 from ..distributed.spawn import spawn
 from ..validation.registry import ENSEMBLE_OPS, checks, run_checks
 from ..validation.user_model import check_user_model
-from .output import write_json
+from .output import check_json, write_json
+
+JSON_KEYS = ("op", "mesh", "passed")
 
 log = logging.getLogger(__name__)
 DEFAULT_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3", "2x3", "3x2", "1x2x1x3", "1x2x2x3"]
@@ -62,10 +64,58 @@ def _row(r: dict) -> str:
     )
 
 
+def divergence_line(first: dict) -> str:
+    """``the first value that diverges from the serial run is …, relative error …: why``."""
+    if first.get("kind") == "op":
+        what = f"op {first['module']}"
+        if first.get("inside"):
+            what += f" (inside module {first['inside']!r}, {first['inside_class']})"
+        else:
+            what += " (in the model's own forward)"
+    else:
+        what = f"module {first['module']!r} ({first['class']})"
+    return (
+        f"the first value that diverges from the serial run is {what}, relative error {first['error']:.2e}: "
+        f"{first['why']}"
+    )
+
+
+def why_failed(r: dict) -> str:
+    """The reasons a truth-table row failed, one clause each."""
+    out = []
+    extra = r.get("extra", {})
+    if extra.get("not_reproducible"):
+        out.append(f"the serial reference does not reproduce itself: {extra['not_reproducible']}")
+    if r["judge_forward"] > 1:
+        out.append(
+            f"outputs or initial parameters off by {r['judge_forward']:.3g}x what float32 rounding allows "
+            f"(relative error {r['error_forward']:.2e})"
+        )
+    if r["judge_backward"] > 1:
+        worst = extra.get("worst_backward")
+        out.append(
+            f"gradients off by {r['judge_backward']:.3g}x what rounding allows"
+            + (f", worst: {'the input' if worst == 'input' else repr(worst)}" if worst else "")
+        )
+    if r["expected_bytes"] is not None and r["comm_bytes"] != r["expected_bytes"]:
+        out.append(
+            f"{r['comm_bytes']} bytes sent, the layers declare {r['expected_bytes']} (a layer's cost() or a "
+            f"layer given another domain)"
+        )
+    if extra.get("param_bytes_ok") is False:
+        out.append(
+            f"a rank holds {extra['param_bytes_rank_max']} parameter bytes, more than 1/N of the serial "
+            f"{extra['param_bytes_serial']} (a parameter not sharded: a torch layer, or "
+            f"sharded_parameter(shape, None))"
+        )
+    return "; ".join(out) or "see the record"
+
+
 def run(args: argparse.Namespace) -> int:
     if args.list:
         print("\n".join(checks()))
         return 0
+    check_json(args.json, "--json", *JSON_KEYS)
     meshes = [parse_mesh(m) for m in (args.mesh or DEFAULT_MESHES)]
     for shape in meshes:
         if shape.data != 1:
@@ -82,8 +132,10 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.model:
         from ..models import model_entry
+        from ..validation.user_model import check_contract
 
         model_entry(args.model).config(args.preset)  # a bad name or preset: one error, before spawning
+        check_contract(args.model, args.preset)  # signature, output shape, parameters made in forward
     print(header)
     print("-" * len(header))
     records: list[dict] = []
@@ -95,13 +147,7 @@ def run(args: argparse.Namespace) -> int:
             rows, first = [result["record"]], result["first_divergence"]
             if first is not None:
                 rows[0]["first_divergence"] = first
-                print(
-                    f"{args.model} on {shape.lat}x{shape.lon}: the first module whose output diverges from "
-                    f"the serial run is {first['module']!r} ({first['class']}, relative error "
-                    f"{first['error']:.2e}); it computes on its tile alone (a plain torch op over the "
-                    "field?): use the jigsaw layer or gather the field first",
-                    flush=True,
-                )
+                print(f"{args.model} on {shape.lat}x{shape.lon}: {divergence_line(first)}", flush=True)
         elif shape.ensemble == 1:
             rows = spawn(shape, run_checks, args.op)[0]
         else:  # an ensemble axis: the ensemble checks only (the others check one lat x lon group)
@@ -109,6 +155,8 @@ def run(args: argparse.Namespace) -> int:
             rows = spawn(shape, run_checks, only)[0] if only else []
         for r in rows:
             print(_row(r), flush=True)
+            if not r["passed"]:
+                print(f"  why: {why_failed(r)}", flush=True)
         log.info("mesh %s: %d cases in %.1f s", shape, len(rows), time.perf_counter() - t0)
         records.extend(rows)
     failed = [r for r in records if not r["passed"]]
@@ -117,5 +165,5 @@ def run(args: argparse.Namespace) -> int:
         f"({len(meshes)} meshes, {time.perf_counter() - start:.1f} s)"
     )
     if args.json:
-        write_json(args.json, records)
+        write_json(args.json, records, "--json", *JSON_KEYS)
     return 1 if failed or not records else 0

@@ -4,7 +4,8 @@ Layout (WB2 forecast convention): upper-air variables ``(time, prediction_timede
 latitude, longitude)``, surface variables ``(time, prediction_timedelta, latitude, longitude)``;
 ``time`` is the initialisation time; latitude as the data (descending, WB2), levels ascending. An
 ensemble (``members``) has a member dimension ``number`` (WB2's and ECMWF's name, members 0…M−1)
-after the lead: ``(time, prediction_timedelta, number, [level], latitude, longitude)``, one chunk
+after the lead (``predict --first-member K``: members K…K+M−1):
+``(time, prediction_timedelta, number, [level], latitude, longitude)``, one chunk
 per member, so each rank writes its tile of its own members.
 
 Chunks are aligned with every tile boundary of the mesh (the greatest common divisor of the tile
@@ -76,6 +77,7 @@ class ForecastLayout:
     latitude: np.ndarray
     longitude: np.ndarray
     members: int | None = None  # an ensemble's size (a ``number`` dimension); None: deterministic
+    first_member: int = 0  # the ``number`` of the store's first member (``predict --first-member``)
 
     @property
     def channels(self) -> list[str]:
@@ -171,7 +173,8 @@ class ForecastWriter:
             "longitude": ("longitude", np.asarray(lay.longitude, dtype=np.float64), COORD_ATTRS["longitude"]),
         }
         if lay.members:
-            coords[MEMBER] = (MEMBER, np.arange(lay.members, dtype=np.int64), COORD_ATTRS[MEMBER])
+            numbers = lay.first_member + np.arange(lay.members, dtype=np.int64)
+            coords[MEMBER] = (MEMBER, numbers, COORD_ATTRS[MEMBER])
         if lay.upper_air:
             coords["level"] = ("level", np.asarray(sorted(lay.levels), dtype=np.int64), COORD_ATTRS["level"])
         attrs = {MARKER: {"kind": KIND, "complete": False}, "Conventions": "CF-1.8"}
@@ -186,7 +189,8 @@ class ForecastWriter:
         member: int | None = None,
     ) -> None:
         """Write this rank's tile: ``fields`` is ``(channels, h, w)`` in physical units (``(n, channels,
-        h, w)`` for a slice of ``n`` inits); ``member`` (0…M−1) for an ensemble store, None otherwise."""
+        h, w)`` for a slice of ``n`` inits); ``member`` (its number, ``first_member`` … ``first_member +
+        M − 1``) for an ensemble store, None otherwise."""
         if (member is None) != (not self.layout.members):
             raise ValueError(
                 f"member {member} for a store with {self.layout.members or 'no'} members: pass the member "
@@ -200,7 +204,11 @@ class ForecastWriter:
                 f"(channels {channels[:3]}...)"
             )
         rows, cols = tile.slices
-        at = (init_index, lead_index) if member is None else (init_index, lead_index, member)
+        at = (
+            (init_index, lead_index)
+            if member is None
+            else (init_index, lead_index, member - self.layout.first_member)
+        )
         n_lev, k = len(self.layout.levels), 0
         c = (slice(None),) * len(inits)  # the init axis of a slice's fields
         for name in self.layout.upper_air:

@@ -8,7 +8,10 @@ give identical members: ``--members`` above 1 is refused for it.
 
 Members are spread over the mesh's ``ensemble`` axis as the trainer spreads them: group ``e`` of
 ``E`` runs members ``e·N/E … (e+1)·N/E − 1``, batched: rows ``[i·B, (i+1)·B)`` of the state are
-member ``mine[i]`` (member-major). Scoring needs every member of a point on one rank: ``everyone``
+member ``mine[i]`` (member-major). ``--first-member K`` numbers the ensemble ``K … K + N − 1``:
+the same members (and noise) as those of one larger run, so stores of runs with consecutive ranges
+join into one ensemble (``xr.concat(..., "number")``). Scoring needs every member of a point on
+one rank: ``everyone``
 gathers the ensemble groups' tiles (an all-gather over the ensemble axis, the same tile of every
 group), and every group then scores the whole ensemble of its tile.
 """
@@ -44,16 +47,21 @@ class Members:
     seed: int
     channels: int
     axis: Axis | None = None  # the mesh's ensemble axis (None: every member on this rank)
+    first: int = 0  # the ensemble's first member number (``--first-member``)
 
     @classmethod
-    def plan(cls, cfg: TrainConfig, mesh: DomainMesh, total: int, seed: int | None) -> Members:
-        """The members this rank runs; a clear error when the ensemble cannot differ or split."""
-        check(cfg, total, mesh.shape.ensemble)
+    def plan(
+        cls, cfg: TrainConfig, mesh: DomainMesh, total: int, seed: int | None, first: int = 0
+    ) -> Members:
+        """The members this rank runs — numbers ``first … first + total − 1`` of the ensemble, so a
+        second run with ``first`` = the first run's total draws further members of the same
+        ensemble; a clear error when the ensemble cannot differ or split."""
+        check(cfg, total, mesh.shape.ensemble, first)
         m = total // mesh.shape.ensemble
         e = mesh.ensemble_index
         axis = mesh.ensemble if mesh.shape.ensemble > 1 else None
         seed = cfg.run.seed if seed is None else int(seed)
-        return cls(total, range(e * m, (e + 1) * m), seed, noise_channels(cfg), axis)
+        return cls(total, range(first + e * m, first + (e + 1) * m), seed, noise_channels(cfg), axis, first)
 
     def expand(self, x: torch.Tensor) -> torch.Tensor:
         """Rows of ``x`` ``(B, …)`` repeated for every member of this rank: ``(m·B, …)``."""
@@ -98,11 +106,18 @@ class Members:
             return all_gather(x.contiguous(), self.axis, dim=0, sizes=[x.shape[0]] * self.axis.size)
 
 
-def check(cfg: TrainConfig, total: int, groups: int = 1) -> None:
-    """Refuse an ensemble that cannot be: no members, identical members of a deterministic model,
-    or members that do not split evenly over the mesh's ``groups`` ensemble groups."""
+def check(cfg: TrainConfig, total: int, groups: int = 1, first: int = 0) -> None:
+    """Refuse an ensemble that cannot be: no members, a negative first member, identical members
+    of a deterministic model, or members that do not split evenly over ``groups`` ensemble groups."""
     if total < 1:
         raise ValueError(f"--members {total}: give at least 1 (e.g. --members 10)")
+    if first < 0:
+        raise ValueError(f"--first-member {first}: member numbers start at 0; give 0 or more")
+    if first > 0 and not noise_channels(cfg):
+        raise ValueError(
+            f"--first-member {first}: the model is deterministic (model.noise_channels=0), so member "
+            f"{first} would equal member 0; further members need a stochastic model"
+        )
     if total % groups:
         raise ValueError(
             f"--members {total} must split evenly over mesh.ensemble={groups} groups; use a multiple "

@@ -13,7 +13,8 @@ Inference is read-only on the run (``load.py``): no run-directory claim, no ``co
 before any work (``data.outputs.check_output``): never the truth store, the checkpoints, or a
 path that is not predict's own. The store is written as ``OUT.in-progress`` and renamed when complete;
 SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next batch with every earlier batch recorded
-there, and the same command resumes it (``progress.py``).
+there, and the same command resumes it (``progress.py``). Rank 0 holds ``OUT.lock`` while writing,
+refuses a store its filesystem cannot hold, and logs the model steps done (``campaign.py``).
 """
 
 from __future__ import annotations
@@ -37,8 +38,10 @@ from ..data.times import hour_dayofyear, period_mask
 from ..device import copy_to_host, pin, set_precision
 from ..distributed.mesh import DomainMesh
 from ..training.data import TrainData
+from ..training.preflight import on_rank0
 from ..training.runner import setup_mesh
 from ..training.step import build_run_model, model_step
+from .campaign import StepLog, check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
@@ -71,7 +74,8 @@ def select_inits(
     return idx
 
 
-def _layout(data: TrainData, inits: np.ndarray, selection: Selection, members: int | None) -> ForecastLayout:
+def _layout(data: TrainData, inits: np.ndarray, selection: Selection, members: int | None,
+            first_member: int = 0) -> ForecastLayout:  # fmt: skip
     layout = ForecastLayout(
         init_times=np.asarray(data.times)[inits],
         leads=selection.leads,
@@ -81,6 +85,7 @@ def _layout(data: TrainData, inits: np.ndarray, selection: Selection, members: i
         latitude=np.asarray(data.source.lat),
         longitude=np.asarray(data.source.view.lon),
         members=members,
+        first_member=first_member,
     )
     missing = sorted(set(layout.channels) - set(data.channels))
     if missing:
@@ -145,17 +150,19 @@ def run_prediction(
     members: int | None = None,
     seed: int | None = None,
     scores: str | Path | None = None,
+    first_member: int = 0,
 ) -> Prediction:
     """Forecast from every selected init; write the selected variables, levels and leads to ``out``
     and/or score them (``score``) as the rollout runs (collective). ``mesh``: run on this existing
     mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one. ``members``: an
     ensemble of that many members (a ``number`` dimension; None: deterministic, no dimension), their
-    noise drawn with ``seed`` (default ``run.seed``). ``scores``: the prefix the scores are written to,
-    which names a score-only run's in-progress folder (``PREFIX.in-progress``); a stop signal raises
-    ``progress.Stopped`` after recording what is done."""
+    noise drawn with ``seed`` (default ``run.seed``), numbered from ``first_member`` (further members
+    of the same ensemble). ``scores``: the prefix the scores are written to, which names a score-only
+    run's in-progress folder (``PREFIX.in-progress``); a stop signal raises ``progress.Stopped`` after
+    recording what is done."""
     _check_options(out, every_hours, max_inits, batch_size, score)
     if members is not None:
-        check(cfg, members, cfg.mesh.ensemble)
+        check(cfg, members, cfg.mesh.ensemble, first_member)
     elif cfg.mesh.ensemble > 1:
         raise ValueError(
             f"mesh.ensemble={cfg.mesh.ensemble} spreads ensemble members over groups of ranks; give "
@@ -183,11 +190,15 @@ def run_prediction(
         raise ValueError(f"mesh {mesh.shape} differs from the config's mesh {cfg.mesh.shape}")
     with progress.watching():
         mesh = setup_mesh(cfg) if mesh is None else mesh
+        lock = None
         try:
-            ens = None if members is None else Members.plan(cfg, mesh, members, seed)
+            lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
+            ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member)
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
                             progress.batch_size(batch_size), overwrite, score, ens, progress)  # fmt: skip
         finally:
+            if lock is not None:
+                lock.release()
             if own and dist.is_initialized():
                 dist.destroy_process_group()
 
@@ -228,7 +239,11 @@ def _predict(
     steps = selection.steps
     inits = select_inits(data, start, end, steps, every_hours, max_inits)
     total = None if ens is None else ens.total
-    layout = _layout(data, inits, selection, total)
+    layout = _layout(data, inits, selection, total, 0 if ens is None else ens.first)
+    if out is not None:  # the size of what will be written, refused before any forecast if it cannot fit
+        line = on_rank0(mesh, lambda: check_room(out, layout))
+        if line:
+            log.info("%s", line)
     scorer = None
     if score is not None:
         scorer = TileScorer(score, cfg, data, selection, layout.init_times, members=total)
@@ -279,7 +294,8 @@ def _predict(
         progress.begin(scorer)  # the scores of batches an earlier run recorded
         chunks = progress.remaining([mine[k : k + batch_size] for k in range(0, len(mine), batch_size)])
         ahead = pipe.read(partial(read, chunks[0])) if chunks else None  # inputs only
-        reported, t0 = 0, time.perf_counter()
+        t0 = time.perf_counter()
+        steps_log = StepLog(sum(len(c) for c in chunks) * per_init * steps, mesh.rank)
         for i, chunk in enumerate(chunks):
             progress.boundary(i, pipe)  # collective: a stop signal ends the run here, all recorded
             host_batch, host_times = ahead.result()
@@ -297,6 +313,7 @@ def _predict(
                     tf = ens.expand(tf)
                     noise = ens.noise(data, layout.init_times[chunk], lead, dev)
                 state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency, noise=noise)
+                steps_log.advance(len(chunk) * per_init)
                 if lead + 1 in lead_of:  # written and scored on their threads, each in order
                     physical = data.denormalise(state)[:, chans]
                     if writer is not None:
@@ -307,10 +324,6 @@ def _predict(
             scored = None if scorer is None else pipe.sink(partial(_batch_shares, scorer), "score")
             # recorded on the writing thread after its writes, once the batch's scores are in too
             pipe.sink(partial(progress.record, i, scored))
-            done = progress.skipped + sum(len(c) for c in chunks[: i + 1])
-            if mesh.rank == 0 and (done == len(mine) or 10 * done // len(mine) > reported):
-                reported = 10 * done // len(mine)
-                log.info("forecast %d/%d initialisations", done, len(mine))
         pipe.drain()
         elapsed = time.perf_counter() - t0
         train_rate = _training_rate(model, data, batch, bf16, tendency, ens) if chunks else float("nan")

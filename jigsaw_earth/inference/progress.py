@@ -100,6 +100,7 @@ def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarr
         "model steps (--steps)": selection.steps,
         "members (--members)": None if members is None else members.total,
         "noise seed (--seed)": None if members is None else members.seed,
+        "first member (--first-member)": None if members is None else members.first,
         "mesh (data x [ensemble x] lat x lon)": str(mesh.shape),
         BATCH: batch_size,
         "precision (training.precision)": cfg.training.precision,

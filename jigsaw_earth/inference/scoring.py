@@ -36,7 +36,7 @@ from ..training.data import TrainData
 from ..training.sources import TileClimatology
 from .selection import Selection
 
-__all__ = ["ScoreRequest", "TileScorer"]
+__all__ = ["ScoreRequest", "TileScorer", "score_stores"]
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +51,22 @@ class ScoreRequest:
     truth: str | Path | None = None
     climatology: str | Path | None = None
     regions: tuple[str, ...] | None = None
+
+
+def _absolute(path: str | Path) -> str:
+    return str(path) if "://" in str(path) else str(Path(path).resolve())
+
+
+def score_stores(request: ScoreRequest, cfg: Any) -> tuple[str, str | None]:
+    """The truth and climatology stores ``--score`` reads (absolute; no climatology: ``None``):
+    ``--truth`` or ``data.store``; ``--climatology``, ``data.climatology`` or the default beside
+    the store, when it exists. What the score file records."""
+    d = cfg.data
+    truth = str(request.truth or d.store)
+    clim = request.climatology or d.climatology or default_climatology_path(d.store)
+    if request.climatology is None and "://" not in str(clim) and not Path(clim).exists():
+        clim = None
+    return _absolute(truth), None if clim is None else _absolute(clim)
 
 
 def _indices(have: np.ndarray, want: np.ndarray, what: str) -> np.ndarray:
@@ -74,7 +90,7 @@ class TileScorer:
                  init_times: np.ndarray, members: int | None = None):  # fmt: skip
         d = cfg.data
         self.selection, self.data = selection, data
-        truth = str(request.truth or d.store)
+        truth, clim_path = score_stores(request, cfg)
         self.view = StoreView.open(truth)
         check_same_grid(data.source.view, self.view.lat, self.view.lon, f"--truth {truth!r}")
         spec = selection.spec
@@ -83,7 +99,6 @@ class TileScorer:
         valid = np.asarray(init_times)[:, None] + selection.leads[None, :]
         self.valid_times = valid
         self.valid_idx = _indices(self.view.times, valid, f"--truth {truth!r}")
-        clim_path = request.climatology or d.climatology or default_climatology_path(d.store)
         if request.climatology is not None and not Path(request.climatology).exists():
             raise FileNotFoundError(
                 f"--climatology {request.climatology} not found; give the WB2 "

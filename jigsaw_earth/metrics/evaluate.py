@@ -27,7 +27,7 @@ from .regions import get_regions
 from .scorecard import UNITLESS
 from .units import unit_of
 
-__all__ = ["DIM_ALIASES", "VAR_ALIASES", "check_times", "evaluate", "members", "normalise"]
+__all__ = ["DIM_ALIASES", "VAR_ALIASES", "check_members", "check_times", "evaluate", "members", "normalise"]
 
 SPACE = ("latitude", "longitude")
 
@@ -74,6 +74,41 @@ def normalise(ds: xr.Dataset, what: str = "dataset") -> xr.Dataset:
 def members(ds: xr.Dataset) -> int | None:
     """The member count of a (normalised) ensemble forecast; None for a deterministic one."""
     return int(ds.sizes[MEMBER]) if MEMBER in ds.dims else None
+
+
+def check_members(forecast: xr.Dataset, names: list[str]) -> None:
+    """Refuse an ensemble whose members repeat: a member number twice, or two members with the
+    same values (compared on the first variable's first init and lead): the ensemble would count
+    them twice and its spread would shrink."""
+    if MEMBER not in forecast.dims:
+        return
+    fix = (
+        "draw further members of the same ensemble with predict --members N --first-member K (K: the "
+        "members already drawn), not the same ones again"
+    )
+    if MEMBER in forecast.coords:
+        numbers = forecast[MEMBER].values
+        values, counts = np.unique(numbers, return_counts=True)
+        if (counts > 1).any():
+            dup = values[counts > 1].tolist()
+            raise ValueError(
+                f"forecast members {dup[:10]} appear {int(counts.max())} times in its {MEMBER!r} dimension "
+                f"(joined stores of runs with the same members?): each would be counted twice; {fix}"
+            )
+    if not names or forecast.sizes[MEMBER] < 2:
+        return
+    field = forecast[names[0]].isel(time=0, prediction_timedelta=0)
+    seen: dict[bytes, int] = {}
+    for k in range(forecast.sizes[MEMBER]):
+        key = np.ascontiguousarray(field.isel({MEMBER: k}).values).tobytes()
+        if key in seen:
+            a, b = forecast[MEMBER].values[[seen[key], k]] if MEMBER in forecast.coords else (seen[key], k)
+            raise ValueError(
+                f"forecast members {int(a)} and {int(b)} are identical ({names[0]!r} at the first init and "
+                f"lead): the same member drawn twice (two predict runs with the same seed and member "
+                f"numbers, renumbered?); {fix}"
+            )
+        seen[key] = k
 
 
 def _levels(ref: xr.DataArray, other: xr.DataArray, what: str) -> xr.DataArray:
@@ -240,6 +275,7 @@ def evaluate(
         raise ValueError(f"forecast has an empty member dimension {MEMBER!r}; write at least one member")
     names = _variables(forecast, truth, climatology, variables)
     check_times(forecast["time"].values, "forecast init times")
+    check_members(forecast, names)
     if "time" in truth.dims:
         check_times(truth["time"].values, "truth times")
     grid = ForecastGrid.match(forecast, truth)

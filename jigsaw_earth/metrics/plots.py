@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 from typing import Any
@@ -15,12 +16,21 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
+from ..data.outputs import PNG_SOURCE, check_dir_output, png_of_ours
 from ..data.store import open_dataset
 from .engine import MEMBER
 from .evaluate import normalise
 from .scorecard import published_for
 
-__all__ = ["plot_all", "plot_maps", "plot_scorecard"]
+__all__ = [
+    "check_plot_dir",
+    "maps_unavailable",
+    "plot_all",
+    "plot_files",
+    "plot_maps",
+    "plot_scorecard",
+    "scorecard_figure",
+]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +62,45 @@ def _label(var: str, level: Any) -> str:
     return var if level is None else f"{var} @ {level} hPa"
 
 
+TITLE_CHARS = 44  # a panel title's line at fontsize 10 fits a 5-inch panel (wrapped beyond)
+SAVE = {"metadata": {"Source": PNG_SOURCE}, "bbox_inches": "tight", "pad_inches": 0.1}
+
+
+def _title(ax, text: str, fontsize: float = 10) -> None:
+    """A panel title wrapped to the panel's width, so it is never cut at the figure's edge."""
+    ax.set_title(textwrap.fill(text, TITLE_CHARS, break_on_hyphens=False), fontsize=fontsize)
+
+
+def plot_files(regions: list[str], variables: list[str]) -> list[str]:
+    """The PNG names ``plot_all`` may write: a scorecard per region, a map per variable."""
+    return [f"scorecard-{r}.png" for r in dict.fromkeys(regions)] + [
+        f"map-{v}.png" for v in dict.fromkeys(variables)
+    ]
+
+
+def check_plot_dir(
+    out_dir: str | os.PathLike, regions: list[str], variables: list[str], option: str, protected: tuple = ()
+) -> Path:
+    """``out_dir`` may receive the pictures of ``regions`` and ``variables``
+    (``data.outputs.check_dir_output``): not in a store or a run's records, and every PNG of the
+    same name already there is one jigsaw-earth drew."""
+    files = dict.fromkeys(plot_files(regions, variables), png_of_ours)
+    return check_dir_output(out_dir, option, files, protected=protected, what="picture")
+
+
+def maps_unavailable(info: dict[str, Any]) -> str | None:
+    """Why ``plot_all`` draws no maps for a score file's ``info`` (``None``: it draws them)."""
+    fc, truth = info.get("forecast"), info.get("truth")
+    if not fc:
+        return "the score file names no forecast store (predict --score without --out writes none)"
+    if not truth:
+        return "the score file names no truth store (score it again with this version)"
+    for what, path in (("forecast", fc), ("truth", truth)):
+        if "://" not in path and not Path(path).exists():
+            return f"its {what} store {path} is not found (moved or deleted?)"
+    return None
+
+
 def plot_scorecard(
     rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str, out_dir: str | os.PathLike
 ) -> list[Path]:
@@ -61,58 +110,67 @@ def plot_scorecard(
     plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for region in dict.fromkeys(r.get("region", "global") for r in rows):
+        fig = scorecard_figure(rows, baselines, resolution, region)
+        path = out_dir / f"scorecard-{region}.png"
+        fig.savefig(path, dpi=110, **SAVE)
+        plt.close(fig)
+        paths.append(path)
+    return paths
+
+
+def scorecard_figure(
+    rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str, region: str
+) -> Any:
+    """The scorecard figure of ``region`` (a matplotlib ``Figure``, laid out, not saved)."""
+    plt = _pyplot()
     series: dict[tuple, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     units: dict[tuple, str] = {}
     for r in rows:
         key = (r.get("region", "global"), r["variable"], r["level"], r["metric"])
         series[key][r["model"]].append((r["lead_hours"] / 24, r["value"]))
         units[key] = r.get("unit", "")
-    paths = []
-    for region in dict.fromkeys(k[0] for k in series):
-        fields = _headline(list(dict.fromkeys(k[1:3] for k in series if k[0] == region)))
-        ensemble = any(k[0] == region and k[3] == "crps" for k in series)
-        n_col = 3 if ensemble else 2
-        size = (5 * n_col, 2.6 * len(fields) + 0.6)
-        fig, axes = plt.subplots(len(fields), n_col, figsize=size, squeeze=False)
-        for (var, lev), panels in zip(fields, axes):
-            ax_rmse, ax_acc = panels[0], panels[1]
-            drawn = [("rmse", ax_rmse, ""), ("acc", ax_acc, "")]
-            if ensemble:
-                drawn += [("ensemble_stddev", ax_rmse, " spread"), ("crps", panels[2], "")]
-            colors: dict[str, Any] = {}  # a model's spread in its RMSE's colour
-            for metric, ax, suffix in drawn:
-                for model, points in series.get((region, var, lev, metric), {}).items():
-                    x, y = zip(*sorted(points))
-                    style = STYLE.get(model, {"lw": 2})
-                    if suffix:
-                        style = {**style, "linestyle": "--", "lw": 1.2, "color": colors.get(model)}
-                    (line,) = ax.plot(x, y, marker="o", ms=3, label=model + suffix, **style)
-                    colors.setdefault(model, line.get_color())
-                ax.set_xlabel("lead (days)")
-                ax.grid(alpha=0.3)
-            unit = units.get((region, var, lev, "rmse"), "")
-            ax_rmse.set_title(f"{_label(var, lev)}: RMSE [{unit}]", fontsize=10)
-            ax_acc.set_title(f"{_label(var, lev)}: ACC", fontsize=10)
-            if ensemble:
-                ax_rmse.set_title(f"{_label(var, lev)}: RMSE, spread [{unit}]", fontsize=10)
-                panels[2].set_title(f"{_label(var, lev)}: CRPS [{unit}]", fontsize=10)
-            if region in ("global", "domain"):
-                _published(ax_rmse, published_for(baselines, resolution, var, lev))
-        # one legend for the figure, below the panels: a legend inside an axis hides its curves
-        legend: dict[str, Any] = {}
-        for ax in axes.flat:
-            for handle, label in zip(*ax.get_legend_handles_labels()):
-                legend.setdefault(label, handle)
-        rows_of_legend = -(-len(legend) // 3)
-        bottom = (0.25 + 0.18 * rows_of_legend) / fig.get_figheight()
-        fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=3, fontsize=8, frameon=False)
-        fig.suptitle(f"{region} · {resolution}", fontsize=12)
-        fig.tight_layout(rect=(0, bottom, 1, 1))
-        path = out_dir / f"scorecard-{region}.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+    fields = _headline(list(dict.fromkeys(k[1:3] for k in series if k[0] == region)))
+    ensemble = any(k[0] == region and k[3] == "crps" for k in series)
+    n_col = 3 if ensemble else 2
+    size = (5 * n_col, 2.6 * len(fields) + 0.6)
+    fig, axes = plt.subplots(len(fields), n_col, figsize=size, squeeze=False)
+    for (var, lev), panels in zip(fields, axes):
+        ax_rmse, ax_acc = panels[0], panels[1]
+        drawn = [("rmse", ax_rmse, ""), ("acc", ax_acc, "")]
+        if ensemble:
+            drawn += [("ensemble_stddev", ax_rmse, " spread"), ("crps", panels[2], "")]
+        colors: dict[str, Any] = {}  # a model's spread in its RMSE's colour
+        for metric, ax, suffix in drawn:
+            for model, points in series.get((region, var, lev, metric), {}).items():
+                x, y = zip(*sorted(points))
+                style = STYLE.get(model, {"lw": 2})
+                if suffix:
+                    style = {**style, "linestyle": "--", "lw": 1.2, "color": colors.get(model)}
+                (line,) = ax.plot(x, y, marker="o", ms=3, label=model + suffix, **style)
+                colors.setdefault(model, line.get_color())
+            ax.set_xlabel("lead (days)")
+            ax.grid(alpha=0.3)
+        unit = units.get((region, var, lev, "rmse"), "")
+        _title(ax_rmse, f"{_label(var, lev)}: RMSE [{unit}]")
+        _title(ax_acc, f"{_label(var, lev)}: ACC")
+        if ensemble:
+            _title(ax_rmse, f"{_label(var, lev)}: RMSE, spread [{unit}]")
+            _title(panels[2], f"{_label(var, lev)}: CRPS [{unit}]")
+        if region in ("global", "domain"):
+            _published(ax_rmse, published_for(baselines, resolution, var, lev))
+    # one legend for the figure, below the panels: a legend inside an axis hides its curves
+    legend: dict[str, Any] = {}
+    for ax in axes.flat:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(label, handle)
+    rows_of_legend = -(-len(legend) // 3)
+    bottom = (0.25 + 0.18 * rows_of_legend) / fig.get_figheight()
+    fig.legend(legend.values(), legend.keys(), loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle(f"{region} · {resolution}", fontsize=12)
+    fig.tight_layout(rect=(0, bottom, 1, 1))
+    return fig
 
 
 def _headline(fields: list[tuple[str, Any]]) -> list[tuple[str, Any]]:
@@ -232,12 +290,12 @@ def plot_maps(
             else:
                 ax.set_xlabel("longitude (°E)")
                 ax.set_ylabel("latitude (°N)")
-            ax.set_title(what, fontsize=10)
+            _title(ax, what)
             fig.colorbar(mesh, ax=ax, shrink=0.8, label=str(forecast[name].attrs.get("units", "")))
         fig.suptitle(title, fontsize=11)
         fig.tight_layout()
         path = out_dir / f"map-{name}.png"
-        fig.savefig(path, dpi=100)
+        fig.savefig(path, dpi=100, **SAVE)
         plt.close(fig)
         paths.append(path)
     return paths
@@ -251,11 +309,11 @@ def plot_all(
 ) -> list[Path]:
     """Scorecards, and maps when the forecast and truth stores named in ``info`` can be opened."""
     paths = plot_scorecard(rows, baselines, info.get("resolution", "?"), out_dir)
-    fc_path, truth_path = info.get("forecast"), info.get("truth")
-    if fc_path and truth_path and all(Path(p).exists() or "://" in p for p in (fc_path, truth_path)):
+    why = maps_unavailable(info)
+    if why is None:
         variables = list(dict.fromkeys(r["variable"] for r in rows))
-        fc, truth = open_dataset(fc_path), open_dataset(truth_path)
+        fc, truth = open_dataset(info["forecast"]), open_dataset(info["truth"])
         paths += plot_maps(fc, truth, out_dir, variables=variables)
     else:
-        log.warning("forecast or truth store not found (%s, %s): no maps drawn", fc_path, truth_path)
+        log.warning("no maps drawn: %s", why)
     return paths

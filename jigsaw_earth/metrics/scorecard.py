@@ -18,6 +18,7 @@ __all__ = [
     "BASELINES",
     "ENSEMBLE_COLUMNS",
     "UNITLESS",
+    "check_scores_output",
     "format_scorecard",
     "grid_resolution",
     "init_period",
@@ -189,16 +190,49 @@ def format_scorecard(
     return "\n".join(out)
 
 
-def write_scores(rows: list[dict[str, Any]], prefix: str | os.PathLike, info: dict[str, Any]) -> list[Path]:
-    """``PREFIX.json`` (rows + run info) and ``PREFIX.csv`` (rows)."""
+def _score_csv(path: Path) -> bool:
+    try:
+        with open(path, newline="") as f:
+            return f.readline().strip() == ",".join(FIELDS)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def check_scores_output(
+    prefix: str | os.PathLike, option: str, protected: tuple[tuple[str, Any], ...] = ()
+) -> tuple[Path, Path]:
+    """``PREFIX.json`` and ``PREFIX.csv``, checked as outputs (``data.outputs.check_file_output``:
+    never a run's record, never inside a store or ``protected``, never over a file other than
+    an earlier score file)."""
+    from ..data.outputs import check_file_output, json_with_keys
+
     prefix = Path(prefix)
-    prefix.parent.mkdir(parents=True, exist_ok=True)
     js, cs = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".csv")
-    js.write_text(json.dumps({**info, "scores": rows}, indent=1))
-    with open(cs, "w", newline="") as f:
+    check_file_output(js, option, "score file (PREFIX.json)", json_with_keys("scores"), protected=protected)
+    check_file_output(cs, option, "score table (PREFIX.csv)", _score_csv, protected=protected)
+    return js, cs
+
+
+def write_scores(
+    rows: list[dict[str, Any]],
+    prefix: str | os.PathLike,
+    info: dict[str, Any],
+    option: str = "--out",
+    protected: tuple[tuple[str, Any], ...] = (),
+) -> list[Path]:
+    """``PREFIX.json`` (rows + run info) and ``PREFIX.csv`` (rows), each whole or not at all;
+    checked first (``check_scores_output``)."""
+    js, cs = check_scores_output(prefix, option, protected)
+    js.parent.mkdir(parents=True, exist_ok=True)
+    tmp = js.with_name(js.name + ".tmp")
+    tmp.write_text(json.dumps({**info, "scores": rows}, indent=1))
+    tmp.replace(js)
+    tmp = cs.with_name(cs.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
+    tmp.replace(cs)
     return [js, cs]
 
 

@@ -36,6 +36,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from ..config.advice import check_learnable
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
 from ..device import set_precision
@@ -55,7 +56,7 @@ from .noise import forecast_sample_index, member_noise, train_sample_index
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
 from .profile import profiled
-from .rundir import claim_run_dir, config_hash, record_start, resumes
+from .rundir import claim_run_dir, config_hash, lock_run_dir, record_start, resumes
 from .signals import Preempted, StopSignals
 from .step import build_run_model, model_step
 
@@ -79,9 +80,13 @@ class Trainer:
         model: nn.Module | None = None,
         new_run: bool = False,
     ):
+        for warning in check_learnable(cfg):  # a loss and ensemble that cannot learn: refused first
+            if mesh.rank == 0:
+                log.warning("%s", warning)
         self.cfg, self.mesh = cfg, mesh
         self.run_dir = Path(cfg.run.dir)
         set_precision(cfg.training.precision)
+        self._lock = None  # rank 0: run.dir's lock, held from the preflight to the end of ``fit``
         set_overlap(cfg.distributed.overlap == "on")
         if cfg.distributed.transport == "backend":
             set_transport(None)  # the mesh may have connected shared memory (init_mesh's default)
@@ -127,8 +132,13 @@ class Trainer:
             mesh,
             lambda: preflight_run_dir(self.run_dir, self.checkpoint_bytes, cfg.checkpoint.keep, create=True),
         )
-        resumed = self._resume()
-        on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
+        self._lock = on_rank0(mesh, lambda: lock_run_dir(cfg))
+        try:
+            resumed = self._resume()
+            on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
+        except BaseException:
+            self.close()
+            raise
         # step accounting (``accounting.py``): phases of every step, declared FLOPs, the peak
         self.clock = StepClock(mesh.device)
         self.feeder = Feeder(data.train_batch, mesh.device)
@@ -141,6 +151,12 @@ class Trainer:
                 self.model, replica_batch, elsize, cfg.training.rollout_steps, mesh
             )
         self.peak_tflops = device_peak_tflops(mesh.device, cfg.training.precision, cfg.logging.peak_tflops)
+
+    def close(self) -> None:
+        """Release run.dir's lock (rank 0; ``fit`` does it when it ends). Idempotent."""
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     # ------------------------------------------------------------------ checkpoints
     def _resume(self) -> Path | None:
@@ -391,3 +407,4 @@ class Trainer:
             return summary
         finally:
             monitor.close()
+            self.close()

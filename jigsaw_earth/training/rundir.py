@@ -9,6 +9,10 @@ continues the run in ``run.dir``, starts a new one there, or must refuse:
   written with another model/data/loss/batch configuration: refused;
 * ``resume=PATH`` from outside this run directory while it holds checkpoints: refused.
 
+A live run holds ``RUN_DIR/run.lock`` (``locks.PathLock``: pid, host, start time and command line)
+from its preflight to its end: a second start on the same directory — ``--new-run`` included —
+refuses at once, naming the first; a lock left by a run that died is taken over with a warning.
+
 ``--new-run`` moves the old run aside (``RUN_DIR`` → ``RUN_DIR.old-K``, the name is logged and
 returned) and starts fresh. ``record_start`` then writes ``config.yaml`` and appends the start to
 ``history.jsonl``; ``truncate_metrics`` drops rows past the resumed step from ``metrics.jsonl``.
@@ -30,12 +34,18 @@ import yaml
 from ..checkpoint import latest_checkpoint, list_checkpoints, read_meta
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
+from ..data.outputs import check_run_dir
+from ..data.preflight import default_climatology_path
+from ..locks import LockHeld, PathLock, describe_holder
 
 __all__ = [
     "HISTORY_FILE",
+    "LOCK_FILE",
     "RunDirError",
+    "check_place",
     "claim_run_dir",
     "config_hash",
+    "lock_run_dir",
     "record_start",
     "resumes",
     "truncate_metrics",
@@ -43,6 +53,8 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 HISTORY_FILE = "history.jsonl"
+LOCK_FILE = "run.lock"
+_LOCK_FIX = "wait for it to finish, stop it, or choose another run.dir"
 _RUN_FILES = ("checkpoints", "metrics.jsonl", "config.yaml", HISTORY_FILE, "summary.json")
 
 
@@ -132,6 +144,7 @@ def claim_run_dir(cfg: TrainConfig, new_run: bool = False) -> Path | None:
     naming the directory, the conflict and the three ways out.
     """
     run_dir = Path(cfg.run.dir)
+    _refuse_if_held(run_dir)
     if cfg.checkpoint.resume not in ("auto", "never"):
         read_meta(cfg.checkpoint.resume)  # a complete checkpoint, or an error naming what is missing
     if new_run:
@@ -150,6 +163,37 @@ def claim_run_dir(cfg: TrainConfig, new_run: bool = False) -> Path | None:
             f"{_aside_name(run_dir)} and start here"
         )
     return None
+
+
+def _refuse_if_held(run_dir: Path) -> None:
+    held = PathLock.holder(run_dir / LOCK_FILE)
+    if held is not None:
+        raise RunDirError(
+            f"run.dir {str(run_dir)!r} is in use by another run: {describe_holder(held)} holds "
+            f"{run_dir / LOCK_FILE}; nothing was changed. {_LOCK_FIX[0].upper()}{_LOCK_FIX[1:]}"
+        )
+
+
+def check_place(cfg: TrainConfig, config_file: str | Path | None = None) -> None:
+    """``run.dir`` is a place for a run (``data.outputs.check_run_dir``): not in or around the data
+    or climatology store, and no file a run writes that another hand put there (``config_file``,
+    the config being trained, may be its ``config.yaml``); and no live run holds it."""
+    d = cfg.data
+    stores = (
+        ("data store data.store", d.store),
+        ("climatology", d.climatology or default_climatology_path(d.store)),
+    )
+    check_run_dir(cfg.run.dir, stores, config_file)
+    _refuse_if_held(Path(cfg.run.dir))  # at once, before the mesh and the model are built
+
+
+def lock_run_dir(cfg: TrainConfig) -> PathLock:
+    """Rank 0, once ``run.dir`` exists: hold its ``run.lock`` until the run ends (``release``)."""
+    run_dir = Path(cfg.run.dir)
+    try:
+        return PathLock.acquire(run_dir / LOCK_FILE, f"run.dir {str(run_dir)!r}", _LOCK_FIX)
+    except LockHeld as err:
+        raise RunDirError(str(err)) from None
 
 
 def _write_atomic(path: Path, text: str) -> None:

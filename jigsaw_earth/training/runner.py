@@ -90,10 +90,13 @@ def run_training(cfg: TrainConfig, new_run: bool = False) -> dict[str, Any]:
     from .loop import Trainer
 
     mesh = setup_mesh(cfg)
+    trainer = None
     try:
         trainer = Trainer(cfg, mesh, new_run=new_run)
         return trainer.fit()
     finally:
+        if trainer is not None:
+            trainer.close()
         if dist.is_initialized():
             try:
                 dist.destroy_process_group()

@@ -1,6 +1,9 @@
 """The model of a config and one forecast step with it: shared by training and inference.
 
-``build_run_model`` builds (and initialises) the configured model on this rank's domain;
+``build_run_model`` builds (and initialises) the configured model on this rank's domain, its
+``forward`` checked against the model contract (``models/contract.py``: signature when built,
+output shape and no parameter made in forward on the first call, which for a model of your own is
+a forward on zeros before anything is written);
 ``model_step`` is one autoregressive step (bf16 autocast as configured; with
 ``loss.tendency_scaling`` the residual ``Δ = model(x) − x`` is scaled per channel by the
 one-step tendency std, so an output of order 1 is a typical 6-h change). The trainer and
@@ -33,11 +36,24 @@ def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.M
     from ..models import (
         model_from_config,  # the model registry: built-ins, entry points, package.module:Class
     )
+    from ..models.contract import check_signature, guard, probe
 
     domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
     n_static = data.n_static + cfg.model.noise_channels
     model = model_from_config(cfg.model, domain, len(data.channels), n_static, N_TIME_FEATURES)
+    check_signature(model, cfg.model.name)  # the contract, one line per breach (models/contract.py)
     model = init_model(model.to(mesh.device), cfg.run.seed)
+    if not type(model).__module__.startswith("jigsaw_earth."):  # your own model: its first forward now
+        guard(model, len(data.channels), cfg.model.name)
+        probe(
+            model,
+            len(data.channels),
+            n_static,
+            N_TIME_FEATURES,
+            domain.tile.shape,
+            mesh.device,
+            cfg.model.name,
+        )
     if cfg.training.compile:
         model.compile()  # in place: parameters, state dict and checkpoints are the eager model's
     return model
