@@ -897,7 +897,7 @@ PREDICT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "scores-progress-inside-checkpoint",
         lambda w: [*P(w)[:2], *P(w)[4:], "--score", "--scores", str(w["ckpt"] / "s")],
-        ["the in-progress folder", "lies inside the checkpoint folder"],
+        ["--scores", "is in the record", "of the training run", "nothing was written"],
     ),
     (
         "no-checkpoint",

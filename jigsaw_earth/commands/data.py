@@ -306,7 +306,7 @@ def _inspect(args: argparse.Namespace) -> int:
         print(f"the same predict command resumes it; remove it: jigsaw-earth predict --remove-unfinished "
               f"{unfinished.path}")  # fmt: skip
         _write_json(args.json, {"path": str(unfinished.path), "unfinished": unfinished.text(),
-                                "request": unfinished.request})  # fmt: skip
+                                "request": unfinished.request}, ("path", "unfinished"))  # fmt: skip
         return 0
     r = inspect_store(args.path, _names(args.name), args.nans)
     g, t = r["grid"], r["time"]
