@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LockHeld", "PathLock", "describe_holder"]
+__all__ = ["LockHeld", "PathLock", "describe_holder", "pid_alive", "start_time"]
 
 log = logging.getLogger(__name__)
 
@@ -53,14 +53,25 @@ def _read(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _alive(pid: int) -> bool:
+def start_time(pid: int) -> str | None:
+    """The process's start time in clock ticks since boot (``/proc/PID/stat``), against pid reuse."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+
+
+def pid_alive(pid: int, start: str | None = None) -> bool:
+    """Whether process ``pid`` of this host lives (and, with ``start``, is the same process)."""
+    if pid <= 0:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return start is None or start_time(pid) in (None, start)
 
 
 def _me(what: str) -> dict[str, Any]:
@@ -154,7 +165,7 @@ def _held_by_pid(info: dict[str, Any]) -> bool:
     pid = info.get("pid")
     if info.get("host") != socket.gethostname():
         return True  # cannot tell: treat as held
-    return isinstance(pid, int) and pid != os.getpid() and _alive(pid)
+    return isinstance(pid, int) and pid != os.getpid() and pid_alive(pid)
 
 
 def _refuse_if_alive(path: Path, what: str, fix: str) -> None:

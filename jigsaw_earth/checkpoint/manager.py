@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh
 from ..fs_errors import os_error_in
+from ..locks import pid_alive
 from .planner import Block, BlockLoadPlanner, BlockSavePlanner, SafeFileSystemReader
 from .state import (
     model_blocks,
@@ -294,25 +295,13 @@ def _pinned_by(path: Path) -> list[Path]:
         except (OSError, ValueError):
             live.append(pin)  # being written: count it
             continue
-        if info.get("host") == host and not _alive(int(info.get("pid", -1))):
+        if info.get("host") == host and not pid_alive(int(info.get("pid", -1))):
             pin.unlink(missing_ok=True)
             continue
         live.append(pin)
     if live:
         log.info("not pruning %s: read by %s (delete a pin if its process is gone)", path, live[0].name)
     return live
-
-
-def _alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _remove_unpinned(path: Path) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data.outputs import IN_PROGRESS, kind_of, read_marker
+from ..locks import pid_alive, start_time
 
 __all__ = ["PROGRESS", "Lock", "Unfinished", "describe", "find_unfinished", "remove_unfinished"]
 
@@ -36,26 +37,6 @@ FORMAT = "jigsaw-earth predict progress"
 KIND = "forecast"
 
 
-def _start_time(pid: int) -> str | None:
-    """The process's start time in clock ticks since boot (``/proc/PID/stat``), against pid reuse."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
-
-
-def _alive(pid: int, start: str | None) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return start is None or _start_time(pid) in (None, start)
-
-
 def holder_is_live(info: dict[str, Any]) -> bool:
     """Whether the process that wrote lock ``info`` may still be writing (unknown hosts: yes)."""
     job = os.environ.get("SLURM_JOB_ID")
@@ -63,7 +44,7 @@ def holder_is_live(info: dict[str, Any]) -> bool:
         return False  # this job before its requeue: Slurm ended every task of it
     if info.get("host") != socket.gethostname():
         return True
-    return _alive(int(info.get("pid", -1)), info.get("start"))
+    return pid_alive(int(info.get("pid", -1)), info.get("start"))
 
 
 def _holder_text(info: dict[str, Any]) -> str:
@@ -88,7 +69,7 @@ class Lock:
     def acquire(self) -> None:
         """Take the lock (a stale one is taken over); ``ValueError`` naming the holder if it is live."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        mine = {"host": socket.gethostname(), "pid": os.getpid(), "start": _start_time(os.getpid()),
+        mine = {"host": socket.gethostname(), "pid": os.getpid(), "start": start_time(os.getpid()),
                 "slurm_job": os.environ.get("SLURM_JOB_ID"), "time": time.time()}  # fmt: skip
         for _ in range(3):
             try:
