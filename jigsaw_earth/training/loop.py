@@ -47,6 +47,7 @@ from .accounting import StepClock, device_peak_tflops, step_flops, summarize_ste
 from .crps import ensemble_loss
 from .data import TrainData
 from .evaluate import format_table, validate
+from .finetune import apply_freeze, init_from_parent, run_record
 from .loss import channel_weights, global_value, weighted_sq_error
 from .monitor import Monitor, memory_mb
 from .noise import forecast_sample_index, member_noise, train_sample_index
@@ -96,6 +97,8 @@ class Trainer:
             self.model = build_run_model(cfg, mesh, data)
         else:
             self.model = init_model(model.to(mesh.device), cfg.run.seed)
+        self.frozen = apply_freeze(self.model, cfg.training.freeze)  # before the optimizer: no state
+        self.lineage: dict[str, Any] | None = None  # the parent of a fine-tune (training.init_from)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.holders = replication(self.model, mesh)  # domain ranks holding each parameter's block
         self.rep_weights = [1.0 / n for n in self.holders]
@@ -126,7 +129,7 @@ class Trainer:
             lambda: preflight_run_dir(self.run_dir, self.checkpoint_bytes, cfg.checkpoint.keep, create=True),
         )
         resumed = self._resume()
-        on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
+        on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved, self.lineage))
         # step accounting (``accounting.py``): phases of every step, declared FLOPs, the peak
         self.clock = StepClock(mesh.device)
         replica_batch = cfg.training.batch_size // mesh.shape.data * len(self.members)
@@ -136,10 +139,12 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def _resume(self) -> Path | None:
         mode = self.cfg.checkpoint.resume
-        if mode == "never":
-            return None
-        path = latest_checkpoint(self.run_dir) if mode == "auto" else Path(mode)
+        path = None
+        if mode != "never":
+            path = latest_checkpoint(self.run_dir) if mode == "auto" else Path(mode)
         if path is None:
+            if self.cfg.training.init_from:  # a fine-tune's first start: the parent's weights
+                self.lineage = init_from_parent(self.cfg, self.mesh, self.model, self.data)
             return None
         info = load_checkpoint(path, self.model, self.optimizer, self.mesh)
         saved = info["state"]
@@ -149,6 +154,7 @@ class Trainer:
                 f"run.dir, or pass --new-run to move the old run aside and start over in this one"
             )
         self.step, self.skipped = int(info["step"]), int(saved.get("skipped", 0))
+        self.lineage = saved.get("init_from")
         if info["rank_state"] is not None:
             restore_rng(info["rank_state"])
         log.info("resumed from %s at step %d (saved on mesh %s)", path, self.step, info["mesh"])
@@ -156,6 +162,7 @@ class Trainer:
 
     def save(self) -> Path:
         state = {"config_hash": config_hash(self.cfg), "skipped": self.skipped, "run": self.cfg.run.name}
+        state.update(run_record=run_record(self.cfg, self.data), init_from=self.lineage)
         return save_checkpoint(
             self.run_dir,
             self.step,
@@ -369,6 +376,7 @@ class Trainer:
                 "step_breakdown": breakdown,
                 "validation": result,
                 "mesh": str(self.mesh.shape),
+                "init_from": self.lineage,
             }
             if self.mesh.rank == 0:
                 (self.run_dir / "validation.txt").write_text(table + "\n")
