@@ -19,6 +19,7 @@ import json
 import shutil
 import tempfile
 import zlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,26 @@ CHILD = {
 ADDED_ONLY = {"surface": ["2m_temperature", "mean_sea_level_pressure"]}
 FROZEN = {"training": {"freeze": ["blocks"], "steps": 6}}
 STATIC = ["land_sea_mask"]
+DEMO_MODEL = {
+    "name": "weathermixer",
+    "preset": "tiny",
+    "overrides": {"embed_dim": 96, "channel_hidden": 192, "token_hidden": 64, "patch": 2},
+}
+MODELS: dict[str, dict[str, Any]] = {
+    "demo": DEMO_MODEL,
+    "vit": {"name": "vit", "preset": "tiny", "overrides": {"patch": 2}},
+    "unet": {"name": "unet", "preset": "tiny", "overrides": {}},
+    "convnet": {"name": "jigsaw_examples.convnet:ConvNet", "preset": "tiny", "overrides": {}},
+}
+# the Jigsaw paper's arrangement (presets paper-*) at the demo's size
+PAPER_LIKE = {
+    "concat": True,
+    "linear_residual": True,
+    "residual": False,
+    "final_norm": True,
+    "coord_channels": False,
+}
+EXAMPLES = Path(__file__).parents[1] / "examples"
 
 
 def fields(names: list[str], n_lat: int = N_LAT) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -83,11 +104,7 @@ def config(
             "val_period": ["2020-01-16", "2020-01-20T18"],
             **(data or {}),
         },
-        "model": {
-            "name": "weathermixer",
-            "preset": "tiny",
-            "overrides": {"embed_dim": 96, "channel_hidden": 192, "token_hidden": 64, "patch": 2},
-        },
+        "model": DEMO_MODEL,
         "optim": {"lr": 3e-3, "warmup_steps": 1, "grad_clip": 1.0},
         "training": {"steps": 4, "batch_size": 4},
         "validation": {"lead_hours": [6], "max_samples": 2, "variables": ["temperature@850"]},
@@ -97,6 +114,9 @@ def config(
     for key, value in sections.items():
         raw[key] = {**raw.get(key, {}), **value}
     return parse_config(raw)
+
+
+MODELS_ALL = {**MODELS, "paper-like": {**DEMO_MODEL, "overrides": {**DEMO_MODEL["overrides"], **PAPER_LIKE}}}
 
 
 def memory_data(cfg: TrainConfig, mesh: DomainMesh, n_lat: int = N_LAT) -> TrainData:
@@ -121,10 +141,25 @@ def trainer(cfg: TrainConfig, mesh: DomainMesh | None = None, n_lat: int = N_LAT
 
 
 @pytest.fixture(scope="module")
-def parent(tmp_path_factory: pytest.TempPathFactory) -> Trainer:
-    t = trainer(config(tmp_path_factory.mktemp("runs") / "parent"))
-    t.fit()
-    return t
+def parents(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[[str], Trainer]]:
+    """``parents(model)``: a parent of ``MODELS[model]`` trained 4 steps (made once per module)."""
+    made: dict[str, Trainer] = {}
+
+    def make(name: str) -> Trainer:
+        if name not in made:
+            run = tmp_path_factory.mktemp("runs") / "parent"
+            made[name] = trainer(config(run, model=MODELS_ALL[name]))
+            made[name].fit()
+        return made[name]
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.syspath_prepend(str(EXAMPLES))  # the example conv net with a channel_dims hook
+        yield make
+
+
+@pytest.fixture(scope="module")
+def parent(parents: Callable[[str], Trainer]) -> Trainer:
+    return parents("demo")
 
 
 def forecast(t: Trainer, state: torch.Tensor, batch: Any) -> torch.Tensor:
@@ -132,27 +167,60 @@ def forecast(t: Trainer, state: torch.Tensor, batch: Any) -> torch.Tensor:
         return t.forward(state, batch.static, batch.time_features)
 
 
-def test_step_zero_keeps_the_parents_forecast(parent: Trainer, tmp_path: Path) -> None:
+def step_zero(parent: Trainer, child: Trainer) -> tuple[float, float, list[str]]:
+    """The child's step-0 forecast against the parent's on the same batch, the parent's removed
+    inputs at their mean (0): the largest difference on the kept channels, on the added ones
+    against persistence, and the kept channels."""
+    batch = next(child.data.val_batches(1, 2, 2))
+    p_ch, c_ch = parent.data.channels, child.data.channels
+    p_state = torch.zeros(batch.inputs.shape[0], len(p_ch), N_LAT, N_LON)
+    for i, ch in enumerate(p_ch):
+        if ch in c_ch:
+            p_state[:, i] = batch.inputs[:, c_ch.index(ch)]
+    mine, theirs = forecast(child, batch.inputs, batch), forecast(parent, p_state, batch)
+    kept = [ch for ch in c_ch if ch in p_ch]
+    a = mine[:, [c_ch.index(c) for c in kept]]
+    b = theirs[:, [p_ch.index(c) for c in kept]]
+    new = [c_ch.index(c) for c in c_ch if c not in p_ch]
+    return float((a - b).abs().max()), float((mine[:, new] - batch.inputs[:, new]).abs().max()), kept
+
+
+@pytest.mark.parametrize("model", MODELS)
+@pytest.mark.parametrize("change", ["added-removed", "added"])
+def test_step_zero_keeps_the_parents_forecast(
+    parents: Callable[[str], Trainer], model: str, change: str, tmp_path: Path
+) -> None:
     """Two variables added, one removed: the kept channels' forecast is the parent's given the
-    removed input at its mean; with additions only it is the parent's on the parent's input."""
-    for name, change in (("added-removed", CHILD), ("added", ADDED_ONLY)):
-        child = trainer(config(tmp_path / name, data=change, training={"init_from": str(parent.run_dir)}))
-        batch = next(child.data.val_batches(1, 2, 2))
-        p_ch, c_ch = parent.data.channels, child.data.channels
-        p_state = torch.zeros(batch.inputs.shape[0], len(p_ch), N_LAT, N_LON)
-        for i, ch in enumerate(p_ch):
-            if ch in c_ch:
-                p_state[:, i] = batch.inputs[:, c_ch.index(ch)]
-        mine, theirs = forecast(child, batch.inputs, batch), forecast(parent, p_state, batch)
-        kept = [ch for ch in c_ch if ch in p_ch]
-        a = mine[:, [c_ch.index(c) for c in kept]]
-        b = theirs[:, [p_ch.index(c) for c in kept]]
-        assert len(kept) == (7 if name == "added-removed" else 9)
-        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
-        new = [c_ch.index(c) for c in c_ch if c not in p_ch]
-        # zero weights to the new outputs: their forecast starts as persistence
-        torch.testing.assert_close(mine[:, new], batch.inputs[:, new], rtol=0, atol=0)
-        assert child.lineage["added"][:3] == [c for c in c_ch if c not in p_ch][:3]
+    removed input at its mean; with additions only it is the parent's on the parent's input. The
+    added channels' forecast starts as persistence (zero weights to the new outputs)."""
+    parent = parents(model)
+    data = CHILD if change == "added-removed" else ADDED_ONLY
+    cfg = config(
+        tmp_path / "child", data=data, model=MODELS[model], training={"init_from": str(parent.run_dir)}
+    )
+    child = trainer(cfg)
+    kept_gap, new_gap, kept = step_zero(parent, child)
+    assert len(kept) == (7 if change == "added-removed" else 9)
+    assert kept_gap < 1e-5 and new_gap == 0.0, (kept_gap, new_gap)
+    added = [c for c in child.data.channels if c not in parent.data.channels]
+    assert child.lineage["added"][: len(added)] == added
+
+
+def test_a_norm_across_channels_only_starts_near_the_parent(
+    parents: Callable[[str], Trainer], tmp_path: Path
+) -> None:
+    """The paper's arrangement normalises [LN(recovered), state] across channels (its linear
+    residual): with channels added the kept channels' forecast starts near the parent's, not at it."""
+    parent = parents("paper-like")
+    cfg = config(
+        tmp_path / "child",
+        data=ADDED_ONLY,
+        model=MODELS_ALL["paper-like"],
+        training={"init_from": str(parent.run_dir)},
+    )
+    kept_gap, _, _ = step_zero(parent, trainer(cfg))
+    print(f"paper-like step-0 gap on the kept channels: {kept_gap:.3g} (normalised units)")
+    assert 1e-4 < kept_gap < 1.0, kept_gap
 
 
 def test_frozen_blocks_stay_bit_identical_and_the_records_name_the_parent(
