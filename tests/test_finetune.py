@@ -256,13 +256,15 @@ def test_frozen_blocks_stay_bit_identical_and_the_records_name_the_parent(
     meta = json.loads((latest_checkpoint(cfg.run.dir) / "meta.json").read_text())
     assert meta["state"]["init_from"]["sha256"] == sha
     assert meta["state"]["run_record"]["channels"]["state"] == child.data.channels
-    # a resume continues from the run's own checkpoint and keeps the lineage; init_from is not read again
-    more = trainer(
-        config(
-            tmp_path / "child", data=CHILD, training={"init_from": "/gone", **FROZEN["training"], "steps": 7}
-        )
+    # a resume continues from the run's own checkpoint and keeps the lineage (init_from is not read
+    # again); the blocks may be unfrozen then: they train from a fresh optimizer state
+    more = trainer(config(tmp_path / "child", data=CHILD, training={"init_from": "/gone", "steps": 7}))
+    assert more.step == 6 and more.lineage["sha256"] == sha and not more.frozen
+    more.fit()
+    assert not torch.equal(
+        dict(more.model.named_parameters())["blocks.0.channel_mixing.fc1.weight"],
+        frozen["blocks.0.channel_mixing.fc1.weight"],
     )
-    assert more.step == 6 and more.lineage["sha256"] == sha
 
 
 def test_parent_without_a_run_record_is_described_by_its_config_yaml(parent: Trainer, tmp_path: Path) -> None:
@@ -325,7 +327,9 @@ def test_a_one_rank_parent_fine_tuned_on_2x2_follows_the_one_rank_fine_tune(pare
         one = _finetune(DomainMesh(MeshShape()), f"{base}/1x1", str(parent.run_dir))
         four = spawn(MeshShape(1, 2, 2), _finetune, f"{base}/2x2", str(parent.run_dir))
     assert len(one["loss"]) == 6
-    for rank in four:
+    for r, rank in enumerate(four):
         for key in ("loss", "grad_norm"):
             a, b = np.asarray(rank[key]), np.asarray(one[key])
-            assert np.max(np.abs(a - b) / np.abs(b)) < 1e-5, (key, a, b)
+            gap = float(np.max(np.abs(a - b) / np.abs(b)))
+            assert gap < 1e-5, (key, a, b)
+            print(f"rank {r} {key}: largest relative difference 2x2 vs 1 rank {gap:.2e}")
