@@ -58,6 +58,11 @@ MODELS: dict[str, dict[str, Any]] = {
     "vit": {"name": "vit", "preset": "tiny", "overrides": {"patch": 2}},
     "unet": {"name": "unet", "preset": "tiny", "overrides": {}},
     "convnet": {"name": "jigsaw_examples.convnet:ConvNet", "preset": "tiny", "overrides": {}},
+    "transformer": {
+        "name": "jigsaw_examples.transformer:Transformer",
+        "preset": "tiny",
+        "overrides": {"patch": 2},
+    },
 }
 # the Jigsaw paper's arrangement (presets paper-*) at the demo's size
 PAPER_LIKE = {

@@ -183,10 +183,11 @@ def load_transferred(
                 )
             want[m.dim] = m.parent_size
         if tuple(want) != saved[key]:
+            channels = " with the parent's channels" if tmaps else ""
             raise ValueError(
-                f"checkpoint {path}: {name} has global shape {saved[key]} in the parent; for this model's "
-                f"{'channels ' if tmaps else ''}it would be {tuple(want)}; the parent is a different model "
-                "or grid (fine-tune with the parent's model.name, preset, overrides and grid)"
+                f"checkpoint {path}: {name} has global shape {saved[key]} in the parent, this model's "
+                f"would be {tuple(want)}{channels}; the parent is a different model or grid (fine-tune "
+                "with the parent's model.name, preset, overrides and grid)"
             )
         param = block.tensor.detach()
         if not tmaps:
