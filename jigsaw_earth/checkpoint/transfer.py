@@ -40,7 +40,7 @@ from .manager import _PIN, _quiet, read_meta
 from .planner import Block, BlockLoadPlanner, SafeFileSystemReader
 from .state import model_blocks
 
-__all__ = ["ChannelMap", "channel_maps", "checkpoint_sha256", "load_transferred"]
+__all__ = ["ChannelMap", "channel_maps", "check_transfer", "checkpoint_sha256", "load_transferred"]
 
 log = logging.getLogger(__name__)
 
@@ -128,6 +128,55 @@ def _put(target: torch.Tensor, positions: list[tuple[int, torch.Tensor]], values
     target.index_copy_(dim, pos, sub)
 
 
+def check_transfer(
+    path: str | os.PathLike, model: nn.Module, maps: dict[str, tuple[ChannelMap, ...]]
+) -> dict[str, tuple[int, ...]]:
+    """Refuse a parent whose tensors do not fit ``model`` (reads only ``meta.json``): a tensor
+    missing on either side, or another global shape outside the mapped channel dimensions.
+    Returns the global shape each of the model's tensors has in the parent."""
+    path = Path(path)
+    meta = read_meta(path)
+    saved = {k: tuple(v["global_shape"]) for k, v in meta["tensors"].items() if k.startswith("model/")}
+    mine = {k: b for k, (b, _) in model_blocks(model).items()}
+    unknown = sorted(k for k in maps if f"model/{k}" not in mine)
+    if unknown:
+        raise ValueError(f"channel_dims names {unknown}, which are not parameters of the model")
+    missing = sorted(k.removeprefix("model/") for k in mine if k not in saved)
+    extra = sorted(k.removeprefix("model/") for k in saved if k not in mine)
+    if missing or extra:
+        parts = []
+        if missing:
+            parts.append(f"the parent lacks {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}")
+        if extra:
+            parts.append(
+                f"it has {', '.join(extra[:4])}{' …' if len(extra) > 4 else ''}, which this model lacks"
+            )
+        raise ValueError(
+            f"checkpoint {path} holds a different model: {'; '.join(parts)}; fine-tune it with the parent's "
+            "model (model.name, preset and overrides)"
+        )
+    shapes: dict[str, tuple[int, ...]] = {}
+    for key, block in mine.items():
+        name = key.removeprefix("model/")
+        want = list(block.global_shape)
+        for m in maps.get(name, ()):
+            if len(m.index) != want[m.dim]:
+                raise ValueError(
+                    f"channel_dims of {name} names {len(m.index)} entries along dim {m.dim}, the tensor has "
+                    f"{want[m.dim]}; the model's channel_dims hook must name every channel its layer sees"
+                )
+            want[m.dim] = m.parent_size
+        if tuple(want) != saved[key]:
+            channels = " with the parent's channels" if name in maps else ""
+            raise ValueError(
+                f"checkpoint {path}: {name} has global shape {saved[key]} in the parent, this model's "
+                f"would be {tuple(want)}{channels}; the parent is a different model or grid (fine-tune "
+                "with the parent's model.name, preset, overrides and grid)"
+            )
+        shapes[key] = saved[key]
+    return shapes
+
+
 def load_transferred(
     path: str | os.PathLike,
     model: nn.Module,
@@ -137,58 +186,20 @@ def load_transferred(
     """Fill ``model`` from checkpoint ``path`` of a model whose channels differ (collective).
 
     ``maps`` (``channel_maps``) names the channel-indexed parameters by path. Every other
-    parameter must have the parent's global shape. Returns ``{"step", "state", "mesh"}`` of the
-    parent. The optimizer, step and RNG of the parent are not read.
+    parameter must have the parent's global shape (``check_transfer``). Returns ``{"step",
+    "state", "mesh"}`` of the parent. The optimizer, step and RNG of the parent are not read.
     """
     t0 = time.perf_counter()
     path = Path(path)
     meta = read_meta(path)
-    saved = {k: tuple(v["global_shape"]) for k, v in meta["tensors"].items() if k.startswith("model/")}
+    parent_shapes = check_transfer(path, model, maps)
     mine = {k: b for k, (b, _) in model_blocks(model).items()}
-    unknown = sorted(k.removeprefix("model/") for k in maps if f"model/{k}" not in mine)
-    if unknown:
-        raise ValueError(f"channel_dims names {unknown}, which are not parameters of the model")
-    missing = sorted(k.removeprefix("model/") for k in mine if k not in saved)
-    extra = sorted(k.removeprefix("model/") for k in saved if k not in mine)
-    if missing or extra:
-        what = "; ".join(
-            part
-            for part in (
-                f"the parent lacks {', '.join(missing[:4])}{' …' if len(missing) > 4 else ''}"
-                if missing
-                else "",
-                f"it has {', '.join(extra[:4])}{' …' if len(extra) > 4 else ''}, which this model lacks"
-                if extra
-                else "",
-            )
-            if part
-        )
-        raise ValueError(
-            f"checkpoint {path} holds a different model: {what}; fine-tune it with the parent's model "
-            "(model.name, preset and overrides)"
-        )
     targets: dict[str, Block] = {}
     scatters: list[
         tuple[torch.Tensor, dict[int, np.ndarray], torch.Tensor, list[int], tuple[ChannelMap, ...]]
     ] = []
     for key, block in mine.items():
-        name = key.removeprefix("model/")
-        tmaps = maps.get(name, ())
-        want = list(block.global_shape)
-        for m in tmaps:
-            if len(m.index) != want[m.dim]:
-                raise ValueError(
-                    f"channel_dims of {name} names {len(m.index)} entries along dim {m.dim}, the tensor has "
-                    f"{want[m.dim]}; the model's channel_dims hook must name every channel its layer sees"
-                )
-            want[m.dim] = m.parent_size
-        if tuple(want) != saved[key]:
-            channels = " with the parent's channels" if tmaps else ""
-            raise ValueError(
-                f"checkpoint {path}: {name} has global shape {saved[key]} in the parent, this model's "
-                f"would be {tuple(want)}{channels}; the parent is a different model or grid (fine-tune "
-                "with the parent's model.name, preset, overrides and grid)"
-            )
+        tmaps = maps.get(key.removeprefix("model/"), ())
         param = block.tensor.detach()
         if not tmaps:
             targets[key] = Block(param, block.global_shape, block.offsets)
@@ -204,7 +215,7 @@ def load_transferred(
             continue
         lo, size, local = box
         tmp = torch.empty(size, dtype=param.dtype, device=param.device)
-        targets[key] = Block(tmp, tuple(want), tuple(lo))
+        targets[key] = Block(tmp, parent_shapes[key], tuple(lo))
         scatters.append((param, local, tmp, lo, tmaps))
     with torch.no_grad():
         try:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import difflib
 import fnmatch
 import logging
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,13 @@ import yaml
 from torch import nn
 
 from ..checkpoint import latest_checkpoint, read_meta
-from ..checkpoint.transfer import channel_maps, checkpoint_sha256, load_transferred
+from ..checkpoint.transfer import (
+    ChannelMap,
+    channel_maps,
+    check_transfer,
+    checkpoint_sha256,
+    load_transferred,
+)
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
 from ..data.batch import STATIC_GEOMETRY, channel_names
@@ -41,10 +48,13 @@ from ..layers.channels import ModelChannels
 from .data import TrainData
 
 __all__ = [
+    "ParentPlan",
     "apply_freeze",
     "init_from_parent",
+    "load_parent",
     "model_channels",
     "parent_record",
+    "plan_init_from",
     "resolve_parent",
     "run_record",
 ]
@@ -257,16 +267,26 @@ def _statistics_note(parent: dict[str, Any], child: dict[str, Any]) -> str | Non
     return "equal" if worst == 0 else f"up to {worst:.3g} relative ({name})"
 
 
-def init_from_parent(cfg: TrainConfig, mesh: DomainMesh, model: nn.Module, data: TrainData) -> dict[str, Any]:
-    """Fill ``model`` with the weights of ``training.init_from`` (collective); return the lineage
-    record (parent checkpoint, its SHA-256 on rank 0, its step and run, the channel changes)."""
+@dataclass(frozen=True)
+class ParentPlan:
+    """What ``load_parent`` reads: the parent checkpoint, both runs' records, the channel maps."""
+
+    ckpt: Path
+    parent: dict[str, Any]
+    child: dict[str, Any]
+    maps: dict[str, tuple[ChannelMap, ...]]
+    model_diffs: list[str]
+
+
+def plan_init_from(cfg: TrainConfig, model: nn.Module, data: TrainData) -> ParentPlan:
+    """Every check of ``training.init_from`` from metadata alone (nothing written, no tensor read):
+    the parent exists, is the same model on the same grid, its tensors fit this model's once the
+    channels are matched by name. Raises ``ValueError`` naming what differs."""
     ckpt = resolve_parent(cfg.training.init_from or "", cfg.run.dir)
     parent, child = parent_record(ckpt), run_record(cfg, data)
     model_diffs = _check_model_and_grid(parent, child, ckpt)
     p_ch, c_ch = _channels(parent), _channels(child)
-    p_names = {*p_ch.state, *p_ch.static, *p_ch.time}
-    c_names = {*c_ch.state, *c_ch.static, *c_ch.time}
-    maps = {}
+    maps: dict[str, tuple[ChannelMap, ...]] = {}
     if p_ch != c_ch:
         hook = getattr(model, "channel_dims", None)
         if hook is None:
@@ -277,13 +297,24 @@ def init_from_parent(cfg: TrainConfig, mesh: DomainMesh, model: nn.Module, data:
             )
         maps = channel_maps(hook(c_ch), hook(p_ch))
     try:
-        info = load_transferred(ckpt, model, mesh, maps)
+        check_transfer(ckpt, model, maps)
     except ValueError as err:
         if model_diffs:
             raise ValueError(f"{err}. The model configs differ: {'; '.join(model_diffs)}") from None
         raise
-    for item in model_diffs:
+    return ParentPlan(ckpt, parent, child, maps, model_diffs)
+
+
+def load_parent(plan: ParentPlan, mesh: DomainMesh, model: nn.Module) -> dict[str, Any]:
+    """Fill ``model`` with the parent's weights (collective); return the lineage record (parent
+    checkpoint, its SHA-256 on rank 0, its step and run, the channels added and removed)."""
+    ckpt, parent, child = plan.ckpt, plan.parent, plan.child
+    info = load_transferred(ckpt, model, mesh, plan.maps)
+    for item in plan.model_diffs:
         log.warning("fine-tuning with a changed model setting: %s (the weights fit)", item)
+    p_ch, c_ch = _channels(parent), _channels(child)
+    p_names = {*p_ch.state, *p_ch.static, *p_ch.time}
+    c_names = {*c_ch.state, *c_ch.static, *c_ch.time}
     lineage: dict[str, Any] = {
         "checkpoint": str(ckpt.resolve()),
         "sha256": checkpoint_sha256(ckpt) if mesh.rank == 0 else None,
@@ -310,3 +341,8 @@ def init_from_parent(cfg: TrainConfig, mesh: DomainMesh, model: nn.Module, data:
             f" (the kept channels': {note} from the parent's)" if note else "",
         )
     return lineage
+
+
+def init_from_parent(cfg: TrainConfig, mesh: DomainMesh, model: nn.Module, data: TrainData) -> dict[str, Any]:
+    """``plan_init_from`` then ``load_parent`` (collective)."""
+    return load_parent(plan_init_from(cfg, model, data), mesh, model)

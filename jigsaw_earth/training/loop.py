@@ -47,7 +47,7 @@ from .accounting import StepClock, device_peak_tflops, step_flops, summarize_ste
 from .crps import ensemble_loss
 from .data import TrainData
 from .evaluate import format_table, validate
-from .finetune import apply_freeze, init_from_parent, run_record
+from .finetune import apply_freeze, load_parent, plan_init_from, run_record
 from .loss import channel_weights, global_value, weighted_sq_error
 from .monitor import Monitor, memory_mb
 from .noise import forecast_sample_index, member_noise, train_sample_index
@@ -124,6 +124,9 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.validation: dict[str, float] = {}
         self.checkpoint_bytes = model_checkpoint_bytes(self.model, mesh.shape.domain_size)
+        # a fine-tune's first start: refuse another model, grid or channel layout before writing anything
+        fresh = cfg.checkpoint.resume == "never" or latest_checkpoint(self.run_dir) is None
+        self.parent = plan_init_from(cfg, self.model, data) if cfg.training.init_from and fresh else None
         on_rank0(
             mesh,
             lambda: preflight_run_dir(self.run_dir, self.checkpoint_bytes, cfg.checkpoint.keep, create=True),
@@ -143,8 +146,8 @@ class Trainer:
         if mode != "never":
             path = latest_checkpoint(self.run_dir) if mode == "auto" else Path(mode)
         if path is None:
-            if self.cfg.training.init_from:  # a fine-tune's first start: the parent's weights
-                self.lineage = init_from_parent(self.cfg, self.mesh, self.model, self.data)
+            if self.parent is not None:  # a fine-tune's first start: the parent's weights
+                self.lineage = load_parent(self.parent, self.mesh, self.model)
             return None
         info = load_checkpoint(path, self.model, self.optimizer, self.mesh)
         saved = info["state"]
