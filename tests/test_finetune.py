@@ -211,6 +211,20 @@ def test_step_zero_keeps_the_parents_forecast(
     assert child.lineage["added"][: len(added)] == added
 
 
+def test_a_deterministic_parent_becomes_a_stochastic_model(parent: Trainer, tmp_path: Path) -> None:
+    """``model.noise_channels`` adds inputs named ``noise:K``: they start at zero weight, so the
+    member's step-0 forecast is the parent's whatever the noise."""
+    model = {**DEMO_MODEL, "noise_channels": 2}
+    cfg = config(tmp_path / "child", model=model, training={"init_from": str(parent.run_dir)})
+    child = trainer(cfg)
+    assert child.lineage["added"] == ["noise:0", "noise:1"]
+    batch = next(child.data.val_batches(1, 2, 2))
+    noise = torch.randn(batch.inputs.shape[0], 2, N_LAT, N_LON)
+    with torch.no_grad():
+        mine = child.forward(batch.inputs, batch.static, batch.time_features, noise)
+    torch.testing.assert_close(mine, forecast(parent, batch.inputs, batch), rtol=1e-5, atol=1e-5)
+
+
 def test_a_norm_across_channels_only_starts_near_the_parent(
     parents: Callable[[str], Trainer], tmp_path: Path
 ) -> None:
