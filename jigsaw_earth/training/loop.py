@@ -125,8 +125,12 @@ class Trainer:
         self.validation: dict[str, float] = {}
         self.checkpoint_bytes = model_checkpoint_bytes(self.model, mesh.shape.domain_size)
         # a fine-tune's first start: refuse another model, grid or channel layout before writing anything
-        fresh = cfg.checkpoint.resume == "never" or latest_checkpoint(self.run_dir) is None
-        self.parent = plan_init_from(cfg, self.model, data) if cfg.training.init_from and fresh else None
+        self.parent = None
+        fresh = cfg.training.init_from and (
+            cfg.checkpoint.resume == "never" or not latest_checkpoint(self.run_dir)
+        )
+        if fresh:
+            self.parent = plan_init_from(cfg, self.model, data)
         on_rank0(
             mesh,
             lambda: preflight_run_dir(self.run_dir, self.checkpoint_bytes, cfg.checkpoint.keep, create=True),
