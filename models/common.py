@@ -14,11 +14,13 @@ from torch import nn
 
 from .. import sphere
 from ..layers.base import Domain
+from ..layers.channels import ChannelDims, ModelChannels, prefixed
 from ..layers.norm import prefetch_affine
 from ..layers.patch import PatchEmbed, PatchRecovery
 from ..sphere import N_COORD_CHANNELS
 
 __all__ = [
+    "COORD_CHANNEL_NAMES",
     "N_COORD_CHANNELS",
     "Forecaster",
     "assemble_inputs",
@@ -27,6 +29,14 @@ __all__ = [
     "field_coordinates",
     "position_encoding",
 ]
+
+#: names of the coordinate channels a forecaster appends to its inputs (``coordinate_channels``)
+COORD_CHANNEL_NAMES = (
+    "coord:sin_latitude",
+    "coord:cos_latitude",
+    "coord:sin_longitude",
+    "coord:cos_longitude",
+)
 
 
 def field_coordinates(domain: Domain, centred: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
@@ -127,10 +137,13 @@ class Forecaster(nn.Module):
 
     Subclasses implement ``predict(x) → Δ`` on the assembled input field ``x``, and name the
     layer that reads it (``input_layer``: no gradient flows into the input, so that layer's
-    backward sends nothing for it).
+    backward sends nothing for it) and the layer that writes the state's channels
+    (``output_layer``). ``channel_dims`` (the fine-tuning hook) names the channel-indexed
+    weights of those two layers; a model with more of them extends it (docs/models.md).
     """
 
     input_layer = "embed"
+    output_layer = "recover"
 
     def forward_stage(self, path: str) -> int:
         """Where the module at ``path`` runs in the forward, for ordering: modules registered in
@@ -204,6 +217,37 @@ class Forecaster(nn.Module):
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
+
+    def input_names(self, channels: ModelChannels) -> tuple[str, ...]:
+        """The names of the assembled input's channels (``assemble_inputs``' order)."""
+        coords = COORD_CHANNEL_NAMES if self.coord_channels else ()
+        return (*channels.state, *channels.static, *channels.time, *coords)
+
+    def channel_dims(self, channels: ModelChannels) -> ChannelDims:
+        """The fine-tuning hook: every parameter indexed by the data's channels, by path.
+
+        Here: the input layer's weights by input channel and the output layer's by state
+        channel, each layer describing its own (``channel_dims`` of ``PatchEmbed``,
+        ``PatchRecovery``, ``Linear``, ``Conv2d``, the norms). A pure function of the names, so
+        the same call with a parent's names describes the parent's tensors.
+        """
+        layers = dict(self.named_modules())
+        dims: ChannelDims = {}
+        for path, kwargs in (
+            (self.input_layer, {"inputs": self.input_names(channels)}),
+            (self.output_layer, {"outputs": channels.state}),
+        ):
+            layer = layers.get(path)
+            hook = getattr(layer, "channel_dims", None)
+            if hook is None:
+                role = "input_layer" if "inputs" in kwargs else "output_layer"
+                what = "missing" if layer is None else f"a {type(layer).__name__}, which has no channel_dims"
+                raise ValueError(
+                    f"{type(self).__name__}.{role} = {path!r} is {what}; name a jigsaw layer there or "
+                    "override channel_dims (docs/models.md, fine-tuning)"
+                )
+            dims.update(prefixed(path, hook(**kwargs)))
+        return dims
 
     def forward(self, state: torch.Tensor, static: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
         self._check(state, static, time)

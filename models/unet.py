@@ -63,6 +63,7 @@ class UNet(Forecaster):
     """``forward(state (B, n_state, h, w), static (n_static, h, w), time (B, n_time))`` → next state."""
 
     input_layer = "encoder.0.convs.0"  # the layer that reads the assembled input
+    output_layer = "head"  # the 1x1 convolution to the state's channels
 
     def __init__(
         self, domain: Domain, n_state: int, n_static: int, n_time: int, cfg: UNetConfig | None = None

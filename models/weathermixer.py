@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from ..layers.base import Domain
+from ..layers.channels import ChannelDims, ModelChannels, prefixed
 from ..layers.dropout import Dropout
 from ..layers.linear import Linear
 from ..layers.mlp import MLP
@@ -92,6 +93,20 @@ class WeatherMixer(Forecaster):
         state = x[:, : self.n_state].movedim(1, -1)  # the inputs start with the state
         joined = torch.cat([self.norm_recovered(y.movedim(1, -1)), state], dim=-1)
         return self.out(self.norm_joined(joined)).movedim(-1, 1)
+
+    def channel_dims(self, channels: ModelChannels) -> ChannelDims:
+        """Patch embedding and recovery (``Forecaster``), and with ``linear_residual`` its norms
+        and linear layer: ``[LN(recovered), state]`` is two blocks of the state's channels. Those
+        norms normalise *over* the channels, so with channels added or removed the kept channels'
+        forecast starts near the parent's, not at it."""
+        dims = super().channel_dims(channels)
+        if self.cfg.linear_residual:
+            state = channels.state
+            joined = (*(f"recovered:{c}" for c in state), *(f"state:{c}" for c in state))
+            dims.update(prefixed("norm_recovered", self.norm_recovered.channel_dims(state)))
+            dims.update(prefixed("norm_joined", self.norm_joined.channel_dims(joined)))
+            dims.update(prefixed("out", self.out.channel_dims(joined, state)))
+        return dims
 
 
 def hidden_sizes(cfg: WeatherMixerConfig, n_tokens: int) -> tuple[int, int]:

@@ -1,6 +1,7 @@
 """Exit non-zero unless the demo's model beats persistence and climatology at every validated lead.
 
-Used by CI after the README's demo command: ``python scripts/check_demo.py runs/demo/train``.
+Used by CI after the README's demo command: ``python scripts/check_demo.py runs/demo/train``, and
+after its fine-tune (``runs/demo/finetune``).
 """
 
 from __future__ import annotations

@@ -491,6 +491,55 @@ def test_other_resume_source_refused(
     assert _snapshot(run_copy) == before
 
 
+# (id, config change with PARENT for the finished run's directory, fragments): a fine-tune's start
+# refuses before anything of the new run is written
+FINETUNE_CASES: list[tuple[str, dict, list[str]]] = [
+    (
+        "init-from-missing",
+        {"training": {"init_from": "/nonexistent/run"}},
+        ["training.init_from='/nonexistent/run' does not exist", "run directory", "step_N"],
+    ),
+    (
+        "init-from-other-model",
+        {"model": {"overrides": {"embed_dim": 8}}},
+        [
+            "embed.weight has global shape",
+            "in the parent",
+            "model.overrides.embed_dim is None in the parent, 8",
+        ],
+    ),
+    (
+        "init-from-other-architecture",
+        {"model": {"name": "vit"}},
+        ["holds model 'weathermixer'", "builds 'vit'"],
+    ),
+    (
+        "freeze-typo",
+        {"training": {"freeze": ["blokcs"]}},
+        ["'blokcs' matches no module", "did you mean 'blocks'"],
+    ),
+]
+
+
+@pytest.mark.parametrize(("case", "change", "fragments"), FINETUNE_CASES, ids=[c[0] for c in FINETUNE_CASES])
+def test_fine_tune_refusals(
+    case: str,
+    change: dict,
+    fragments: list[str],
+    finished_run: tuple[Path, Path],
+    store: Path,
+    tmp_path: Path,
+    capsys: Any,
+) -> None:
+    parent = finished_run[0]
+    before = _snapshot(parent)
+    change = merge_sections({"training": {"init_from": str(parent)}}, change)
+    child = tmp_path / "child"
+    code, out = _cli(["train", str(_config_for(tmp_path, store, child, change))], capsys)
+    _assert_clean_error(code, out, 2, fragments)
+    assert _snapshot(parent) == before and not child.exists(), "a refused fine-tune wrote something"
+
+
 def test_new_run_moves_the_old_run_aside(run_copy: Path, store: Path, tmp_path: Path, capsys: Any) -> None:
     before = _snapshot(run_copy)
     cfg = _config_for(

@@ -105,3 +105,44 @@ def test_a_training_step_reads_the_host_once(tmp_path: Path) -> None:
         tmp_path,
     )
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-6000:]
+
+
+def test_a_fine_tune_runs_on_an_accelerator(tmp_path: Path) -> None:
+    """``training.init_from`` with a variable added and the blocks frozen: the parent's weights are
+    read into device tensors (the new channels' entries zeroed there) and the fine-tune trains and
+    validates on the device."""
+    run = _python(
+        f"""
+        import sys
+        sys.path.insert(0, {str(FAKE.parent)!r})
+        from pathlib import Path
+        from fake_gpu import fake_gpu
+        from jigsaw_earth.config import parse_config
+        from jigsaw_earth.data.synth import SynthConfig, synth_store
+        from jigsaw_earth.selftest import tiny_config
+        from jigsaw_earth.training.loop import Trainer
+        from jigsaw_earth.training.runner import setup_mesh
+
+        root = Path({str(tmp_path)!r})
+        fields = dict(levels=(500, 850), upper_air=("geopotential", "temperature"),
+                      surface=("2m_temperature", "mean_sea_level_pressure"))
+        days = dict(start="2020-01-01", end="2020-01-16")
+        synth_store(root / "data.zarr", SynthConfig(n_lat=12, n_lon=24, **days, **fields))
+        with fake_gpu():
+            raw = tiny_config(root, "parent", "fakegpu", 1)
+            raw["training"]["steps"], raw["checkpoint"]["every"] = 2, 0
+            Trainer(parse_config(raw), setup_mesh(parse_config(raw))).fit()
+            raw = tiny_config(root, "child", "fakegpu", 1)
+            raw["data"]["surface"] = ["2m_temperature", "mean_sea_level_pressure"]
+            raw["training"].update(steps=2, init_from=str(root / "parent"), freeze=["blocks"])
+            raw["checkpoint"]["every"] = 0
+            cfg = parse_config(raw)
+            trainer = Trainer(cfg, setup_mesh(cfg))
+            assert trainer.lineage["added"] == ["mean_sea_level_pressure"], trainer.lineage
+            assert next(trainer.model.parameters()).device.type == "fakegpu"
+            trainer.fit()
+        print("ok")
+        """,
+        tmp_path,
+    )
+    assert run.returncode == 0 and run.stdout.strip().endswith("ok"), run.stdout[-2000:] + run.stderr[-6000:]

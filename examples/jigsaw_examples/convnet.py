@@ -14,8 +14,9 @@ import torch
 from jigsaw_earth.models import Forecaster
 from torch import nn
 
-from jigsaw_earth.layers import Conv2d, Domain, GroupNorm
+from jigsaw_earth.layers import ChannelDim, Conv2d, Domain, GroupNorm, ModelChannels
 from jigsaw_earth.layers.base import fill_uniform_, sharded_parameter
+from jigsaw_earth.layers.channels import ChannelDims
 from jigsaw_earth.layers.cost import Cost
 
 __all__ = ["ChannelGain", "ConvNet", "ConvNetConfig"]
@@ -63,7 +64,8 @@ class ConvNet(Forecaster):
         "tiny": {},
         "small": {"channels": 64, "depth": 4, "groups": 8},
     }
-    input_layer = "convs.0"
+    input_layer = "convs.0"  # reads the inputs' channels
+    output_layer = "out"  # writes the state's channels
 
     def __init__(self, domain: Domain, n_state: int, n_static: int, n_time: int, cfg: ConvNetConfig):
         super().__init__(domain, n_state, n_static, n_time)
@@ -80,3 +82,11 @@ class ConvNet(Forecaster):
         for conv, norm in zip(self.convs, self.norms, strict=True):
             x = nn.functional.gelu(norm(conv(x)))
         return self.gain(self.out(x))
+
+    def channel_dims(self, channels: ModelChannels) -> ChannelDims:
+        """The fine-tuning hook: ``input_layer`` and ``output_layer`` (``Forecaster``), and the gain,
+        one entry per state channel (an added channel keeps its fresh gain: ``out``'s zero weights
+        to it already make its Δ zero)."""
+        dims = super().channel_dims(channels)
+        dims["gain.weight"] = (ChannelDim(0, channels.state, zero_new=False),)
+        return dims

@@ -200,6 +200,19 @@ class TrainingConfig(Section):
         "on a non-finite loss: stop with an error, or skip the step", "stop"
     )
     max_skipped_steps: int = doc("with nan_policy=skip: stop after this many skipped steps", 10, ge=0)
+    init_from: str | None = doc(
+        "fine-tune: start from another run's weights, a checkpoint (RUN_DIR/checkpoints/step_N) or a run "
+        "directory (its newest checkpoint), with a fresh optimizer, step and schedule; data, mesh, loss "
+        "and schedule may differ; channels are matched by name (added ones start at zero weight, removed "
+        "ones are dropped); another model or grid is refused (docs/training.md, Fine-tuning). Read at the "
+        "run's first start only: a resume continues from the run's own checkpoints; null = from run.seed",
+        None,
+    )
+    freeze: list[str] = doc(
+        "module patterns (fnmatch on module paths, e.g. 'blocks' or 'blocks.*') whose parameters are not "
+        "trained: no gradient, no optimizer state, not in the gradient norm, clipping or gradient sums",
+        factory=list,
+    )
 
 
 class ValidationConfig(Section):
@@ -322,6 +335,13 @@ class TrainConfig(Section):
                     f"config validation.lead_hours contains {lead}; leads must be positive multiples of "
                     f"data.step_hours={d.step_hours}"
                 )
+        resume = self.checkpoint.resume
+        if t.init_from is not None and resume not in ("auto", "never"):
+            raise ValueError(
+                f"config training.init_from={t.init_from!r} and checkpoint.resume={resume!r} both "
+                "name weights to start from; init_from starts a new run from another run's weights, resume "
+                "continues a run: keep one (checkpoint.resume=auto resumes this run once it has checkpoints)"
+            )
         if o.min_lr > o.lr:
             raise ValueError(f"config optim: need min_lr ({o.min_lr}) <= lr ({o.lr}); lower min_lr")
         if o.warmup_steps >= t.steps and t.steps > 1:

@@ -166,6 +166,7 @@ class _ConvWeights(torch.autograd.Function):
         P, q = axis.size, axis.index
         bias, transposed = b is not None, spec[2]
         need_dx = ctx.needs_input_grad[0]
+        need_wb = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # a frozen weight: no dW ring
         op = "conv.weights.backward"
         dys = [d.contiguous() for d in dy.split(list(out_sizes), dim=1)]
         patch = x.dim() == 2  # the saved patch rows
@@ -187,24 +188,26 @@ class _ConvWeights(torch.autograd.Function):
                 elif wk.numel():
                     part_dx = _grad_input(dys[kw], x, wk, spec)
                     dx = part_dx if dx is None else dx.add_(part_dx)
-            shape = _block_shape(w, out_sizes[kg], transposed)
-            if not math.prod(shape):
-                dw = dy.new_empty(shape)
-            elif rows is not None:
-                dw = _patch_grad_weight(dys[kg], rows, shape)
-            else:
-                dw = _grad_weight(dys[kg], x, shape, spec)
-            part = _message(dw, dys[kg].sum((0, 2, 3)) if bias else None)
-            if acc_in is not None:
-                part = part + acc_in.wait()[0]
-            if s < P - 1:
-                n = _msg_numel(w, out_sizes[(kg - 1) % P], bias, transposed)
-                acc_in = _send_recv(axis, 1, part, -1, (n,), op=op, tag=_ACC)
-            else:
-                grad = part
+            if need_wb:
+                shape = _block_shape(w, out_sizes[kg], transposed)
+                if not math.prod(shape):
+                    dw = dy.new_empty(shape)
+                elif rows is not None:
+                    dw = _patch_grad_weight(dys[kg], rows, shape)
+                else:
+                    dw = _grad_weight(dys[kg], x, shape, spec)
+                part = _message(dw, dys[kg].sum((0, 2, 3)) if bias else None)
+                if acc_in is not None:
+                    part = part + acc_in.wait()[0]
+                if s < P - 1:
+                    n = _msg_numel(w, out_sizes[(kg - 1) % P], bias, transposed)
+                    acc_in = _send_recv(axis, 1, part, -1, (n,), op=op, tag=_ACC)
+                else:
+                    grad = part
             if w_next is not None:
                 cur = w_next.wait()[0]
         gw, gb = _unmessage(grad, tuple(w.shape), bias)
+        gw, gb = (gw if ctx.needs_input_grad[1] else None), (gb if ctx.needs_input_grad[2] else None)
         if patch and dx is not None:
             dx = _patch_grad_field(dx, x_shape, tuple(w.shape[-2:]))
         if need_dx and dx is None:

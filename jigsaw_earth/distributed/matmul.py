@@ -27,7 +27,7 @@ the matmuls, the convolutions, the layers' cost declarations and the validator a
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -113,6 +113,11 @@ def _add(part: torch.Tensor, incoming: torch.Tensor) -> torch.Tensor:
     return part + incoming
 
 
+def _needed(ctx: Any, i: int, grad: torch.Tensor | None) -> torch.Tensor | None:
+    """``grad`` if input ``i`` of the autograd function needs one, else ``None`` (a frozen weight)."""
+    return grad if ctx.needs_input_grad[i] else None
+
+
 def _like(grad: torch.Tensor | None, ref: torch.Tensor | None) -> torch.Tensor | None:
     """Return a gradient in the dtype of the tensor it belongs to."""
     return grad if grad is None or ref is None or grad.dtype == ref.dtype else grad.to(ref.dtype)
@@ -155,6 +160,7 @@ class _ChannelWeights(torch.autograd.Function):
         P, q = axis.size, axis.index
         cin, bias = w.shape[0], b is not None
         need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
+        need_wb = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # frozen weights: no dW ring
         dys = dy.split(list(out_sizes), dim=-1)
         dx = None
         cur = _with_bias(w, b)
@@ -168,17 +174,19 @@ class _ChannelWeights(torch.autograd.Function):
                 w_next = _send_recv(axis, -1, cur, 1, shape, op="matmul.weights.backward", tag=_RING)
             if need_dx:
                 dx = _addmm_(dx, dys[kw], cur[:cin].T)
-            part = _with_bias(x.T @ dys[kg], dys[kg].sum(0) if bias else None)
-            if acc_in is not None:
-                part = _add(part, acc_in.wait()[0])
-            if s < P - 1:
-                shape = (part.shape[0], out_sizes[(kg - 1) % P])
-                acc_in = _send_recv(axis, 1, part, -1, shape, op="matmul.weights.backward", tag=_ACC)
-            else:
-                grad_wb = part
+            if need_wb:
+                part = _with_bias(x.T @ dys[kg], dys[kg].sum(0) if bias else None)
+                if acc_in is not None:
+                    part = _add(part, acc_in.wait()[0])
+                if s < P - 1:
+                    shape = (part.shape[0], out_sizes[(kg - 1) % P])
+                    acc_in = _send_recv(axis, 1, part, -1, shape, op="matmul.weights.backward", tag=_ACC)
+                else:
+                    grad_wb = part
             if w_next is not None:
                 cur = w_next.wait()[0]
         gw, gb = (grad_wb[:cin], grad_wb[cin]) if bias else (grad_wb, None)
+        gw, gb = _needed(ctx, 1, gw), _needed(ctx, 2, gb)
         return _like(dx, x0), _like(gw, w0), _like(gb, b0), None, None
 
 
@@ -214,31 +222,35 @@ class _ChannelActivations(torch.autograd.Function):
         P, q = axis.size, axis.index
         cin, acc = w.shape[0], _acc_dtype(x.dtype)
         need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
+        need_wb = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # frozen weights: dY only
+        xin = cin if need_wb else 0  # the peers' rows travel only for the weight gradient
         dys = dy.split(list(out_sizes), dim=-1)
         op = "matmul.activations.backward"
 
         def post(s: int):
-            send = torch.cat([x, dys[(q + s) % P]], dim=1)
-            shape = (counts[(q - s) % P], cin + out_sizes[q])
+            send = torch.cat([x, dys[(q + s) % P]], dim=1) if need_wb else dys[(q + s) % P].contiguous()
+            shape = (counts[(q - s) % P], xin + out_sizes[q])
             return _send_recv(axis, s, send, -s, shape, op=op, tag=_RING)
 
         incoming = post(1) if P > 1 else None
         dx = _first(dys[q], w.T) if need_dx else None
-        dw = _first(x.T, dys[q])
-        db = dys[q].sum(0, dtype=acc) if b is not None else None
+        dw = _first(x.T, dys[q]) if need_wb else None
+        db = dys[q].sum(0, dtype=acc) if b is not None and need_wb else None
         dx_in = []
         for s in range(1, P):
             buf = incoming.wait()[0]
             if s < P - 1:
                 incoming = post(s + 1)
-            xr, dyr = buf.split([cin, out_sizes[q]], dim=1)
+            xr, dyr = buf.split([xin, out_sizes[q]], dim=1)
             if need_dx:
                 dx_in.append(_send_recv(axis, -s, dyr @ w.T, s, x.shape, op=op, tag=_ACC))
-            _addmm_(dw, xr.T, dyr)
+            if dw is not None:
+                _addmm_(dw, xr.T, dyr)
             if db is not None:
                 db += dyr.sum(0, dtype=acc)
         for pending in dx_in:
             dx += pending.wait()[0]
+        dw, db = _needed(ctx, 1, dw), _needed(ctx, 2, db)
         return _like(dx, x0), _like(dw, w0), _like(db, b0), None, None, None
 
 
@@ -295,15 +307,17 @@ class _TokenActivations(torch.autograd.Function):
         off = split_offsets(counts)
         op = "matmul.tokens.backward"
         need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
-        da = torch.empty_like(a)
+        need_da = ctx.needs_input_grad[1]  # a frozen weight: the tokens' ring is not needed
+        da = torch.empty_like(a) if need_da else None
         cur, acc_in, dx = x, None, None
         for s in range(P):
             kx, kg = (q + s) % P, (q - 1 - s) % P
             x_next = None
-            if s < P - 1:
+            if need_da and s < P - 1:
                 shape = (counts[(kx + 1) % P], x.shape[1])
                 x_next = _send_recv(axis, -1, cur, 1, shape, op=op, tag=_RING)
-            _set_cols(da, off, tiles, kx, dy @ cur.T)
+            if need_da:
+                _set_cols(da, off, tiles, kx, dy @ cur.T)
             if need_dx:
                 part = _cols(a, off, tiles, kg).T @ dy
                 if acc_in is not None:
@@ -315,7 +329,7 @@ class _TokenActivations(torch.autograd.Function):
                     dx = part
             if x_next is not None:
                 cur = x_next.wait()[0]
-        db = dy.sum(-1, dtype=_acc_dtype(dy.dtype)) if b is not None else None
+        db = dy.sum(-1, dtype=_acc_dtype(dy.dtype)) if b is not None and ctx.needs_input_grad[2] else None
         return _like(dx, x0), _like(da, a0), _like(db, b0), None, None, None
 
 
@@ -359,6 +373,7 @@ class _TokenWeights(torch.autograd.Function):
         off = split_offsets(in_counts)
         op = "matmul.tokens.weights.backward"
         need_dx = ctx.needs_input_grad[0]
+        need_da = ctx.needs_input_grad[1]  # a frozen weight: no partial products go back
         dy = dy.contiguous()
 
         def post(s: int):
@@ -366,24 +381,25 @@ class _TokenWeights(torch.autograd.Function):
 
         incoming = post(1) if P > 1 else None
         dx = _first(col_blocks[q].T, dy) if need_dx else None
-        da = dy.new_empty(a_shape)
-        _set_cols(da, off, tiles, q, dy @ x.T)
+        da = dy.new_empty(a_shape) if need_da else None
+        if da is not None:
+            _set_cols(da, off, tiles, q, dy @ x.T)
         returns = []
         for s in range(1, P):
             k_from = (q - s) % P
             dyk = incoming.wait()[0]
             if s < P - 1:
                 incoming = post(s + 1)
-            returns.append(
-                _send_recv(axis, -s, dyk @ x.T, s, (a_shape[0], in_counts[(q + s) % P]), op=op, tag=_ACC)
-            )
+            if da is not None:
+                shape = (a_shape[0], in_counts[(q + s) % P])
+                returns.append(_send_recv(axis, -s, dyk @ x.T, s, shape, op=op, tag=_ACC))
             if dx is not None:
                 _addmm_(dx, col_blocks[k_from].T, dyk)
         for s, pending in enumerate(returns, start=1):
             k = (q + s) % P
             _set_cols(da, off, tiles, k, pending.wait()[0])
-        db = dy.sum(-1, dtype=_acc_dtype(dy.dtype)) if b is not None else None
-        return _like(dx, x0), da.to(a_dtype), _like(db, b0), None, None, None, None
+        db = dy.sum(-1, dtype=_acc_dtype(dy.dtype)) if b is not None and ctx.needs_input_grad[2] else None
+        return _like(dx, x0), None if da is None else da.to(a_dtype), _like(db, b0), None, None, None, None
 
 
 # ------------------------------------------------------------------------------ cost and API

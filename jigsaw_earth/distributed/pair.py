@@ -112,6 +112,7 @@ class _PairWeights(torch.autograd.Function):
         size = [sum(_block_sizes(cin, hid_sizes[k], cout, out_sizes[k])) for k in range(P)]
         op = "mlp.weights.backward"
         need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
+        need_g = any(ctx.needs_input_grad[1:5])  # frozen weights: no reduce-scatter of their gradients
         dx = None
         dzs: list = [None] * P
         pending, grads = None, None
@@ -139,12 +140,19 @@ class _PairWeights(torch.autograd.Function):
             dzs[k] = act_grad(_dropped(dy @ w2k.T, factor), zs[k])
             if need_dx:
                 dx = _addmm_(dx, dzs[k], w1k.T)
-            if s > 0:
+            if not need_g:
+                dzs[k] = None
+            elif s > 0:
                 reduce_step(s - 1)
             if nxt is not None:
                 cur = nxt.wait()[0]
+        if not need_g:
+            return _like(dx, x0), *[None] * 10
         reduce_step(P - 1)
         g1, gb1, g2, gb2 = _unpack(grads, cin, hid_sizes[q], cout, out_sizes[q])
+        g1, gb1, g2, gb2 = (
+            g if ctx.needs_input_grad[i] else None for i, g in enumerate((g1, gb1, g2, gb2), 1)
+        )
         return _like(dx, x0), _like(g1, w10), _like(gb1, b10), _like(g2, w20), _like(gb2, b20), *[None] * 6
 
 
@@ -195,6 +203,8 @@ class _PairActivations(torch.autograd.Function):
         h0, h1 = split_offsets(hid_sizes)[q : q + 2]
         op = "mlp.activations.backward"
         need_dx = ctx.needs_input_grad[0]
+        need_g = any(ctx.needs_input_grad[1:5])  # frozen weights: the peers' rows need not travel
+        xin = cin if need_g else 0
         g1 = torch.zeros(w1.shape, dtype=acc, device=x.device)
         gb1 = torch.zeros(b1.shape, dtype=acc, device=x.device)
         g2 = torch.zeros(w2.shape, dtype=acc, device=x.device)
@@ -203,15 +213,16 @@ class _PairActivations(torch.autograd.Function):
         def block(r: int, rows: torch.Tensor, dyr: torch.Tensor) -> torch.Tensor:
             """Rank r's tokens through this rank's hidden block: adds the weight gradients, returns dz."""
             dz = act_grad(_dropped(dyr @ w2.T, drop(r, h0, h1) if drop is not None else None), zs[r])
-            _addmm_(g1, rows.T, dz)
-            gb1.add_(dz.sum(0, dtype=acc))
-            _addmm_(g2, hs[r].T, dyr)
-            gb2.add_(dyr[:, lo:hi].sum(0, dtype=acc))
+            if need_g:
+                _addmm_(g1, rows.T, dz)
+                gb1.add_(dz.sum(0, dtype=acc))
+                _addmm_(g2, hs[r].T, dyr)
+                gb2.add_(dyr[:, lo:hi].sum(0, dtype=acc))
             return dz
 
         def post(s: int):
-            send = torch.cat([x, dy], dim=1)
-            return _send_recv(axis, s, send, -s, (counts[(q - s) % P], cin + cout), op=op, tag=_RING)
+            send = torch.cat([x, dy], dim=1) if need_g else dy.contiguous()
+            return _send_recv(axis, s, send, -s, (counts[(q - s) % P], xin + cout), op=op, tag=_RING)
 
         incoming = post(1) if P > 1 else None
         dz = block(q, x, dy)
@@ -219,7 +230,7 @@ class _PairActivations(torch.autograd.Function):
         returns = []
         for s in range(1, P):
             r = (q - s) % P
-            rows, dyr = incoming.wait()[0].split([cin, cout], dim=1)
+            rows, dyr = incoming.wait()[0].split([xin, cout], dim=1)
             if s < P - 1:
                 incoming = post(s + 1)
             dz = block(r, rows, dyr)
@@ -227,6 +238,9 @@ class _PairActivations(torch.autograd.Function):
                 returns.append(_send_recv(axis, -s, dz @ w1.T, s, x.shape, op=op, tag=_ACC))
         for pending in returns:
             dx += pending.wait()[0]
+        g1, gb1, g2, gb2 = (
+            g if ctx.needs_input_grad[i] else None for i, g in enumerate((g1, gb1, g2, gb2), 1)
+        )
         return _like(dx, x0), _like(g1, w10), _like(gb1, b10), _like(g2, w20), _like(gb2, b20), *[None] * 7
 
 

@@ -2,6 +2,7 @@
 
 from .attention import GlobalAttention, LocalAttention
 from .base import Domain, gather_field, init_model, local_domain, parameter_bytes
+from .channels import ChannelDim, ModelChannels
 from .conv import Conv2d
 from .conv_transpose import ConvTranspose2d
 from .dropout import Dropout, set_dropout_step
@@ -14,6 +15,7 @@ from .token_mixing import TokenMixing
 
 __all__ = [
     "MLP",
+    "ChannelDim",
     "Conv2d",
     "ConvTranspose2d",
     "Domain",
@@ -25,6 +27,7 @@ __all__ = [
     "LayerNorm",
     "Linear",
     "LocalAttention",
+    "ModelChannels",
     "PatchEmbed",
     "PatchRecovery",
     "TokenMixing",

@@ -36,6 +36,7 @@ from ..distributed.matmul import _check_strategy as check_strategy
 from ..distributed.matmul import _training as is_training
 from ..distributed.tiles import TileGrid
 from .base import Domain, fill_fan_in_, sharded_parameter
+from .channels import ChannelDim, ChannelDims
 from .cost import Cost, channel_matmul, window_bytes
 
 __all__ = [
@@ -266,6 +267,23 @@ class Conv2d(nn.Module):
                 x, self.domain, self.out_domain, self.windows, self.stride, self.dilation,
                 self.modes, self.weight, self.bias, self.out_sizes, self.strategy,
             )  # fmt: skip
+
+    def channel_dims(
+        self, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+    ) -> ChannelDims:
+        """The weight ``(out_ch, in_ch, kh, kw)`` by output (dim 0) and input (dim 1) channel; the
+        bias by output channel (those named)."""
+        weight: list[ChannelDim] = []
+        dims: ChannelDims = {}
+        if outputs is not None:
+            weight.append(ChannelDim(0, tuple(outputs)))
+            if self.bias is not None:
+                dims["bias"] = (ChannelDim(0, tuple(outputs)),)
+        if inputs is not None:
+            weight.append(ChannelDim(1, tuple(inputs)))
+        if weight:
+            dims["weight"] = tuple(weight)
+        return dims
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         rows = self.in_ch * self.kernel[0] * self.kernel[1]

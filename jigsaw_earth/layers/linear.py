@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import nn
 
 from ..distributed.matmul import Strategy, matmul_channels
 from .base import Domain, fill_fan_in_, sharded_parameter
+from .channels import ChannelDim, ChannelDims
 from .cost import Cost, channel_matmul
 
 __all__ = ["Linear"]
@@ -52,6 +55,22 @@ class Linear(nn.Module):
             flat, self.weight, self.bias, self.domain.axis, self.out_sizes, counts, self.strategy
         )
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def channel_dims(
+        self, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+    ) -> ChannelDims:
+        """Rows of ``W`` by input channel, columns and bias by output channel (those named)."""
+        weight: list[ChannelDim] = []
+        dims: ChannelDims = {}
+        if inputs is not None:
+            weight.append(ChannelDim(0, tuple(inputs)))
+        if outputs is not None:
+            weight.append(ChannelDim(1, tuple(outputs)))
+            if self.bias is not None:
+                dims["bias"] = (ChannelDim(0, tuple(outputs)),)
+        if weight:
+            dims["weight"] = tuple(weight)
+        return dims
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         """One ``matmul_channels`` over ``batch`` samples of every rank's tile."""

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 import torch
@@ -30,6 +30,7 @@ from ..distributed.collectives import all_gather
 from ..distributed.comm import all_reduce_, comm_site
 from ..distributed.mesh import Axis
 from .base import Domain, sharded_parameter
+from .channels import ChannelDim, ChannelDims
 from .cost import Cost, all_reduce_bytes, gather_bytes
 
 __all__ = ["GroupNorm", "InstanceNorm", "LayerNorm", "gather_affine", "prefetch_affine"]
@@ -123,6 +124,18 @@ class _AffineNorm(nn.Module):
             with torch.no_grad():
                 self.weight.fill_(1.0)
                 self.bias.fill_(0.0)
+
+    def channel_dims(
+        self, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+    ) -> ChannelDims:
+        """Scale and shift by channel (``inputs`` or ``outputs``: the same channels); an added
+        channel keeps the fresh 1 and 0. The statistics of a norm *over* channels change when
+        channels are added or removed, so the kept channels' output only starts near the parent's."""
+        names = inputs if inputs is not None else outputs
+        if names is None or self.weight is None:
+            return {}
+        dim = (ChannelDim(0, tuple(names), zero_new=False),)
+        return {"weight": dim, "bias": dim}
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         """The affine all-gather; the input and the fp32 statistics are saved."""

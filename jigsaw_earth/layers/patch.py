@@ -43,6 +43,7 @@ from ..distributed.comm import comm_site
 from ..distributed.halo import LatMode, LonMode, scatter_add_windows
 from ..distributed.matmul import Strategy, autocast_operands, matmul_channels
 from .base import Domain, fill_fan_in_, sharded_parameter
+from .channels import ChannelDim, ChannelDims
 from .conv import _pair, check_field, conv_cost, conv_windows, sharded_conv
 from .cost import Cost, channel_matmul, window_bytes
 
@@ -116,6 +117,14 @@ class PatchEmbed(nn.Module):
                 self.modes, weight, self.bias, self.out_sizes, self.strategy,
             )  # fmt: skip
         return y.permute(0, 2, 3, 1)
+
+    def channel_dims(
+        self, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+    ) -> ChannelDims:
+        """The weight's rows, ``(channel, i, j)``: one block of ``p_lat·p_lon`` rows per input channel."""
+        if inputs is None:
+            return {}
+        return {"weight": (ChannelDim(0, tuple(inputs), self.patch[0] * self.patch[1]),)}
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         return conv_cost(
@@ -229,6 +238,18 @@ class PatchRecovery(nn.Module):
         if self.overlap == "mean":
             y = y * self.inv_count.to(y.dtype)
         return y
+
+    def channel_dims(
+        self, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
+    ) -> ChannelDims:
+        """The weight's columns and the bias, ``(channel, i, j)``: ``p_lat·p_lon`` per output channel."""
+        if outputs is None:
+            return {}
+        pp = self.patch[0] * self.patch[1]
+        dims = {"weight": (ChannelDim(1, tuple(outputs), pp),)}
+        if self.bias is not None:
+            dims["bias"] = (ChannelDim(0, tuple(outputs), pp),)
+        return dims
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         """The token matmul to ``out_ch·p·p`` columns, then the fold's windows scattered home."""

@@ -49,6 +49,7 @@ from .crps import ensemble_loss
 from .data import TrainData
 from .evaluate import format_table, validate
 from .feed import Feeder
+from .finetune import apply_freeze, load_parent, plan_init_from, run_record
 from .loss import channel_weights, global_value, weighted_sq_error
 from .memory import needs_checkpointing
 from .monitor import Monitor, memory_mb
@@ -103,6 +104,8 @@ class Trainer:
             self.model = build_run_model(cfg, mesh, data)
         else:
             self.model = init_model(model.to(mesh.device), cfg.run.seed)
+        self.frozen = apply_freeze(self.model, cfg.training.freeze)  # before the optimizer: no state
+        self.lineage: dict[str, Any] | None = None  # the parent of a fine-tune (training.init_from)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.holders = replication(self.model, mesh)  # domain ranks holding each parameter's block
         self.rep_weights = [1.0 / n for n in self.holders]
@@ -128,6 +131,13 @@ class Trainer:
         self.history: list[dict[str, float]] = []
         self.validation: dict[str, float] = {}
         self.checkpoint_bytes = model_checkpoint_bytes(self.model, mesh.shape.domain_size)
+        # a fine-tune's first start: refuse another model, grid or channel layout before writing anything
+        self.parent = None
+        fresh = cfg.training.init_from and (
+            cfg.checkpoint.resume == "never" or not latest_checkpoint(self.run_dir)
+        )
+        if fresh:
+            self.parent = plan_init_from(cfg, self.model, data)
         on_rank0(
             mesh,
             lambda: preflight_run_dir(self.run_dir, self.checkpoint_bytes, cfg.checkpoint.keep, create=True),
@@ -135,7 +145,7 @@ class Trainer:
         self._lock = on_rank0(mesh, lambda: lock_run_dir(cfg))
         try:
             resumed = self._resume()
-            on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved))
+            on_rank0(mesh, lambda: record_start(cfg, self.step, resumed, moved, self.lineage))
         except BaseException:
             self.close()
             raise
@@ -161,10 +171,12 @@ class Trainer:
     # ------------------------------------------------------------------ checkpoints
     def _resume(self) -> Path | None:
         mode = self.cfg.checkpoint.resume
-        if mode == "never":
-            return None
-        path = latest_checkpoint(self.run_dir) if mode == "auto" else Path(mode)
+        path = None
+        if mode != "never":
+            path = latest_checkpoint(self.run_dir) if mode == "auto" else Path(mode)
         if path is None:
+            if self.parent is not None:  # a fine-tune's first start: the parent's weights
+                self.lineage = load_parent(self.parent, self.mesh, self.model)
             return None
         info = load_checkpoint(path, self.model, self.optimizer, self.mesh)
         saved = info["state"]
@@ -174,6 +186,7 @@ class Trainer:
                 f"run.dir, or pass --new-run to move the old run aside and start over in this one"
             )
         self.step, self.skipped = int(info["step"]), int(saved.get("skipped", 0))
+        self.lineage = saved.get("init_from")
         if info["rank_state"] is not None:
             restore_rng(info["rank_state"])
         log.info("resumed from %s at step %d (saved on mesh %s)", path, self.step, info["mesh"])
@@ -181,6 +194,7 @@ class Trainer:
 
     def save(self) -> Path:
         state = {"config_hash": config_hash(self.cfg), "skipped": self.skipped, "run": self.cfg.run.name}
+        state.update(run_record=run_record(self.cfg, self.data), init_from=self.lineage)
         return save_checkpoint(
             self.run_dir,
             self.step,
@@ -397,6 +411,7 @@ class Trainer:
                 "step_breakdown": breakdown,
                 "validation": result,
                 "mesh": str(self.mesh.shape),
+                "init_from": self.lineage,
             }
             if self.mesh.rank == 0:
                 (self.run_dir / "validation.txt").write_text(table + "\n")

@@ -147,6 +147,11 @@ def claim_run_dir(cfg: TrainConfig, new_run: bool = False) -> Path | None:
     _refuse_if_held(run_dir)
     if cfg.checkpoint.resume not in ("auto", "never"):
         read_meta(cfg.checkpoint.resume)  # a complete checkpoint, or an error naming what is missing
+    fresh = new_run or cfg.checkpoint.resume == "never" or not list_checkpoints(run_dir)
+    if cfg.training.init_from and fresh:
+        from .finetune import resolve_parent
+
+        resolve_parent(cfg.training.init_from, run_dir)  # a first start: the parent must be there
     if new_run:
         if run_dir.is_dir() and any((run_dir / name).exists() for name in _RUN_FILES):
             aside = _aside_name(run_dir)
@@ -202,17 +207,33 @@ def _write_atomic(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def record_start(cfg: TrainConfig, start_step: int, resumed_from: Path | None, moved: Path | None) -> None:
-    """Rank 0, after every check passed: write ``config.yaml``, append to ``history.jsonl``."""
+def record_start(
+    cfg: TrainConfig,
+    start_step: int,
+    resumed_from: Path | None,
+    moved: Path | None,
+    init_from: dict[str, Any] | None = None,
+) -> None:
+    """Rank 0, after every check passed: write ``config.yaml``, append to ``history.jsonl``.
+
+    ``init_from``: the parent of a fine-tune (checkpoint, SHA-256, step, run): named in a comment
+    at the top of ``config.yaml`` and in the history entry."""
     run_dir = Path(cfg.run.dir)
     resolved = to_dict(cfg)
-    _write_atomic(run_dir / "config.yaml", yaml.safe_dump(resolved, sort_keys=False))
+    text = yaml.safe_dump(resolved, sort_keys=False)
+    if init_from:
+        text = (
+            f"# fine-tuned from {init_from['checkpoint']} (step {init_from['step']} of run "
+            f"{init_from['run']!r}, sha256 {init_from['sha256']})\n{text}"
+        )
+    _write_atomic(run_dir / "config.yaml", text)
     entry: dict[str, Any] = {
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "start_step": start_step,
         "resumed_from": None if resumed_from is None else str(resumed_from),
         "moved_aside": None if moved is None else str(moved),
         "config_hash": config_hash(cfg),
+        "init_from": init_from,
         "argv": sys.argv,
         "config": resolved,
     }
