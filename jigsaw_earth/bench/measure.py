@@ -162,5 +162,5 @@ def metadata(argv: Sequence[str], device: str, dtype: str, threads: int) -> dict
         "torch": torch.__version__,
         "python": platform.python_version(),
         "load_average": list(os.getloadavg()),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }
