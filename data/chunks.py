@@ -30,8 +30,8 @@ from typing import Any
 
 import numpy as np
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
-from zarr.core.buffer import default_buffer_prototype
-from zarr.core.sync import sync
+
+from .zarr_api import default_buffer_prototype, index_at_end, little_endian, numcodecs_codec, sync
 
 __all__ = ["Block", "ChunkFormat", "ChunkSource", "local_root"]
 
@@ -73,7 +73,7 @@ def _bytes_decoder(codec: Any) -> Callable[[Any, Any], Any] | None:
         return lambda src, dest: g.decode(src, out=dest)
     if isinstance(codec, Crc32cCodec):
         return lambda src, dest: memoryview(src)[:-4]
-    inner = getattr(codec, "_codec", None)  # numcodecs.zarr3 wrappers around a numcodecs codec
+    inner = numcodecs_codec(codec)  # zarr's numcodecs.* wrappers around a numcodecs codec
     if inner is not None and hasattr(inner, "decode"):
         return lambda src, dest: inner.decode(src, out=dest)
     return None
@@ -121,10 +121,9 @@ class ChunkFormat:
                 supported=ok,
             )
         from zarr.codecs import BytesCodec, Crc32cCodec, ShardingCodec
-        from zarr.codecs.sharding import ShardingCodecIndexLocation
 
         codecs, shard, chunk = list(meta.codecs), None, tuple(array.chunks)
-        index_crc, index_at_end, ok = False, True, True
+        index_crc, at_end, ok = False, True, True
         if len(codecs) == 1 and isinstance(codecs[0], ShardingCodec):
             sc = codecs[0]
             shard, chunk, codecs = tuple(array.shards), tuple(sc.chunk_shape), list(sc.codecs)
@@ -132,18 +131,17 @@ class ChunkFormat:
             ok = (
                 bool(idx)
                 and isinstance(idx[0], BytesCodec)
-                and (idx[0].endian is None or idx[0].endian.value == "little")
+                and little_endian(idx[0])
                 and all(isinstance(c, Crc32cCodec) for c in idx[1:])
                 and len(idx) <= 2
             )
             index_crc = len(idx) == 2
-            index_at_end = sc.index_location == ShardingCodecIndexLocation.end
+            at_end = index_at_end(sc)
         dtype = np.dtype(array.dtype)
         if not codecs or not isinstance(codecs[0], BytesCodec):
             ok = False  # an array->array codec (transpose, ...) first
         else:
-            endian = codecs[0].endian
-            dtype = dtype.newbyteorder("<" if endian is None or endian.value == "little" else ">")
+            dtype = dtype.newbyteorder("<" if little_endian(codecs[0]) else ">")
         decoders = [_bytes_decoder(c) for c in codecs[1:]]
         ok = ok and all(d is not None for d in decoders)
         return cls(
@@ -154,7 +152,7 @@ class ChunkFormat:
             order="C",
             decoders=tuple(reversed([d for d in decoders if d is not None])),
             index_crc=index_crc,
-            index_at_end=index_at_end,
+            index_at_end=at_end,
             supported=ok,
         )
 

@@ -194,7 +194,7 @@ def write_climatology(path: Path, dyn: Dynamics, cfg: SynthConfig, overwrite: bo
             )
         base = np.datetime64("2020-01-01T00", "h")  # a leap year: dayofyear 1…366
         for i, h in enumerate(hours):
-            times = base + (doys - 1) * 24 + int(h)
+            times = base + ((doys - 1) * 24 + int(h)).astype("timedelta64[h]")
             fields = dyn.fields(times.astype("datetime64[ns]"), levels, variables, mean_only=True)
             for v in variables:
                 arrays[v][i] = fields[v]

@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import zarr
-from zarr.codecs import BloscCodec, BloscShuffle, ZstdCodec
+from zarr.codecs import BloscCodec, ZstdCodec
 
 from jigsaw_earth.argtypes import parse_grid
 from jigsaw_earth.distributed.mesh import MeshShape
@@ -38,7 +38,7 @@ EPOCH = np.datetime64("1970-01-01T00:00:00", "s")
 COMPRESSIONS = {
     "none": lambda: [],
     "zstd": lambda: [ZstdCodec(level=1)],
-    "lz4": lambda: [BloscCodec(cname="lz4", clevel=5, shuffle=BloscShuffle.shuffle, typesize=4)],
+    "lz4": lambda: [BloscCodec(cname="lz4", clevel=5, shuffle="shuffle", typesize=4)],
 }
 
 

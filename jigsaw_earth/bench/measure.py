@@ -167,5 +167,5 @@ def metadata(argv: Sequence[str], device: str, dtype: str, threads: int) -> dict
         "peak_tflops": device_peak_tflops(torch.device(device), "bf16" if dtype == "bf16" else "fp32"),
         "python": platform.python_version(),
         "load_average": list(os.getloadavg()),
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
     }

@@ -206,7 +206,7 @@ def config_for(base: dict, run: Run, run_dir: str, warmup: int, steps: int) -> d
     hours = raw["data"]["step_hours"]
     t0 = np.datetime64(raw["data"]["train_period"][0], "h")
     times = 2 * raw["training"]["batch_size"] + raw["training"]["rollout_steps"] + 4
-    end = t0 + (times - 1) * hours
+    end = t0 + np.timedelta64((times - 1) * hours, "h")
     raw["data"]["train_period"] = [str(t0), str(end)]
     raw["data"]["val_period"] = [str(t0), str(end)]
     return raw

@@ -135,6 +135,9 @@ _ALLOWED.update(
         ("torch", "Size"): torch.Size,
         ("pathlib", "PosixPath"): pathlib.PurePosixPath,  # StorageMeta.checkpoint_id (a path string)
         ("pathlib", "WindowsPath"): pathlib.PureWindowsPath,
+        # Python 3.13 and later pickle paths under the module that defines them now
+        ("pathlib._local", "PosixPath"): pathlib.PurePosixPath,
+        ("pathlib._local", "WindowsPath"): pathlib.PureWindowsPath,
         ("torch", "layout"): torch.layout,
         ("torch", "strided"): torch.strided,
         ("collections", "OrderedDict"): __import__("collections").OrderedDict,

@@ -47,7 +47,7 @@ def _a_time(text: str) -> str:
     try:
         time = np.datetime64(text, "h")
     except ValueError:
-        time = np.datetime64("NaT")
+        time = np.datetime64("NaT", "h")
     if np.isnat(time):
         raise ValueError(f"not a date; write YYYY-MM-DD or YYYY-MM-DDTHH, {_EXAMPLE}")
     return text
