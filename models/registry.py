@@ -4,7 +4,8 @@ Everything that needs a model by name — the config schema, ``train``, ``predic
 ``export``, ``plan``, ``model summary``, the validator, the bench and the plain-torch twins —
 asks this registry. A model enters it in one of three ways:
 
-* ``register_model(name, model_cls, config_cls, presets)`` (the built-ins, in ``presets.py``);
+* ``register_model(name, model_cls, config_cls, presets)`` (the built-ins, at the end of this
+  module, with their configs and presets from ``presets.py``);
 * an installed package's entry point in the group ``jigsaw_earth.models``: the entry point's name
   is the model name and its object a model class (with ``config_cls`` and ``presets`` attributes,
   as below) or a function that calls ``register_model`` itself;
@@ -31,10 +32,13 @@ from typing import Any
 
 from torch import nn
 
+from .presets import PRESETS, UNetConfig, ViTConfig, WeatherMixerConfig
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ModelEntry",
     "build_model",
+    "make_config",
     "model_entry",
     "model_from_config",
     "model_names",
@@ -204,8 +208,6 @@ def _load_entry_points() -> None:
 
 def model_names() -> tuple[str, ...]:
     """Registered model names: the built-ins first, then installed entry points."""
-    from . import presets  # noqa: F401  (registers the built-ins)
-
     _load_entry_points()
     return tuple(_REGISTRY)
 
@@ -244,4 +246,21 @@ def model_from_config(model_cfg: Any, domain: Any, n_state: int, n_static: int, 
     """The model of a config's ``model`` section on ``domain``: what train, resume and predict build."""
     return build_model(
         model_cfg.name, domain, n_state, n_static, n_time, model_cfg.preset, **model_cfg.overrides
+    )
+
+
+def make_config(model: str, preset: str = "tiny", **overrides: Any) -> Any:
+    """The config of ``model`` at ``preset`` with ``overrides`` applied; unknown names are errors."""
+    return model_entry(model).config(preset, **overrides)
+
+
+# The one place that names each built-in model: its class, config, presets and plain-torch twin.
+for _name, _config in (("vit", ViTConfig), ("unet", UNetConfig), ("weathermixer", WeatherMixerConfig)):
+    _cls = _config.__name__.removesuffix("Config")
+    register_model(
+        _name,
+        f"jigsaw_earth.models.{_name}:{_cls}",
+        _config,
+        PRESETS[_name],
+        twin=f"jigsaw_earth.twins.models:Plain{_cls}",
     )
