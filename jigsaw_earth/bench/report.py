@@ -6,6 +6,7 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from .scaling_report import scaling_markdown
 from .strategy_report import strategies_markdown
 
 __all__ = ["format_table", "load_results", "markdown"]
@@ -110,8 +111,6 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
             out += strategies_markdown(path, data)
             continue
         if data.get("kind") == "scaling":
-            from ..commands.bench_scaling import scaling_markdown
-
             out += scaling_markdown(path, data)
             continue
         meta = data["meta"]
