@@ -12,8 +12,7 @@ from ..distributed.comm import ledger
 from ..distributed.mesh import DomainMesh, parse_mesh
 from ..distributed.spawn import spawn
 from ..layers.base import Domain, init_model, local_domain
-from ..twins.check import twin_errors
-from ..twins.load import load_jigsaw
+from ..twins import plain, twin_errors
 from ..validation.layer_harness import scatter_tile
 from .cases import Case, layer_cases, model_cases, select
 from .measure import Step, peak_bytes, time_pair
@@ -50,7 +49,7 @@ def check_case(case: Case, jig: torch.nn.Module, twin: torch.nn.Module, inputs, 
 
 def run_case(case: Case, repeats: int, device: str, dtype: str, tolerance: float) -> dict:
     jig = init_model(case.jigsaw(local_domain(*case.grid)), 0)
-    twin = copy.deepcopy(jig) if "same" in case.tags else load_jigsaw(case.twin(), jig)
+    twin = copy.deepcopy(jig) if "same" in case.tags else plain(jig)
     inputs = case.inputs()
     check = check_case(case, jig, twin, inputs, tolerance)
     jig, twin = jig.to(device), twin.to(device)
