@@ -63,3 +63,17 @@ def test_bench_errors_are_clear(tmp_path, capsys):
     bad.write_text("{}")
     assert main(["bench", "report", str(bad)]) == 2
     assert "holds no bench results" in capsys.readouterr().err
+
+
+def test_bench_models_parts_time_each_layer(tmp_path, capsys):
+    data = _bench(tmp_path, "models", "--only", "weathermixer", "--meshes", "1x2", "--parts")
+    parts = data["results"][0]["parts"]
+    assert list(parts) == ["jigsaw", "twin", "1x2 rank 0"]
+    for column in parts.values():
+        fwd = column["forward"]
+        assert {"embed", "blocks.*.token_mixing", "blocks.*.channel_mixing", "recover", "other"} <= set(fwd)
+        assert fwd["total"] > 0 and column["backward"]["total"] > 0
+        assert sum(v for k, v in fwd.items() if k != "total") == pytest.approx(fwd["total"])
+    capsys.readouterr()
+    assert main(["bench", "layers", "--quick", "--parts", "--meshes", "none"]) == 2
+    assert "--parts times the layers of a model" in capsys.readouterr().err

@@ -6,10 +6,11 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+from .parts import part_rows
 from .scaling_report import scaling_markdown
 from .strategy_report import strategies_markdown
 
-__all__ = ["format_table", "load_results", "markdown"]
+__all__ = ["format_parts", "format_table", "load_results", "markdown"]
 
 HEADER = ("case", "jigsaw ms", "twin ms", "ratio median [min-max]", "CPU ratio", "memory ratio")
 
@@ -45,6 +46,21 @@ def format_table(results: Sequence[dict]) -> str:
     rows = [header, *_rows(results, meshes)]
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def format_parts(parts: dict) -> str:
+    """Fixed-width table of one case's time per layer (``bench/parts.py``)."""
+    header, body = part_rows(parts)
+    rows = [header, *body]
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)) for row in rows)
+
+
+def _md_parts(r: dict) -> list[str]:
+    header, rows = part_rows(r["parts"])
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join((f"`{row[0]}`", *row[1:])) + " |" for row in rows]
+    return ["", f"Time by layer of `{r['name']}` (ms per step, median; `--parts`):", "", *lines]
 
 
 def load_results(path: Path) -> dict:
@@ -131,4 +147,6 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
         for kind, results in kinds.items():
             cases = "; ".join(f"`{r['name']}` {r['note']} on {r['grid'][0]}x{r['grid'][1]}" for r in results)
             out += ["", f"### {kind}", "", *_md_table(results), "", f"Cases: {cases}."]
+            for r in results:
+                out += _md_parts(r) if "parts" in r else []
     return "\n".join(out) + "\n"
