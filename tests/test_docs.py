@@ -32,6 +32,8 @@ NARRATION = {
     "used to": r"\bused to (be|take|run|read|write|send)\b",
     "the former …": r"\b(the former(?! and\b| or\b)|formerly)\b",
     "was changed": r"\b(was|were) changed\b",
+    "as before": r"\bas before\b",
+    "a figure labelled before": r"^\|\s*[`*]*(before|after|old|new)\b|\bbefore: old\b",
 }
 _START = r"(?<![\w.~$-])"
 ABSOLUTE = _START + r"/(root|home|work)\b|" + _START + r"/tmp/\S*\.(json|md|log|txt|csv|png|zarr|nc|pt)\b"
@@ -97,6 +99,8 @@ def test_the_path_pattern_is_precise(line, bad):
         ("| time before → after |", "before → after"),
         ("the training figures of the first round", "this/last/previous stop or round"),
         ("the former two-pass autograd graph", "the former …"),
+        ("| before: old `ring_attention` / SDPA | 3.26 |", "a figure labelled before"),
+        ("NCCL runs use the process group as before.", "as before"),
     ],
 )
 def test_the_narration_patterns_catch_what_the_docs_wrote(line, what):
