@@ -13,8 +13,8 @@ from __future__ import annotations
 from torch import nn
 
 from .common import Forecaster, assemble_inputs, position_encoding
-from .presets import PRESETS, UNetConfig, ViTConfig, WeatherMixerConfig, make_config
-from .registry import build_model, model_entry, model_from_config, model_names, register_model
+from .presets import PRESETS, UNetConfig, ViTConfig, WeatherMixerConfig
+from .registry import build_model, make_config, model_entry, model_from_config, model_names, register_model
 
 __all__ = [
     "MODELS",

@@ -11,9 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .registry import model_entry, register_model
-
-__all__ = ["PRESETS", "UNetConfig", "ViTConfig", "WeatherMixerConfig", "make_config"]
+__all__ = ["PRESETS", "UNetConfig", "ViTConfig", "WeatherMixerConfig"]
 
 
 @dataclass(frozen=True)
@@ -138,20 +136,3 @@ PRESETS: dict[str, dict[str, dict[str, Any]]] = {
         "paper-1.1b": dict(embed_dim=4896, **_PAPER),
     },
 }
-
-
-# The one place that names each built-in model: its class, config, presets and plain-torch twin.
-for _name, _config in (("vit", ViTConfig), ("unet", UNetConfig), ("weathermixer", WeatherMixerConfig)):
-    _cls = _config.__name__.removesuffix("Config")
-    register_model(
-        _name,
-        f"jigsaw_earth.models.{_name}:{_cls}",
-        _config,
-        PRESETS[_name],
-        twin=f"jigsaw_earth.twins.models:Plain{_cls}",
-    )
-
-
-def make_config(model: str, preset: str = "tiny", **overrides: Any) -> Any:
-    """The config of ``model`` at ``preset`` with ``overrides`` applied; unknown names are errors."""
-    return model_entry(model).config(preset, **overrides)

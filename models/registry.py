@@ -1,10 +1,11 @@
 """One registry of forecast models: a name → the model class, its config dataclass and its presets.
 
 Everything that needs a model by name — the config schema, ``train``, ``predict``, resume,
-``export``, ``plan``, ``model summary``, the validator, the bench and the plain-torch twins —
-asks this registry. A model enters it in one of three ways:
+``export``, ``plan``, ``model summary``, the validator and the bench — asks this registry. A
+model enters it in one of three ways:
 
-* ``register_model(name, model_cls, config_cls, presets)`` (the built-ins, in ``presets.py``);
+* ``register_model(name, model_cls, config_cls, presets)`` (the built-ins, at the end of this
+  module, with their configs and presets from ``presets.py``);
 * an installed package's entry point in the group ``jigsaw_earth.models``: the entry point's name
   is the model name and its object a model class (with ``config_cls`` and ``presets`` attributes,
   as below) or a function that calls ``register_model`` itself;
@@ -31,10 +32,13 @@ from typing import Any
 
 from torch import nn
 
+from .presets import PRESETS, UNetConfig, ViTConfig, WeatherMixerConfig
+
 __all__ = [
     "ENTRY_POINT_GROUP",
     "ModelEntry",
     "build_model",
+    "make_config",
     "model_entry",
     "model_from_config",
     "model_names",
@@ -74,25 +78,18 @@ def _import(path: str, what: str) -> Any:
 
 @dataclass
 class ModelEntry:
-    """A registered model. ``model_cls`` and ``twin`` may be ``package.module:Class`` (imported on use)."""
+    """A registered model. ``model_cls`` may be ``package.module:Class`` (imported on use)."""
 
     name: str
     model_cls: type[nn.Module] | str
     config_cls: type | None
     presets: Mapping[str, Mapping[str, Any]]
-    twin: type[nn.Module] | str | None = None
 
     def cls(self) -> type[nn.Module]:
         """The model class (imported on first use: each model pulls in its own layers)."""
         if isinstance(self.model_cls, str):
             self.model_cls = _import(self.model_cls, f"model {self.name}")
         return self.model_cls
-
-    def twin_cls(self) -> type[nn.Module] | None:
-        """The plain-torch twin (``jigsaw_earth.twins``) if the model has one."""
-        if isinstance(self.twin, str):
-            self.twin = _import(self.twin, f"twin of model {self.name}")
-        return self.twin
 
     @property
     def default_preset(self) -> str:
@@ -145,11 +142,10 @@ def _entry(
     model_cls: type[nn.Module] | str,
     config_cls: type | None,
     presets: Mapping[str, Mapping[str, Any]] | None,
-    twin: type[nn.Module] | str | None = None,
 ) -> ModelEntry:
     if config_cls is not None and not dataclasses.is_dataclass(config_cls):
         raise ValueError(f"model {name}: config_cls {config_cls!r} must be a dataclass")
-    entry = ModelEntry(name, model_cls, config_cls, dict(presets or {"default": {}}), twin)
+    entry = ModelEntry(name, model_cls, config_cls, dict(presets or {"default": {}}))
     for preset, values in entry.presets.items():
         unknown = [k for k in values if k not in entry.fields]
         if unknown:
@@ -162,8 +158,6 @@ def register_model(
     model_cls: type[nn.Module] | str,
     config_cls: type | None = None,
     presets: Mapping[str, Mapping[str, Any]] | None = None,
-    *,
-    twin: type[nn.Module] | str | None = None,
 ) -> ModelEntry:
     """Add a model under ``name`` (registering the same name again must name the same class)."""
     if not name[:1].isalpha() or not name.replace("_", "").replace("-", "").isalnum():
@@ -173,7 +167,7 @@ def register_model(
         raise ValueError(
             f"model name {name!r} is already registered for {old.model_cls!r}; pick another name"
         )
-    _REGISTRY[name] = _entry(name, model_cls, config_cls, presets, twin)
+    _REGISTRY[name] = _entry(name, model_cls, config_cls, presets)
     return _REGISTRY[name]
 
 
@@ -204,8 +198,6 @@ def _load_entry_points() -> None:
 
 def model_names() -> tuple[str, ...]:
     """Registered model names: the built-ins first, then installed entry points."""
-    from . import presets  # noqa: F401  (registers the built-ins)
-
     _load_entry_points()
     return tuple(_REGISTRY)
 
@@ -245,3 +237,14 @@ def model_from_config(model_cfg: Any, domain: Any, n_state: int, n_static: int, 
     return build_model(
         model_cfg.name, domain, n_state, n_static, n_time, model_cfg.preset, **model_cfg.overrides
     )
+
+
+def make_config(model: str, preset: str = "tiny", **overrides: Any) -> Any:
+    """The config of ``model`` at ``preset`` with ``overrides`` applied; unknown names are errors."""
+    return model_entry(model).config(preset, **overrides)
+
+
+# The one place that names each built-in model: its class, config and presets.
+for _name, _config in (("vit", ViTConfig), ("unet", UNetConfig), ("weathermixer", WeatherMixerConfig)):
+    _cls = _config.__name__.removesuffix("Config")
+    register_model(_name, f"jigsaw_earth.models.{_name}:{_cls}", _config, PRESETS[_name])

@@ -1,7 +1,7 @@
 """The recommendation tables of docs/plan.md: 0.25° WeatherMixer 1b and 3b on 4, 16 and 256
 GPUs of 80 GB, with `jigsaw-earth plan`'s defaults. Prints markdown; paste it over the section.
 
-    python scripts/plan_docs.py > /tmp/recommendations.md
+    python scripts/plan_docs.py > recommendations.md
 """
 
 from __future__ import annotations

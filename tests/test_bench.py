@@ -63,3 +63,29 @@ def test_bench_errors_are_clear(tmp_path, capsys):
     bad.write_text("{}")
     assert main(["bench", "report", str(bad)]) == 2
     assert "holds no bench results" in capsys.readouterr().err
+
+
+def test_bench_models_parts_time_each_layer(tmp_path, capsys):
+    data = _bench(tmp_path, "models", "--only", "weathermixer", "--meshes", "1x2", "--parts")
+    parts = data["results"][0]["parts"]
+    assert list(parts) == ["jigsaw", "twin", "1x2 rank 0"]
+    for column in parts.values():
+        fwd = column["forward"]
+        assert {"embed", "blocks.*.token_mixing", "blocks.*.channel_mixing", "recover", "other"} <= set(fwd)
+        assert fwd["total"] > 0 and column["backward"]["total"] > 0
+        assert sum(v for k, v in fwd.items() if k != "total") == pytest.approx(fwd["total"])
+    capsys.readouterr()
+    assert main(["bench", "layers", "--quick", "--parts", "--meshes", "none"]) == 2
+    assert "--parts times the layers of a model" in capsys.readouterr().err
+
+
+def test_bench_report_renders_bench_io_runs(tmp_path):
+    method = {"ms": 20.0, "x_raw": 0.62, "x_tensorstore": 0.29}
+    result = {"rank": 0, "read_threads": 2, "methods": {"reader": method}}
+    runs = [{"store": "rows.zarr", "mesh": "2x2", "ranks": "0", "cache": "warm", "read_threads": 2,
+             "repeats": 7, "results": [result]}]  # fmt: skip
+    path = tmp_path / "io.json"
+    path.write_text(json.dumps(runs))
+    out = tmp_path / "benchmarks.md"
+    assert main(["bench", "report", str(path), "--out", str(out)]) == 0
+    assert "| `rows.zarr` | 2x2 | 0 | warm | 2/2 | 7 | 0 | 20.0 | - |" in out.read_text()

@@ -148,6 +148,37 @@ def test_cuda_kernels_plumbing_on_fake_tensors(kernel, dtype):
         assert [g.shape[2] for g in grads] == [40, 17, 17] and all(g.dtype == dtype for g in grads)
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize(
+    "kernel, dtype, tokens, head_dim, block, tol",
+    [
+        ("flash_cuda", torch.bfloat16, 2048, 64, 512, 2e-2),
+        ("flash_cuda", torch.float16, 1000, 32, 300, 5e-3),
+        ("efficient_cuda", torch.float32, 2048, 64, 512, 1e-5),
+        ("efficient_cuda", torch.float32, 999, 32, 250, 1e-5),
+        ("math", torch.float32, 1024, 40, 256, 1e-5),
+        (None, torch.float32, 777, 36, 200, 1e-5),  # the default choice for an odd head size
+    ],
+)
+def test_cuda_kernels_match_fp64_sdpa(kernel, dtype, tokens, head_dim, block, tol):
+    """On one GPU, ``block`` splits the keys into blocks merged through their log-sum-exp exactly as
+    the ring merges other ranks' blocks: every CUDA kernel (forward, backward with the global output
+    and log-sum-exp, merging) against fp64 SDPA, without a second GPU."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (
+        torch.randn(2, 4, tokens, head_dim, device="cuda", generator=gen, dtype=dtype).requires_grad_()
+        for _ in range(3)
+    )
+    dout = torch.randn(q.shape, device="cuda", generator=gen, dtype=dtype)
+    out = ring_attention(q, k, v, DomainMesh(MeshShape()).domain, [tokens], block=block, kernel=kernel)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref = F.scaled_dot_product_attention(qd, kd, vd)
+    ref_grads = torch.autograd.grad(ref, (qd, kd, vd), dout.double())
+    for got, want in zip((out, *grads), (ref, *ref_grads), strict=True):
+        assert ((got.double() - want).abs().max() / want.abs().max()).item() <= tol
+
+
 def test_ring_bf16_autocast_keeps_fp32_statistics():
     axis = DomainMesh(MeshShape()).domain
     q, k, v = (t.detach().mul(4).requires_grad_(True) for t in _qkv())  # large logits

@@ -1,6 +1,7 @@
 """What ``jigsaw-earth bench layers`` and ``bench models`` measure: each case builds a jigsaw
-module on a domain, its plain twin, and the global inputs (default sizes from issue 9's table;
-``quick`` sizes for CI; ``large`` sizes for a GPU, where the default ones measure launch overhead)."""
+module on a domain (its plain twin is derived from it on one rank: ``twins.plain``) and the
+global inputs (default sizes; ``quick`` sizes for CI; ``large`` sizes for a GPU, where the
+default ones measure launch overhead)."""
 
 from __future__ import annotations
 
@@ -21,15 +22,14 @@ __all__ = ["LAYER_CASES", "MODEL_CASES", "Case", "select"]
 
 @dataclass(frozen=True)
 class Case:
-    """``jigsaw(domain)`` and ``twin()`` on ``grid``; ``inputs(batch)`` are the global tensors and
-    ``layouts`` says how each is split over a mesh (``field``, ``tokens``, ``static`` or ``whole``);
-    the tag ``serial`` keeps a case off the meshes; ``same`` times a deep copy of the module as the
-    twin (the noise floor)."""
+    """``jigsaw(domain)`` on ``grid``; ``inputs(batch)`` are the global tensors and ``layouts`` says
+    how each is split over a mesh (``field``, ``tokens``, ``static`` or ``whole``); the tag
+    ``serial`` keeps a case off the meshes; ``same`` times a deep copy of the module as the twin
+    (the noise floor)."""
 
     name: str
     grid: tuple[int, int]
     jigsaw: Callable[[Domain], nn.Module]
-    twin: Callable[[], nn.Module]
     shapes: tuple[tuple[int, ...], ...]
     layouts: tuple[str, ...]
     note: str = ""
@@ -40,12 +40,12 @@ class Case:
         return [torch.randn(s, generator=gen) for s in self.shapes]
 
 
-def _field(name, grid, c, jig, twin, note, b=1) -> Case:
-    return Case(name, grid, jig, twin, ((b, c, *grid),), ("field",), note)
+def _field(name, grid, c, jig, note, b=1) -> Case:
+    return Case(name, grid, jig, ((b, c, *grid),), ("field",), note)
 
 
-def _tokens(name, grid, c, jig, twin, note, b=1) -> Case:
-    return Case(name, grid, jig, twin, ((b, *grid, c),), ("tokens",), note)
+def _tokens(name, grid, c, jig, note, b=1) -> Case:
+    return Case(name, grid, jig, ((b, *grid, c),), ("tokens",), note)
 
 
 SIZES = ("quick", "default", "large")
@@ -53,7 +53,7 @@ SIZES = ("quick", "default", "large")
 # size: (field grid, conv channels, token grid, token channels, small token grid, patch input channels)
 _LAYER_SIZES = {
     "quick": ((16, 32), 8, (8, 16), 16, (4, 8), 4),
-    "default": ((64, 128), 64, (32, 64), 128, (16, 32), 32),  # issue 9's table
+    "default": ((64, 128), 64, (32, 64), 128, (16, 32), 32),
     "large": ((256, 512), 128, (64, 128), 256, (32, 64), 64),  # 8192 / 2048 tokens
 }
 
@@ -64,7 +64,7 @@ def _check_size(size: str) -> None:
 
 
 def layer_cases(size: str = "default") -> list[Case]:
-    """Default: issue 9's sizes. Quick: the same layers, small (CI smoke). Large: for a GPU."""
+    """Default sizes; quick: the same layers, small (CI smoke); large: for a GPU."""
     _check_size(size)
     quick = size == "quick"
     g, c, t, d, t512, cin = _LAYER_SIZES[size]
@@ -73,36 +73,34 @@ def layer_cases(size: str = "default") -> list[Case]:
     coarse = (g[0] // 2, g[1] // 2)
     cases = [
         _field(f"conv2d_{m}", g, c, lambda dm, m=m: J.Conv2d(dm, c, c, 3, lat_mode=m),
-               lambda m=m: T.Conv2d(c, c, 3, lat_mode=m), f"k3 {c}->{c}, lon periodic, lat {m}")
+               f"k3 {c}->{c}, lon periodic, lat {m}")
         for m in ("zeros", "pole")
     ]  # fmt: skip
     for n, tg in ((t512[0] * t512[1], t512), (t[0] * t[1], t)):
         cases.append(_tokens(f"global_attention_{n}", tg, d, lambda dm: J.GlobalAttention(dm, d, 4),
-                             lambda: T.GlobalAttention(d, 4), f"{n} tokens, dim {d}, 4 heads"))  # fmt: skip
+                             f"{n} tokens, dim {d}, 4 heads"))  # fmt: skip
+    groups = 4 if quick else 16
     cases += [
-        _field("group_norm", g, c, lambda dm: J.GroupNorm(dm, 4 if quick else 16, c),
-               lambda: T.GroupNorm(4 if quick else 16, c), f"{4 if quick else 16} groups, {c} channels"),
+        _field("group_norm", g, c, lambda dm: J.GroupNorm(dm, groups, c), f"{groups} groups, {c} channels"),
         _field("patch_embed", g, cin, lambda dm: J.PatchEmbed(dm, cin, d, p, lat_mode="pole"),
-               lambda: T.PatchEmbed(g, cin, d, p, lat_mode="pole"), f"{cin}->{d}, patch {p}, pole"),
+               f"{cin}->{d}, patch {p}, pole"),
         _tokens("patch_recovery", tok, d, lambda dm: J.PatchRecovery(dm, d, cin, p, out_grid=g),
-                lambda: T.PatchRecovery(d, cin, p, None, g), f"{d}->{cin}, patch {p}"),
+                f"{d}->{cin}, patch {p}"),
         _field("downsample", g, c, lambda dm: J.Downsample(dm, c, 2 * c, lat_mode="pole"),
-               lambda: T.Downsample(c, 2 * c, lat_mode="pole"), f"conv k3 stride 2, {c}->{2 * c}"),
+               f"conv k3 stride 2, {c}->{2 * c}"),
         _field("upsample", coarse, 2 * c, lambda dm: J.Upsample(dm, 2 * c, c, out_grid=g),
-               lambda: T.Upsample(coarse, 2 * c, c, out_grid=g), f"transposed k2 s2, {2 * c}->{c}"),
-        _tokens("linear", t, d, lambda dm: J.Linear(dm, d, d), lambda: T.Linear(d, d), f"{d}->{d}"),
-        _tokens("mlp", t, d, lambda dm: J.MLP(dm, d, 4 * d), lambda: T.MLP(d, 4 * d), f"{d}->{4 * d}->{d}"),
+               f"transposed k2 s2, {2 * c}->{c}"),
+        _tokens("linear", t, d, lambda dm: J.Linear(dm, d, d), f"{d}->{d}"),
+        _tokens("mlp", t, d, lambda dm: J.MLP(dm, d, 4 * d), f"{d}->{4 * d}->{d}"),
         _tokens("token_mixing", t, d, lambda dm: J.TokenMixing(dm, t[0] * t[1] // 4),
-                lambda: T.TokenMixing(t, t[0] * t[1] // 4), f"{t[0] * t[1]} tokens -> {t[0] * t[1] // 4}"),
-        _tokens("layer_norm", t, d, lambda dm: J.LayerNorm(dm, d), lambda: T.LayerNorm(d), f"{d} channels"),
+                f"{t[0] * t[1]} tokens -> {t[0] * t[1] // 4}"),
+        _tokens("layer_norm", t, d, lambda dm: J.LayerNorm(dm, d), f"{d} channels"),
         _tokens("local_attention", t, d, lambda dm: J.LocalAttention(dm, d, 4, 1, "pole"),
-                lambda: T.LocalAttention(t, d, 4, 1, "pole"), f"3x3 window, dim {d}, 4 heads, pole"),
+                f"3x3 window, dim {d}, 4 heads, pole"),
     ]  # fmt: skip
     # the same plain module against itself: the noise floor of the run (ratios ~1 by construction)
     note = f"twin MLP {d}->{4 * d}->{d} timed against itself"
-    same = Case(
-        "noise_floor", t, lambda dm: T.MLP(d, 4 * d), lambda: T.MLP(d, 4 * d), ((1, *t, d),), ("tokens",)
-    )
+    same = Case("noise_floor", t, lambda dm: T.plain(J.MLP(dm, d, 4 * d)), ((1, *t, d),), ("tokens",))
     cases.append(dataclasses.replace(same, note=note, tags=("serial", "same")))
     return cases
 
@@ -142,7 +140,6 @@ def model_cases(size: str = "default") -> list[Case]:
                 name,
                 g,
                 lambda dm, n=name, o=o, p=preset: build_model(n, dm, N_STATE, N_STATIC, N_TIME, p, **o),
-                lambda n=name, g=g, o=o, p=preset: T.build_twin(n, g, N_STATE, N_STATIC, N_TIME, p, **o),
                 ((1, N_STATE, *g), (N_STATIC, *g), (1, N_TIME)),
                 ("field", "static", "whole"),
                 f"{preset} preset with {desc}; {N_STATE} state, {N_STATIC} static, {N_TIME} time channels",

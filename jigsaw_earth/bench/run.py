@@ -12,11 +12,11 @@ from ..distributed.comm import ledger
 from ..distributed.mesh import DomainMesh, parse_mesh
 from ..distributed.spawn import spawn
 from ..layers.base import Domain, init_model, local_domain
-from ..twins.check import twin_errors
-from ..twins.load import load_jigsaw
+from ..twins import plain, twin_errors
 from ..validation.layer_harness import scatter_tile
 from .cases import Case, layer_cases, model_cases, select
 from .measure import Step, peak_bytes, time_pair
+from .parts import layer_paths, part_times
 
 __all__ = ["check_case", "mesh_figures", "run_cases"]
 
@@ -48,9 +48,11 @@ def check_case(case: Case, jig: torch.nn.Module, twin: torch.nn.Module, inputs, 
     return {"max_error": judged[worst], "worst": worst, "dead_parameters": dead}
 
 
-def run_case(case: Case, repeats: int, device: str, dtype: str, tolerance: float) -> dict:
+def run_case(
+    case: Case, repeats: int, device: str, dtype: str, tolerance: float, parts: bool = False
+) -> dict:
     jig = init_model(case.jigsaw(local_domain(*case.grid)), 0)
-    twin = copy.deepcopy(jig) if "same" in case.tags else load_jigsaw(case.twin(), jig)
+    twin = copy.deepcopy(jig) if "same" in case.tags else plain(jig)
     inputs = case.inputs()
     check = check_case(case, jig, twin, inputs, tolerance)
     jig, twin = jig.to(device), twin.to(device)
@@ -58,6 +60,12 @@ def run_case(case: Case, repeats: int, device: str, dtype: str, tolerance: float
     a, b = Step(jig, inputs, DTYPES[dtype]), Step(twin, inputs, DTYPES[dtype])
     timing = time_pair(a, b, repeats, device)
     mem_a, mem_b = peak_bytes(a, device), peak_bytes(b, device)
+    if parts:  # the twin has the jigsaw model's module paths
+        paths = layer_paths(jig)
+        parts_ms = {
+            k: part_times(m, inputs, paths, repeats, DTYPES[dtype], device)
+            for k, m in (("jigsaw", jig), ("twin", twin))
+        }
     return {
         "name": case.name,
         "note": case.note,
@@ -66,11 +74,15 @@ def run_case(case: Case, repeats: int, device: str, dtype: str, tolerance: float
         **timing,
         "memory": {"jigsaw_bytes": mem_a, "twin_bytes": mem_b, "ratio": mem_a / mem_b},
         "meshes": {},
+        **({"parts": parts_ms} if parts else {}),
     }
 
 
-def _mesh_worker(mesh: DomainMesh, kind: str, size: str, names: list[str], dtype: str) -> list[dict]:
-    """On every rank: per case, this rank's peak bytes of one step and the bytes it sent."""
+def _mesh_worker(
+    mesh: DomainMesh, kind: str, size: str, names: list[str], dtype: str, part_steps: int = 0
+) -> list[dict]:
+    """On every rank: per case, this rank's peak bytes of one step and the bytes it sent (and, with
+    ``part_steps``, its time per part)."""
     out = []
     for case in cases_for(kind, size, names):
         domain = Domain.create(mesh, *case.grid)
@@ -90,12 +102,17 @@ def _mesh_worker(mesh: DomainMesh, kind: str, size: str, names: list[str], dtype
         ledger.reset()
         peak = peak_bytes(step)
         out.append({"name": case.name, "peak_bytes": peak, "bytes_sent": ledger.bytes_sent})
+        if part_steps:
+            out[-1]["parts"] = part_times(module, tiles, layer_paths(module), part_steps, DTYPES[dtype])
     return out
 
 
-def mesh_figures(kind: str, size: str, names: list[str], mesh: str, dtype: str) -> dict[str, dict]:
-    """``{case: {peak_bytes_max, bytes_sent_max, bytes_sent_total}}`` over the ranks of ``mesh``."""
-    ranks = spawn(parse_mesh(mesh), _mesh_worker, kind, size, names, dtype)
+def mesh_figures(
+    kind: str, size: str, names: list[str], mesh: str, dtype: str, part_steps: int = 0
+) -> dict[str, dict]:
+    """``{case: {peak_bytes_max, bytes_sent_max, bytes_sent_total[, parts of rank 0]}}`` over the
+    ranks of ``mesh``."""
+    ranks = spawn(parse_mesh(mesh), _mesh_worker, kind, size, names, dtype, part_steps)
     figures = {}
     for i, name in enumerate(names):
         per_rank = [r[i] for r in ranks]
@@ -104,6 +121,7 @@ def mesh_figures(kind: str, size: str, names: list[str], mesh: str, dtype: str) 
             "peak_bytes_mean": sum(r["peak_bytes"] for r in per_rank) / len(per_rank),
             "bytes_sent_max": max(r["bytes_sent"] for r in per_rank),
             "bytes_sent_total": sum(r["bytes_sent"] for r in per_rank),
+            **({"parts": per_rank[0]["parts"]} if part_steps else {}),
         }
     return figures
 
@@ -117,20 +135,24 @@ def run_cases(
     dtype: str,
     meshes: list[str],
     tolerance: float,
+    parts: bool = False,
 ) -> list[dict]:
+    """Every case of ``kind``; ``parts``: also each case's time per layer (``bench/parts.py``)."""
     results = []
     for case in cases_for(kind, size, only):
         log.info("bench %s: %s (%s)", kind, case.name, case.note)
-        results.append(run_case(case, repeats, device, dtype, tolerance))
+        results.append(run_case(case, repeats, device, dtype, tolerance, parts))
     names = [c.name for c in cases_for(kind, size, only) if "serial" not in c.tags]
     one_rank = {}
     for mesh in meshes if names else []:
         log.info("bench %s: per-rank memory and bytes on %s", kind, mesh)
-        figures = mesh_figures(kind, size, names, mesh, dtype)
+        figures = mesh_figures(kind, size, names, mesh, dtype, repeats if parts else 0)
         for r in results:
             if r["name"] not in figures:
                 continue
             f = figures[r["name"]]
+            if parts:
+                r["parts"][f"{mesh} rank 0"] = f.pop("parts")
             if r["name"] not in one_rank:  # the one-rank figure on CPU, measured like the ranks'
                 one_rank[r["name"]] = mesh_figures(kind, size, [r["name"]], "1x1", dtype)[r["name"]]
             base = one_rank[r["name"]]["peak_bytes_max"]

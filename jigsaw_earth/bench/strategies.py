@@ -41,11 +41,13 @@ from ..distributed.comm import ledger
 from ..distributed.mesh import DomainMesh, MeshShape
 from ..layers.base import Domain, init_model, local_domain
 from ..models import build_model
+from ..models.unet import ConvBlock
+from ..models.vit import TransformerBlock
+from ..models.weathermixer import MixerBlock
 from ..sphere import grid_latitudes, latitude_weights
 from ..training.loss import weighted_sq_error
 from ..training.optim import clip_grad_norm, replication_weights, sync_gradients
-from ..twins import MLP, TokenMixing, build_twin, load_jigsaw
-from ..twins.models import ConvBlock, MixerBlock, TransformerBlock
+from ..twins import MLP, TokenMixing, build_twin, plain
 from .comm_count import CommCount, CountFunctional, count_c10d, ddp_counting_hook, ring_bytes
 
 __all__ = ["STRATEGIES", "Problem", "Runner", "build_runner", "domain_shape"]
@@ -74,10 +76,7 @@ class Problem:
 
     def twin(self) -> nn.Module:
         """The plain twin holding the same weights as the jigsaw model (seeded, mesh-invariant)."""
-        net = build_twin(
-            self.model, self.grid, self.n_state, self.n_static, N_TIME, self.preset, **self.overrides
-        )
-        return load_jigsaw(net, self.jigsaw(local_domain(*self.grid)))
+        return plain(self.jigsaw(local_domain(*self.grid)))
 
     def sample(self, i: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Global sample ``i``: state ``(C, H, W)``, target ``(C, H, W)``, time features ``(4,)``."""

@@ -244,7 +244,7 @@ def _next_q(tried: dict[int, int], q: int, budget: int) -> int | None:
 
 def default_unit(problem: Problem, world: int) -> int:
     """Grid rows step: a multiple of the patch and the mesh's lat split (and 2 for U-Net levels)."""
-    from ..models.presets import make_config
+    from ..models import make_config
 
     cfg = make_config(problem.model, problem.preset, **problem.overrides)
     patch = getattr(cfg, "stride", None) or getattr(cfg, "patch", 1)

@@ -2,7 +2,8 @@
 
 * ``bench layers`` / ``bench models``: equality check, then one-rank forward + backward time
   (interleaved with the twin), peak memory, and per-rank memory and bytes on ``--meshes``;
-  prints a table and writes JSON (``--json``).
+  prints a table and writes JSON (``--json``). ``--parts`` (models): the time of each layer of
+  the model and of its twin, and of rank 0 on each mesh (``bench/parts.py``).
 * ``bench report JSON... --out docs/benchmarks.md``: the markdown tables from those JSON files.
 * ``bench matmul``: time and bytes of each distributed-matmul strategy on a mesh.
 * ``bench strategies CONFIG --world-size N``: jigsaw against DDP, FSDP2 and tensor parallelism
@@ -67,6 +68,11 @@ def _cases_parser(kinds: argparse._SubParsersAction, name: str, help: str) -> No
     p.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     p.add_argument("--tolerance", type=float, default=1e-4, help="largest fp32 twin error accepted (1e-4)")
     p.add_argument("--repeats", type=int, help="timed repeats (default: layers 7, models 5)")
+    p.add_argument(
+        "--parts",
+        action="store_true",
+        help="models: forward and backward ms of each layer (jigsaw, twin, rank 0 of each mesh)",
+    )
     _json(p)
     p.set_defaults(inputs=[])
 
@@ -251,7 +257,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _run_cases(args: argparse.Namespace) -> int:
     from ..bench.measure import metadata
-    from ..bench.report import format_table
+    from ..bench.report import format_parts, format_table
     from ..bench.run import run_cases
 
     if args.inputs:
@@ -265,6 +271,8 @@ def _run_cases(args: argparse.Namespace) -> int:
         parse_mesh(m)  # fails early on a bad shape
     if args.what == "all" and args.only:
         raise ValueError("--only picks cases of one kind: use it with bench layers or bench models")
+    if args.parts and args.what == "layers":
+        raise ValueError("--parts times the layers of a model: use it with bench models or bench all")
     if args.repeats is not None and args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: use 1 or more")
     size = "quick" if args.quick else args.size
@@ -273,12 +281,16 @@ def _run_cases(args: argparse.Namespace) -> int:
     results = []
     for kind in ("layers", "models") if args.what == "all" else (args.what,):
         repeats = args.repeats or (7 if kind == "layers" else 5)
+        parts = args.parts and kind == "models"
         for r in run_cases(
-            kind, size, parse_list(args.only), repeats, args.device, args.dtype, meshes, args.tolerance
+            kind, size, parse_list(args.only), repeats, args.device, args.dtype, meshes, args.tolerance, parts
         ):
             results.append({"kind": kind, **r})
     meta["load_average_end"] = list(os.getloadavg())
     print(format_table(results))
+    for r in results:
+        if "parts" in r:
+            print(f"\n{r['name']}: ms per step by layer (median of {repeats})\n{format_parts(r['parts'])}")
     if args.json:
         data = {"kind": args.what, "quick": size == "quick", "size": size, "meta": meta, "results": results}
         write_json(args.json, data, "--json", *JSON_KEYS[args.what])

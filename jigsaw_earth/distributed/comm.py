@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
-from .mesh import Axis
+from .axis import Axis
 
 __all__ = [
     "CommLedger",

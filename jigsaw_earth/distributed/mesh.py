@@ -24,6 +24,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..argtypes import parse_ints
 from ..device import default_backend, resolve_device
+from . import comm, shm
+from .axis import Axis
 
 __all__ = ["Axis", "DomainMesh", "MeshShape", "init_mesh", "parse_mesh", "slurm_environment"]
 
@@ -89,28 +91,6 @@ def parse_mesh(text: str) -> MeshShape:
         f"cannot read mesh {text!r}: write LATxLON (e.g. 2x2), DATAxLATxLON (e.g. 2x2x2) or "
         f"DATAxENSEMBLExLATxLON (e.g. 1x2x1x2)"
     )
-
-
-@dataclass(frozen=True)
-class Axis:
-    """One communication axis as seen from this rank.
-
-    ``ranks`` are the global ranks along the axis in axis order, ``index`` is this rank's
-    position. ``group`` is ``None`` when the axis has size 1 (nothing to communicate).
-    """
-
-    name: str
-    ranks: tuple[int, ...]
-    index: int
-    group: dist.ProcessGroup | None
-
-    @property
-    def size(self) -> int:
-        return len(self.ranks)
-
-    def peer(self, offset: int) -> int:
-        """Global rank ``offset`` steps along the axis (cyclically)."""
-        return self.ranks[(self.index + offset) % self.size]
 
 
 class DomainMesh:
@@ -344,8 +324,6 @@ def init_mesh(
 
 
 def _connect_transport(transport: str, device: torch.device, timeout_s: float) -> None:
-    from . import comm, shm
-
     if transport not in ("auto", "backend"):
         raise ValueError(
             f"transport {transport!r}: use auto (shared memory between CPU ranks of one host) "

@@ -31,7 +31,7 @@ from .cost import Cost, gather_bytes, window_bytes
 from .linear import Linear
 from .ring_attention import ring_attention, ring_attention_bytes
 
-__all__ = ["GlobalAttention", "LocalAttention"]
+__all__ = ["GlobalAttention", "LocalAttention", "merge_heads", "neighbourhood_attention", "split_heads"]
 
 
 def _check_heads(dim: int, num_heads: int) -> None:
@@ -40,6 +40,50 @@ def _check_heads(dim: int, num_heads: int) -> None:
             f"dim={dim} must be a positive multiple of num_heads={num_heads}; choose num_heads "
             f"among the divisors of {dim}"
         )
+
+
+def split_heads(t: torch.Tensor, num_heads: int) -> torch.Tensor:
+    """``(B, h, w, C)`` → ``(B, heads, h·w, C / heads)``: a view, no copy (the fused kernels take
+    these strides)."""
+    B, h, w, C = t.shape
+    return t.reshape(B, h * w, num_heads, C // num_heads).transpose(1, 2)
+
+
+def merge_heads(o: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    """``(B, heads, tokens, d)`` → the token tile shape of ``like``, ``(B, h, w, heads·d)``."""
+    return o.transpose(1, 2).reshape(like.shape)
+
+
+def neighbourhood_attention(
+    q: torch.Tensor,
+    kv: torch.Tensor,
+    num_heads: int,
+    radius: int,
+    bias: torch.Tensor | None = None,
+    valid: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each token of ``q (B, h, w, C)`` attends to the ``(2r+1)²`` cells centred on it in ``kv``:
+    K and V stacked on channels, ``(B, 2C, h + 2r, w + 2r)``, padded by ``r`` under the sphere's
+    rules (a halo exchange on a mesh, ``pad_reference`` on one device). ``bias (heads, (2r+1)²)``
+    is added to the scores, ``valid (K, h, 1)`` masks the neighbours beyond a pole. One
+    ``(B, heads, h, w)`` score map per neighbour offset (no K-fold copy of the features); the
+    softmax and the weighted sum accumulate in fp32. Returns ``(B, h, w, C)``."""
+    B, h, w, C = q.shape
+    H, d, r = num_heads, C // num_heads, radius
+    q = q.permute(0, 3, 1, 2).reshape(B, H, d, h, w)
+    kv = kv.reshape(B, 2, H, d, h + 2 * r, w + 2 * r)
+    k, v = kv[:, 0], kv[:, 1]
+    offsets = [(i, j) for i in range(2 * r + 1) for j in range(2 * r + 1)]
+    scores = torch.stack(
+        [(q * k[..., i : i + h, j : j + w]).sum(2, dtype=torch.float32) for i, j in offsets], dim=2
+    ) * (d**-0.5)
+    if bias is not None:
+        scores = scores + bias.float()[None, :, :, None, None]
+    if valid is not None:
+        scores = scores.masked_fill(~valid, float("-inf"))
+    p = torch.softmax(scores, dim=2)
+    out = sum(p[:, :, n : n + 1] * v[..., i : i + h, j : j + w] for n, (i, j) in enumerate(offsets))
+    return out.to(v.dtype).reshape(B, C, h, w).permute(0, 2, 3, 1)  # type: ignore[union-attr]
 
 
 def _check_tokens(x: torch.Tensor, domain: Domain, dim: int, name: str) -> None:
@@ -106,15 +150,10 @@ class GlobalAttention(_Projections):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         _check_tokens(x, self.domain, self.dim, "GlobalAttention")
-        B, h, w, C = x.shape
-        # (B, heads, tokens, head_dim) views, no copies: the fused kernels take these strides
-        q, k, v = (
-            lin(x).reshape(B, h * w, self.num_heads, self.head_dim).transpose(1, 2)
-            for lin in (self.q, self.k, self.v)
-        )
+        q, k, v = (split_heads(lin(x), self.num_heads) for lin in (self.q, self.k, self.v))
         with comm_site("global_attention"):
             o = ring_attention(q, k, v, self.domain.axis, self.areas, block=self.block)
-        return self.proj(o.transpose(1, 2).reshape(B, h, w, C))
+        return self.proj(merge_heads(o, x))
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         """Ring attention between the projections (which price themselves): K/V blocks pass
@@ -195,32 +234,16 @@ class LocalAttention(_Projections):
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """The attention between the projections: token tiles ``(B, h, w, dim)`` in and out."""
-        B, h, w, C = q.shape
-        H, d, r = self.num_heads, self.head_dim, self.radius
         if torch.is_autocast_enabled(q.device.type):  # halo and products in the autocast dtype
             dtype = torch.get_autocast_dtype(q.device.type)
             q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
-        q = q.permute(0, 3, 1, 2).reshape(B, H, d, h, w)
         kv = torch.cat([k, v], dim=-1).permute(0, 3, 1, 2).contiguous()
         with comm_site("local_attention"):
             kv = halo_exchange(kv, self.domain.grid, self.halo, self.domain.axis)
             bias = None
             if self.rel_bias is not None:
                 bias = all_gather(self.rel_bias, self.domain.axis, 1, self.bias_sizes)
-        kv = kv.reshape(B, 2, H, d, h + 2 * r, w + 2 * r)
-        k, v = kv[:, 0], kv[:, 1]
-        offsets = [(i, j) for i in range(2 * r + 1) for j in range(2 * r + 1)]
-        # one (B, H, h, w) score map per neighbour offset: no K-fold copy of the features
-        scores = torch.stack(
-            [(q * k[..., i : i + h, j : j + w]).sum(2, dtype=torch.float32) for i, j in offsets], dim=2
-        ) * (d**-0.5)
-        if bias is not None:
-            scores = scores + bias.float()[None, :, :, None, None]
-        if self.valid is not None:
-            scores = scores.masked_fill(~self.valid, float("-inf"))
-        p = torch.softmax(scores, dim=2)  # fp32: the weighted sum accumulates in fp32
-        out = sum(p[:, :, n : n + 1] * v[..., i : i + h, j : j + w] for n, (i, j) in enumerate(offsets))
-        return out.to(v.dtype).reshape(B, C, h, w).permute(0, 2, 3, 1)  # type: ignore[union-attr]
+        return neighbourhood_attention(q, kv, self.num_heads, self.radius, bias, self.valid)
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         """The K/V halo (width ``r``) and the relative-bias gather; saved: the padded K/V, q and

@@ -43,7 +43,7 @@ from .base import Domain, fill_fan_in_, sharded_parameter
 from .conv import _pair, check_field, conv_strategy
 from .cost import Cost, channel_matmul, gather_bytes, window_bytes
 
-__all__ = ["ConvTranspose2d", "transposed_windows"]
+__all__ = ["ConvTranspose2d", "crop_output", "transposed_windows"]
 
 Pair = tuple[int, int]
 
@@ -61,6 +61,16 @@ def transposed_windows(out_grid: TileGrid, kernel: Pair, stride: Pair, padding: 
         )
         for t in out_grid.tiles()
     )
+
+
+def crop_output(z: torch.Tensor, offset: Pair, shape: Pair) -> torch.Tensor:
+    """``z[..., top : top + h, left : left + w]`` for ``offset = (top, left)`` and ``shape = (h, w)``
+    (zeros where ``z`` ends short): the output tile inside the transposed convolution of its input
+    window, whose point ``t`` is output ``t + lo·s − p``."""
+    (top, left), (h, w) = offset, shape
+    if (top, left, top + h, left + w) == (0, 0, *z.shape[-2:]):
+        return z
+    return F.pad(z, (-left, left + w - z.shape[-1], -top, top + h - z.shape[-2]))
 
 
 class ConvTranspose2d(nn.Module):
@@ -108,6 +118,11 @@ class ConvTranspose2d(nn.Module):
         self.out_domain = domain.resized(*out)
         self.modes: tuple[LatMode, LonMode] = (lat_mode, lon_mode)
         self.windows = transposed_windows(self.out_domain.grid, self.kernel, self.stride, self.padding)
+        tile, window = self.out_domain.tile, self.windows[domain.index]
+        self.offset = tuple(  # where this rank's output tile starts in its window's transposed conv
+            o + p - lo * s
+            for o, p, lo, s in zip((tile.lat_start, tile.lon_start), self.padding, window[::2], self.stride)
+        )
         self.strategy: Strategy = strategy
         start, stop = domain.split(out_ch)
         self.out_sizes = domain.split_sizes(out_ch)
@@ -147,15 +162,7 @@ class ConvTranspose2d(nn.Module):
             if not one_rank and self.bias is not None:
                 (local_bias,) = autocast_operands(self.bias)  # sent in the compute dtype
                 bias = all_gather(local_bias, axis, 0, self.out_sizes).to(z.dtype)
-        # z[t] holds output o = t + lo*s - p; keep o in this rank's tile
-        tile = self.out_domain.tile
-        top = tile.lat_start + self.padding[0] - lat_lo * sh
-        left = tile.lon_start + self.padding[1] - lon_lo * sw
-        h, w_out = tile.shape
-        if (top, left, top + h, left + w_out) == (0, 0, *z.shape[-2:]):
-            y = z
-        else:
-            y = F.pad(z, (-left, left + w_out - z.shape[-1], -top, top + h - z.shape[-2]))
+        y = crop_output(z, self.offset, self.out_domain.tile.shape)
         return y if one_rank or bias is None else y + bias.view(1, -1, 1, 1)
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:

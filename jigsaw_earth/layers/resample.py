@@ -40,7 +40,7 @@ from .conv import Conv2d, check_field
 from .conv_transpose import ConvTranspose2d
 from .cost import Cost, window_bytes
 
-__all__ = ["Downsample", "Upsample", "bilinear_source", "nearest_source"]
+__all__ = ["Downsample", "Upsample", "bilinear_source", "interpolate_window", "nearest_source"]
 
 DownMode = Literal["conv", "avgpool", "maxpool"]
 UpMode = Literal["transposed", "nearest", "bilinear"]
@@ -57,6 +57,23 @@ def bilinear_source(n_in: int, n_out: int) -> tuple[list[int], list[float]]:
     src = [(o + 0.5) * n_in / n_out - 0.5 for o in range(n_out)]
     lower = [math.floor(v) for v in src]
     return lower, [v - i for v, i in zip(src, lower)]
+
+
+def interpolate_window(
+    y: torch.Tensor, mode: str, idx: tuple[torch.Tensor, torch.Tensor], lam: tuple[torch.Tensor, ...] = ()
+) -> torch.Tensor:
+    """Separable nearest or bilinear interpolation of a window ``(..., rows, cols)`` of the input:
+    per dimension the source point of every output point (``idx``, into the window) and, for
+    bilinear, the weight ``lam`` of its upper neighbour."""
+    for dim in (0, 1):
+        axis = -2 + dim
+        if mode == "nearest":
+            y = y.index_select(axis, idx[dim])
+            continue
+        w = lam[dim].to(y.dtype)
+        w = w.view(-1, 1) if dim == 0 else w
+        y = y.index_select(axis, idx[dim]) * (1 - w) + y.index_select(axis, idx[dim] + 1) * w
+    return y
 
 
 class _Pool(nn.Module):
@@ -124,16 +141,8 @@ class _Interpolate(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         modes = self.modes if self.mode == "bilinear" else ("zeros", "zeros")
         y = gather_windows(x, self.domain.grid, self.windows, self.domain.axis, *modes)
-        for dim in (0, 1):
-            axis = -2 + dim
-            idx = getattr(self, f"idx{dim}")
-            if self.mode == "nearest":
-                y = y.index_select(axis, idx)
-                continue
-            lam = getattr(self, f"lam{dim}").to(y.dtype)
-            lam = lam.view(-1, 1) if dim == 0 else lam
-            y = y.index_select(axis, idx) * (1 - lam) + y.index_select(axis, idx + 1) * lam
-        return y
+        lam = (self.lam0, self.lam1) if self.mode == "bilinear" else ()
+        return interpolate_window(y, self.mode, (self.idx0, self.idx1), lam)
 
 
 def _window_cost(

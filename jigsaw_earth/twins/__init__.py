@@ -1,39 +1,28 @@
-"""Plain-PyTorch twins of the jigsaw layers and models (torch.nn only, no mesh).
+"""Plain-PyTorch twins of the jigsaw layers and models: derived from them, computed with torch's ops.
 
-Each twin computes what its jigsaw layer or model computes on one rank, with the native op a
-PyTorch user would call (``F.conv2d`` after sphere padding, ``F.scaled_dot_product_attention``,
-``nn.GroupNorm``, …). ``load_jigsaw(twin, jigsaw_module)`` copies the canonical parameters in.
-They are the baselines of ``jigsaw-earth bench`` and what DDP/FSDP/TP comparisons wrap.
+``plain(module)`` turns a one-rank jigsaw layer or model into its twin, holding its weights:
+each jigsaw layer is swapped for its plain form (``layers.py``), built from the layer's own
+geometry; the models keep their own code. ``build_twin(name, grid, ...)`` does it for a
+registered model. Each layer's maths is therefore written once; the twin is independent of the
+jigsaw layer where that layer computes with its own code (distributed matmuls, convolutions and
+window gathers, ring attention, sharded norms, halo exchanges, mesh-invariant dropout), which the
+twin replaces by the op a PyTorch user would call on the whole field and by the serial
+definitions ``pad_reference`` / ``window_reference``. The twins are the baselines of
+``jigsaw-earth bench`` and what its DDP, FSDP2 and tensor-parallel strategies wrap.
 """
 
-from .attention import GlobalAttention, LocalAttention
-from .conv import Conv2d, ConvTranspose2d, Downsample, PatchEmbed, PatchRecovery, Upsample
-from .dense import MLP, GroupNorm, InstanceNorm, LayerNorm, Linear, TokenMixing
+from .check import twin_errors
+from .derive import build_twin, plain
+from .layers import MLP, PLAIN, TokenMixing
 from .load import canonical_parameters, load_jigsaw
-from .models import PlainForecaster, PlainUNet, PlainViT, PlainWeatherMixer, build_twin
-from .pad import sphere_pad
 
 __all__ = [
     "MLP",
-    "Conv2d",
-    "ConvTranspose2d",
-    "Downsample",
-    "GlobalAttention",
-    "GroupNorm",
-    "InstanceNorm",
-    "LayerNorm",
-    "Linear",
-    "LocalAttention",
-    "PatchEmbed",
-    "PatchRecovery",
-    "PlainForecaster",
-    "PlainUNet",
-    "PlainViT",
-    "PlainWeatherMixer",
+    "PLAIN",
     "TokenMixing",
-    "Upsample",
     "build_twin",
     "canonical_parameters",
     "load_jigsaw",
-    "sphere_pad",
+    "plain",
+    "twin_errors",
 ]

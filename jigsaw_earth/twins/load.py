@@ -1,10 +1,9 @@
 """Copy canonical jigsaw parameters into a plain twin, mapping by module path.
 
-The twins use the jigsaw module paths and parameter names. Where a layout differs, the twin
-module converts in ``canonical_to_twin(name, tensor)``; where a twin keeps a parameter under
-another name (token mixing holds ``nn.Linear`` layers ``fc1``/``fc2`` for jigsaw's ``w1, b1, w2,
-b2``), the module lists ``canonical_names = {twin name: jigsaw name}``. A bias that the jigsaw
-model does not have (a layer built with ``bias=False``) is removed from the twin.
+A twin has the jigsaw module paths and parameter names. Where a layout differs, the twin module
+converts in ``canonical_to_twin(name, tensor)``; where it keeps a parameter under another name
+(token mixing holds ``nn.Linear`` layers ``fc1``/``fc2`` for jigsaw's ``w1, b1, w2, b2``), the
+module lists ``canonical_names = {twin name: jigsaw name}``.
 """
 
 from __future__ import annotations
@@ -57,15 +56,10 @@ def load_jigsaw(twin: nn.Module, source: nn.Module | Mapping[str, torch.Tensor])
     """Copy ``source`` (a one-rank jigsaw module or its canonical tensors) into ``twin``; returns it."""
     canon = dict(canonical_parameters(source) if isinstance(source, nn.Module) else source)
     sources = twin_sources(twin)
-    modules = dict(twin.named_modules())
     used = set()
-    for name, p in list(twin.named_parameters()):
+    for name, p in twin.named_parameters():
         key, convert = sources[name]
         if key not in canon:
-            path, _, leaf = name.rpartition(".")
-            if leaf == "bias":
-                setattr(modules[path], leaf, None)
-                continue
             raise ValueError(f"twin parameter {name!r} has no counterpart {key!r} in the jigsaw model")
         src = canon[key].detach()
         value = convert(src)
