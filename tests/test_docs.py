@@ -31,7 +31,7 @@ NARRATION = {
     "no longer": r"\bno longer\b",
     "used to": r"\bused to (be|take|run|read|write|send)\b",
     "the former …": r"\b(the former(?! and\b| or\b)|formerly)\b",
-    "was changed": r"\b(was|were) changed\b",
+    "was changed": r"(?<!nothing )\b(was|were) changed\b",
     "as before": r"\bas before\b",
     "a figure labelled before": r"^\|\s*[`*]*(before|after|old|new)\b|\bbefore: old\b",
 }
