@@ -5,6 +5,6 @@ store), ``batch.Batch`` / ``batch.VariableSpec`` / ``batch.channel_names``,
 ``geometry.latitude_weights`` (from ``jigsaw_earth.sphere``), ``stats.read_statistics`` /
 ``stats.Normalizer``, ``synth.synth_store``, ``prepare.prepare_store``, ``report.io_report``,
 ``times`` (time axes, periods, time features, the climatology lookup),
-``preflight.store_preflight``. Training batches: ``jigsaw_earth.training.data.TrainData`` (the
+``preflight.store_preflight``. Training batches: ``jigsaw_earth.data.samples.TrainData`` (the
 one pipeline). CLI: ``jigsaw-earth data``.
 """

@@ -1,7 +1,7 @@
 """``store_preflight``: a training config checked against its store before any process starts.
 
 One function, called by ``jigsaw-earth config validate`` (when the store is reachable, or with
-``--store``) and at the start of training (``training.sources.build_data``). It returns every
+``--store``) and at the start of training (``data.sources.build_data``). It returns every
 problem found (an empty list when the store fits the config); each names the config key to
 change and the value that would work:
 

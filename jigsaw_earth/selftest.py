@@ -126,8 +126,8 @@ def tiny_config(root: Path, run: str, device: str, nproc: int) -> dict[str, Any]
 def _train(mesh: Any, raw: dict[str, Any]) -> dict[str, Any]:
     """Train ``raw`` on this process's rank; rank 0's losses per step and validation."""
     from .config import parse_config
+    from .launch import setup_mesh
     from .training.loop import Trainer
-    from .training.runner import setup_mesh
 
     cfg = parse_config(raw)
     mesh = setup_mesh(cfg)

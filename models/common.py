@@ -131,7 +131,7 @@ class Forecaster(nn.Module):
 
     * ``state``: ``(B, n_state, h, w)`` normalised variables × levels;
     * ``static``: ``(n_static, h, w)`` static fields (land–sea mask, orography, …), or
-      ``(B, n_static, h, w)`` per sample (with noise channels, ``training/noise.py``);
+      ``(B, n_static, h, w)`` per sample (with noise channels, ``models/noise.py``);
     * ``time``: ``(B, n_time)`` time features;
     * returns ``(B, n_state, h, w)``: ``state + Δ`` when ``residual`` (the default), else ``Δ``.
 

@@ -152,8 +152,9 @@ def test_gaps_are_listed_kept_and_skipped_only_when_allowed(tmp_path, capsys):
 
 def test_trainer_pairs_inputs_with_targets_by_time_across_gaps():
     """TrainData (training, validation and predict) finds targets by time, not index stride."""
+    from jigsaw_earth.data.samples import MemorySource, TrainData
+
     from jigsaw_earth.distributed.mesh import DomainMesh
-    from jigsaw_earth.training.data import MemorySource, TrainData
 
     times = hours("2020-01-01", np.delete(np.arange(20) * 6, [7]))
     fields = np.random.default_rng(0).normal(size=(len(times), 1, N_LAT, N_LON)).astype(np.float32)
@@ -185,8 +186,9 @@ def test_trainer_pairs_inputs_with_targets_by_time_across_gaps():
 
 def test_prefetch_depth_never_changes_a_batch():
     """Batches read ahead (any depth, jumps as on resume) equal batches read on demand."""
+    from jigsaw_earth.data.samples import MemorySource, TrainData
+
     from jigsaw_earth.distributed.mesh import DomainMesh
-    from jigsaw_earth.training.data import MemorySource, TrainData
 
     times = hours("2020-01-01", np.arange(30) * 6)
     fields = np.random.default_rng(0).normal(size=(len(times), 2, N_LAT, N_LON)).astype(np.float32)

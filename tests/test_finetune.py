@@ -28,6 +28,7 @@ import pytest
 import torch
 import yaml
 from jigsaw_earth.data.batch import STATIC_GEOMETRY, channel_names
+from jigsaw_earth.data.samples import MemorySource, TrainData
 
 from jigsaw_earth.checkpoint import latest_checkpoint
 from jigsaw_earth.checkpoint.transfer import checkpoint_sha256
@@ -37,7 +38,6 @@ from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.spawn import spawn
 from jigsaw_earth.distributed.tiles import TileGrid
 from jigsaw_earth.training import Trainer
-from jigsaw_earth.training.data import MemorySource, TrainData
 
 N_LAT, N_LON, N_TIMES = 8, 12, 80
 DEMO = {"upper_air": ["geopotential", "temperature", "u_component_of_wind", "v_component_of_wind"]}

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 import torch
 from jigsaw_earth.models import build_model
+from jigsaw_earth.models.noise import forecast_sample_index, member_noise, train_sample_index
+from jigsaw_earth.models.run import model_step
 
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.tiles import Tile, TileGrid
 from jigsaw_earth.layers import Domain
 from jigsaw_earth.training import Trainer
-from jigsaw_earth.training.noise import forecast_sample_index, member_noise, train_sample_index
-from jigsaw_earth.training.step import model_step
 
 from .train_helpers import PixelMLP, tiny_config, tiny_data
 

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from jigsaw_earth.config import parse_config
+from jigsaw_earth.launch import setup_mesh
 from jigsaw_earth.selftest import tiny_config, tiny_store
 from jigsaw_earth.training import memory
 from jigsaw_earth.training.loop import Trainer
-from jigsaw_earth.training.runner import setup_mesh
 
 
 def test_auto_checkpointing_follows_free_memory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,6 +13,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from jigsaw_earth.data.samples import MemorySource, TrainData
 from torch import nn
 
 from jigsaw_earth.config import parse_config
@@ -20,7 +21,6 @@ from jigsaw_earth.config.schema import TrainConfig
 from jigsaw_earth.distributed.mesh import DomainMesh
 from jigsaw_earth.distributed.tiles import TileGrid
 from jigsaw_earth.layers import Domain, Linear
-from jigsaw_earth.training.data import MemorySource, TrainData
 
 CHANNELS = ["geopotential@500", "temperature@850", "2m_temperature"]
 N_LAT, N_LON, N_TIMES = 8, 12, 80

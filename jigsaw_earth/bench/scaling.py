@@ -39,12 +39,12 @@ import numpy as np
 import torch
 
 from ..data.batch import N_GEOMETRY_CHANNELS, VariableSpec
+from ..data.samples import MemorySource, TrainData
 from ..data.times import N_TIME_FEATURES
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import TileGrid
 from ..sphere import grid_latitudes
 from ..training.accounting import PARTS
-from ..training.data import MemorySource, TrainData
 
 __all__ = [
     "Run",

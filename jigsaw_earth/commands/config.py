@@ -122,7 +122,7 @@ def _checkpoint_estimate(cfg: TrainConfig) -> int | None:
         return None
     d = cfg.data
     n_state = len(d.upper_air) * len(d.levels) + len(d.surface)
-    n_static = len(d.static) + 4 + cfg.model.noise_channels  # + geometry channels (training/sources.py)
+    n_static = len(d.static) + 4 + cfg.model.noise_channels  # + geometry channels (data/sources.py)
     m = cfg.model
     shape = MeshShape(1, cfg.mesh.lat, cfg.mesh.lon)
     s = summarize(m.name, shape, grid, n_state, n_static, 4, preset=m.preset, **m.overrides)

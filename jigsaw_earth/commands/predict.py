@@ -175,7 +175,7 @@ def run(args: argparse.Namespace) -> int:
     from ..inference.predict import run_prediction
     from ..inference.progress import Stopped
     from ..inference.selection import parse_int_list
-    from ..training.runner import world_size_from_env
+    from ..launch import world_size_from_env
 
     if args.unfinished is not None or args.remove_unfinished:
         return _unfinished(args)

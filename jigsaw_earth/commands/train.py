@@ -40,10 +40,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..launch import world_size_from_env
+    from ..signals import Preempted
     from ..training import NonFiniteLossError, run_training
     from ..training.rundir import check_place
-    from ..training.runner import world_size_from_env
-    from ..training.signals import Preempted
 
     overrides = list(args.overrides)
     if args.peak_tflops is not None:

@@ -1,6 +1,6 @@
 """``predict --members N``: which members a rank runs, their noise, and who may run an ensemble.
 
-Members differ only by their noise (``model.noise_channels``; ``training/noise.py`` defines the
+Members differ only by their noise (``model.noise_channels``; ``models/noise.py`` defines the
 stream): member ``m`` of init ``t`` at rollout step ``k`` draws ``member_noise(seed, member=m,
 sample_index=forecast_sample_index(t), step=k)`` — the same numbers on any mesh, batch or split of
 members, so a member keeps its own noise stream through the rollout. A deterministic model would
@@ -28,7 +28,7 @@ from ..config.schema import TrainConfig
 from ..distributed.collectives import all_gather
 from ..distributed.comm import comm_site
 from ..distributed.mesh import Axis, DomainMesh
-from ..training.noise import forecast_sample_index, member_noise
+from ..models.noise import forecast_sample_index, member_noise
 
 __all__ = ["Members", "noise_channels"]
 

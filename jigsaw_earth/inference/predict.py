@@ -5,7 +5,7 @@ sharded as in training), and writes its tile of every forecast into one Zarr sto
 (``ForecastWriter``). Data-parallel replicas take disjoint initialisation times. With ``members``
 the store has a member dimension ``number`` and every rank runs its members batched, each with its
 own noise stream (``members.py``). The forecast
-step is the trainer's (``training.step.model_step``: autocast and tendency scaling as configured),
+step is the trainer's (``models.run.model_step``: autocast and tendency scaling as configured),
 and the weights come from a sharded checkpoint written on any mesh.
 
 Inference is read-only on the run (``load.py``): no run-directory claim, no ``config.yaml`` or
@@ -34,13 +34,13 @@ from ..checkpoint import load_checkpoint, pinned
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
 from ..data.outputs import check_output
+from ..data.samples import TrainData
 from ..data.times import hour_dayofyear, period_mask
 from ..device import copy_to_host, pin, set_precision
 from ..distributed.mesh import DomainMesh
-from ..training.data import TrainData
-from ..training.preflight import on_rank0
-from ..training.runner import setup_mesh
-from ..training.step import build_run_model, model_step
+from ..distributed.rank0 import on_rank0
+from ..launch import setup_mesh
+from ..models.run import build_run_model, model_step
 from .campaign import StepLog, check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
@@ -231,7 +231,7 @@ def _predict(
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
     score: ScoreRequest | None, ens: Members | None, progress: Progress,
 ) -> Prediction:  # fmt: skip
-    from ..training.sources import build_data
+    from ..data.sources import build_data
 
     data = build_data(cfg, mesh, training=False)
     dev = mesh.device

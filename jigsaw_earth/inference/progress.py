@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from ..data.outputs import MARKER, check_output, in_progress_path, read_marker
-from ..training.signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals
+from ..signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals
 from .unfinished import FORMAT, KIND, PROGRESS, REQUEST, Lock, batches_done, find_unfinished, read_request
 
 __all__ = ["EXIT_STOPPED", "PredictSignals", "Progress", "Stopped", "forecast_request"]

@@ -25,6 +25,8 @@ import torch
 from ..data.climatology import check_same_grid
 from ..data.preflight import default_climatology_path
 from ..data.reader import TileReader
+from ..data.samples import TrainData
+from ..data.sources import TileClimatology
 from ..data.store import StoreView
 from ..distributed.halo import Halo
 from ..metrics.accumulator import MetricAccumulator
@@ -32,8 +34,6 @@ from ..metrics.ensemble import ENSEMBLE_METRICS
 from ..metrics.scorecard import UNITLESS
 from ..metrics.tile_regions import TileRegions
 from ..metrics.units import unit_of
-from ..training.data import TrainData
-from ..training.sources import TileClimatology
 from .selection import Selection
 
 __all__ = ["ScoreRequest", "TileScorer", "score_stores"]

@@ -1,6 +1,6 @@
 """Training: deterministic mesh-invariant data, global loss, sharded AdamW, validation, reporting."""
 
-from .data import MemorySource, TrainData
+from ..data.samples import MemorySource, TrainData
 from .evaluate import format_table, validate
 from .loop import NonFiniteLossError, Trainer
 from .runner import run_training

@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 from ..config.schema import TrainConfig
+from ..data.samples import TrainData
 from ..data.store import ALIASES
 from ..metrics.accumulator import MetricAccumulator
-from .data import TrainData
 
 __all__ = ["SHORT_NAMES", "format_table", "short_name", "validate"]
 

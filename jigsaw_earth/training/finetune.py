@@ -42,10 +42,10 @@ from ..checkpoint.transfer import (
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
 from ..data.batch import STATIC_GEOMETRY, channel_names
+from ..data.samples import TrainData
 from ..data.times import TIME_FEATURES
 from ..distributed.mesh import DomainMesh
 from ..layers.channels import ModelChannels
-from .data import TrainData
 
 __all__ = [
     "ParentPlan",

@@ -39,27 +39,28 @@ from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restor
 from ..config.advice import check_learnable
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
+from ..data.samples import TrainData
 from ..device import set_precision
 from ..distributed.comm import set_overlap, set_transport
 from ..distributed.grads import replication
 from ..distributed.mesh import DomainMesh
+from ..distributed.rank0 import on_rank0
 from ..layers.base import init_model
+from ..models.noise import forecast_sample_index, member_noise, train_sample_index
+from ..models.run import build_run_model, model_step
+from ..signals import Preempted, StopSignals
 from .accounting import StepClock, device_peak_tflops, step_flops, summarize_steps
 from .crps import ensemble_loss
-from .data import TrainData
 from .evaluate import format_table, validate
 from .feed import Feeder
 from .finetune import apply_freeze, load_parent, plan_init_from, run_record
 from .loss import channel_weights, global_value, weighted_sq_error
 from .memory import needs_checkpointing
 from .monitor import Monitor, memory_mb
-from .noise import forecast_sample_index, member_noise, train_sample_index
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
-from .preflight import model_checkpoint_bytes, on_rank0, preflight_run_dir
+from .preflight import model_checkpoint_bytes, preflight_run_dir
 from .profile import profiled
 from .rundir import claim_run_dir, config_hash, lock_run_dir, record_start, resumes
-from .signals import Preempted, StopSignals
-from .step import build_run_model, model_step
 
 __all__ = ["NonFiniteLossError", "Preempted", "Trainer", "config_hash"]
 
@@ -96,7 +97,7 @@ class Trainer:
         if mesh.is_distributed and torch.distributed.is_initialized():
             torch.distributed.barrier()  # no rank reads checkpoints while rank 0 moves a run aside
         if data is None:
-            from .sources import build_data
+            from ..data.sources import build_data
 
             data = build_data(cfg, mesh)
         self.data = data

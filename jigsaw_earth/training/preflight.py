@@ -20,14 +20,11 @@ import math
 import os
 import shutil
 import tempfile
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import torch
-import torch.distributed as dist
 
-from ..distributed.mesh import DomainMesh
 from ..fs_errors import explain
 from ..layers.base import spec_of
 
@@ -36,7 +33,6 @@ __all__ = [
     "check_free_space",
     "check_writable",
     "model_checkpoint_bytes",
-    "on_rank0",
     "preflight_run_dir",
 ]
 
@@ -113,43 +109,3 @@ def preflight_run_dir(run_dir: Path, ckpt_bytes: int | None, keep: int, create: 
         raise PreflightError(f"run.dir {str(run_dir)!r} is not writable: {reason}") from err
     if ckpt_bytes is not None:
         check_free_space(run_dir, ckpt_bytes, keep)
-
-
-def on_rank0(mesh: DomainMesh, fn: Callable[[], T]) -> T | None:
-    """Run ``fn`` on rank 0 only; an exception there is raised on every rank (collective).
-
-    Returns ``fn``'s result on rank 0 and ``None`` elsewhere. Errors keep their type when it is
-    an ``OSError`` or ``ValueError`` (subclasses included), so every rank exits the same way.
-    """
-    result: T | None = None
-    failure: Any = None
-    if mesh.rank == 0:
-        try:
-            result = fn()
-        except (OSError, ValueError) as err:
-            failure = err
-    if mesh.is_distributed and dist.is_initialized():
-        box = [None if failure is None else _portable(failure)]
-        dist.broadcast_object_list(box, src=0, device=mesh.device if mesh.device.type == "cuda" else None)
-        if box[0] is not None and failure is None:
-            failure = _rebuild(box[0])
-    if failure is not None:
-        raise failure
-    return result
-
-
-def _portable(err: BaseException) -> tuple[str, Any]:
-    if isinstance(err, OSError) and err.errno is not None:
-        return ("os", (err.errno, err.strerror, err.filename))
-    return (type(err).__name__, str(err))
-
-
-def _rebuild(item: tuple[str, Any]) -> BaseException:
-    kind, payload = item
-    if kind == "os":
-        return OSError(*payload)  # OSError(errno, ...) builds the matching subclass
-    known = {c.__name__: c for c in (PreflightError, ValueError)}
-    from .rundir import RunDirError
-
-    known["RunDirError"] = RunDirError
-    return known.get(kind, ValueError)(payload)

@@ -23,12 +23,12 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..data.batch import Batch
-from ..data.times import period_mask, sample_index, time_features
 from ..distributed.halo import Halo
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import Tile, TileGrid
 from ..sphere import latitude_weights
+from .batch import Batch
+from .times import period_mask, sample_index, time_features
 
 __all__ = ["MemorySource", "Source", "TrainData"]
 

@@ -15,18 +15,18 @@ import numpy as np
 import xarray as xr
 
 from ..config.schema import TrainConfig
-from ..data.batch import N_GEOMETRY_CHANNELS, VariableSpec
-from ..data.climatology import open_climatology
-from ..data.preflight import default_climatology_path, store_preflight
-from ..data.reader import Normalisation, TileReader
-from ..data.report import OVER_READ_WARNING, planned_fraction
-from ..data.stats import Normalizer, read_statistics
-from ..data.store import StoreView
-from ..data.times import hour_dayofyear
 from ..distributed.halo import Halo
 from ..distributed.mesh import DomainMesh
 from ..distributed.tiles import Tile, TileGrid
-from .data import TrainData
+from .batch import N_GEOMETRY_CHANNELS, VariableSpec
+from .climatology import open_climatology
+from .preflight import default_climatology_path, store_preflight
+from .reader import Normalisation, TileReader
+from .report import OVER_READ_WARNING, planned_fraction
+from .samples import TrainData
+from .stats import Normalizer, read_statistics
+from .store import StoreView
+from .times import hour_dayofyear
 
 __all__ = ["StoreSource", "TileClimatology", "build_data", "default_climatology_path"]
 

@@ -18,8 +18,8 @@ from types import FrameType, TracebackType
 import torch
 import torch.distributed as dist
 
-from ..distributed.comm import all_reduce_
-from ..distributed.mesh import DomainMesh
+from .distributed.comm import all_reduce_
+from .distributed.mesh import DomainMesh
 
 __all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "Preempted", "StopSignals"]
 

@@ -22,10 +22,10 @@ import torch
 from torch import nn
 
 from ..config.schema import TrainConfig
+from ..data.samples import TrainData
 from ..data.times import N_TIME_FEATURES
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, init_model
-from .data import TrainData
 
 __all__ = ["build_run_model", "model_step"]
 
@@ -33,10 +33,8 @@ __all__ = ["build_run_model", "model_step"]
 def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.Module:
     """The configured model on this rank's tile of the data's grid, initialised (mesh-invariant);
     compiled in place with ``training.compile``."""
-    from ..models import (
-        model_from_config,  # the model registry: built-ins, entry points, package.module:Class
-    )
-    from ..models.contract import check_signature, guard, probe
+    from . import model_from_config  # the model registry: built-ins, entry points, package.module:Class
+    from .contract import check_signature, guard, probe
 
     domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
     n_static = data.n_static + cfg.model.noise_channels
