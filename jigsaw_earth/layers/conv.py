@@ -287,10 +287,14 @@ class Conv2d(nn.Module):
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         rows = self.in_ch * self.kernel[0] * self.kernel[1]
-        return conv_cost(
+        cost = conv_cost(
             "conv", self.domain, self.out_domain, self.windows, self.modes, self.in_ch, rows,
             self.out_sizes, self.bias is not None, self.strategy, batch, elsize, input_grad,
         )  # fmt: skip
+        lat0, lat1, lon0, lon1 = self.windows[self.domain.index]
+        # the backend's copy of the window in its own layout (oneDNN on CPU)
+        cost.peak += batch * self.in_ch * (lat1 - lat0) * (lon1 - lon0) * elsize
+        return cost
 
     def extra_repr(self) -> str:
         return (
