@@ -21,10 +21,8 @@ __all__ = [
     "default_backend",
     "device_name",
     "free_bytes",
-    "is_accelerator",
     "peak_memory_bytes",
     "pin",
-    "reset_peak_memory",
     "resolve_device",
     "set_precision",
     "synchronize",
@@ -59,10 +57,6 @@ def resolve_device(request: str = "auto", local_rank: int | None = None) -> torc
     return device
 
 
-def is_accelerator(device: torch.device) -> bool:
-    return device.type != "cpu"
-
-
 def default_backend(device: torch.device) -> str:
     """NCCL for CUDA ranks, gloo for everything else."""
     return "nccl" if device.type == "cuda" else "gloo"
@@ -89,11 +83,6 @@ def peak_memory_bytes(device: torch.device) -> int:
         return int(rss * 1024 if sys.platform != "darwin" else rss)
     except ImportError:  # pragma: no cover - windows
         return 0
-
-
-def reset_peak_memory(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
 
 
 def free_bytes(device: torch.device, local_ranks: int = 1) -> int:

@@ -13,18 +13,17 @@
 
 from __future__ import annotations
 
-import os
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from ..data.times import N_TIME_FEATURES
+from ..device import free_bytes
 from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh, local_ranks
 from ..models.plan_eval import inference_memory
@@ -37,17 +36,8 @@ QUEUED = 4  # leads waiting to be written and scored before the forward waits fo
 
 def free_memory(device: torch.device) -> int:
     """Bytes free for this rank: the GPU's free memory, or the host's available memory over the
-    local ranks."""
-    if device.type == "cuda":
-        return int(torch.cuda.mem_get_info(device)[0])
-    try:
-        text = Path("/proc/meminfo").read_text()
-        avail = (
-            int(next(line.split()[1] for line in text.splitlines() if line.startswith("MemAvailable"))) * 1024
-        )
-    except (OSError, StopIteration, ValueError):
-        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    return avail // local_ranks()
+    local ranks (``device.free_bytes``)."""
+    return free_bytes(device, local_ranks())
 
 
 def auto_batch(model: torch.nn.Module, data: Any, n_local: int, elsize: int, mesh: DomainMesh) -> int:

@@ -33,7 +33,7 @@ def needs_checkpointing(
     grads, activations = backward_peak(model, costs)
     moments = 2 * sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     need = moments + grads + rollout_steps * activations
-    free = free_bytes(mesh.device, 1 if mesh.device.type == "cuda" else local_ranks())
+    free = free_bytes(mesh.device, local_ranks())
     on = need > MEMORY_FRACTION * free
     log.info(
         "activation checkpointing %s: a step needs about %.1f GiB (activations %.1f GiB) of the %.1f GiB "
