@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from .fs_errors import explain
@@ -69,6 +70,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _main(argv: list[str]) -> int:
+    if os.environ.get("JIGSAW_DEVICE_PLUGIN"):  # a device torch does not ship, in every rank
+        from .device import load_device_plugin
+
+        load_device_plugin()
     chosen = next((a for a in argv if not a.startswith("-")), None)
     parser = _parser(chosen)
     args, extra = parser.parse_known_args(argv)

@@ -2,25 +2,33 @@
 
 Everything else in the package is device-agnostic: tensors are made on the device of the data they
 meet. What depends on the kind of device lives here once: which device a rank computes on
-(``distributed.device``: ``auto`` = this rank's GPU when torch sees one, else the CPU), the
-process-group backend that goes with it, synchronising for timers, memory figures, pinned host
-memory for non-blocking copies, and the device's name.
+(``distributed.device``: ``auto`` = this rank's GPU when torch sees one, else the CPU; ranks that
+outnumber a host's GPUs share them, ``LOCAL_RANK`` modulo their count), the process-group backend
+that goes with it, synchronising for timers, memory figures, pinned host memory for non-blocking
+copies, and the device's name. A device torch does not ship reaches every rank through
+``JIGSAW_DEVICE_PLUGIN`` (``load_device_plugin``).
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
 __all__ = [
+    "PLUGIN_ENV",
     "copy_to_host",
     "default_backend",
+    "device_count",
     "device_name",
     "free_bytes",
+    "host_empty",
+    "load_device_plugin",
     "peak_memory_bytes",
     "pin",
     "resolve_device",
@@ -28,10 +36,52 @@ __all__ = [
     "synchronize",
 ]
 
+PLUGIN_ENV = "JIGSAW_DEVICE_PLUGIN"
+_plugins: set[str] = set()
+
+
+def load_device_plugin() -> None:
+    """Activate the device plugin ``JIGSAW_DEVICE_PLUGIN`` names in this process, once: a module or a
+    ``.py`` file whose ``activate()`` makes its device known to torch (an out-of-tree accelerator's
+    registration; the tests' fake accelerator ``tests/fake_gpu.py``). Every rank calls this before it
+    chooses its device: spawned ranks, and ``python -m jigsaw_earth`` under torchrun or srun."""
+    spec = os.environ.get(PLUGIN_ENV, "")
+    if not spec or spec in _plugins:
+        return
+    try:
+        if spec.endswith(".py"):
+            name = Path(spec).stem
+            module = sys.modules.get(name)
+            if module is None or Path(getattr(module, "__file__", "")).resolve() != Path(spec).resolve():
+                loader = importlib.util.spec_from_file_location(name, spec)
+                if loader is None or loader.loader is None:
+                    raise ImportError(f"cannot load {spec}")
+                module = importlib.util.module_from_spec(loader)
+                sys.modules[name] = module
+                loader.loader.exec_module(module)
+        else:
+            module = importlib.import_module(spec)
+        activate = module.activate
+    except (ImportError, OSError, AttributeError) as err:
+        raise ValueError(
+            f"{PLUGIN_ENV}={spec!r}: cannot activate it ({err}); name an importable module or a .py file "
+            f"that defines activate(), or unset {PLUGIN_ENV}"
+        ) from None
+    activate()
+    _plugins.add(spec)
+
+
+def device_count(device_type: str) -> int:
+    """Devices of ``device_type`` this process sees (0 for the CPU)."""
+    if device_type == "cpu":
+        return 0
+    return int(torch.get_device_module(device_type).device_count())
+
 
 def resolve_device(request: str = "auto", local_rank: int | None = None) -> torch.device:
-    """This rank's compute device. ``auto``: GPU ``LOCAL_RANK`` when CUDA is available, else the CPU;
-    ``cuda`` (or another accelerator type) without an index takes ``LOCAL_RANK``'s."""
+    """This rank's compute device, made current. ``auto``: GPU ``LOCAL_RANK`` when CUDA is available,
+    else the CPU; ``cuda`` (or another accelerator type) without an index takes ``LOCAL_RANK``'s, modulo
+    the devices the host has (ranks that outnumber its GPUs share them)."""
     if local_rank is None:
         local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     if request == "auto":
@@ -51,15 +101,17 @@ def resolve_device(request: str = "auto", local_rank: int | None = None) -> torc
             f"the CUDA build of torch that matches the driver (nvidia-smi), or set distributed.device=cpu"
         )
     if device.index is None:
-        device = torch.device(device.type, local_rank)
-    if device.type == "cuda":
-        torch.cuda.set_device(device)
+        device = torch.device(device.type, local_rank % max(1, device_count(device.type)))
+    torch.get_device_module(device.type).set_device(device)
     return device
 
 
 def default_backend(device: torch.device) -> str:
-    """NCCL for CUDA ranks, gloo for everything else."""
-    return "nccl" if device.type == "cuda" else "gloo"
+    """The process-group backend torch registers for the device type: NCCL for CUDA ranks, gloo for
+    the CPU (an out-of-tree accelerator registers its own)."""
+    import torch.distributed as dist
+
+    return dist.Backend.default_device_backend_map.get(device.type, "gloo")
 
 
 def synchronize(device: torch.device, stream_only: bool = False) -> None:
@@ -101,7 +153,12 @@ def free_bytes(device: torch.device, local_ranks: int = 1) -> int:
 
 def pin(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` in page-locked host memory when it is bound for a GPU (non-blocking copies)."""
-    return tensor.pin_memory() if device.type == "cuda" else tensor
+    return tensor.pin_memory() if device.type != "cpu" else tensor
+
+
+def host_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """An uninitialised host tensor, page-locked when it is bound for (or comes from) a GPU."""
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=device.type != "cpu")
 
 
 def device_name(device: torch.device) -> str:

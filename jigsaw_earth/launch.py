@@ -12,8 +12,8 @@ from datetime import timedelta
 import torch.distributed as dist
 
 from .config.schema import TrainConfig
-from .device import default_backend, resolve_device
-from .distributed.mesh import DomainMesh, init_mesh, slurm_environment
+from .device import resolve_device
+from .distributed.mesh import DomainMesh, init_mesh, rank_transport, slurm_environment
 
 __all__ = ["setup_mesh", "world_size_from_env"]
 
@@ -23,7 +23,7 @@ def world_size_from_env() -> int:
     return int(env.get("WORLD_SIZE", "1"))
 
 
-def _init_elastic_group(backend: str | None, timeout_s: float, device: str) -> None:
+def _init_elastic_group(backend: str | None, timeout_s: float, device: str, transport: str | None) -> None:
     """Under torchrun, start the default group on a store prefixed by the restart attempt.
 
     After ``torchrun --max-restarts`` restarts the workers, the rendezvous store still holds the
@@ -45,12 +45,14 @@ def _init_elastic_group(backend: str | None, timeout_s: float, device: str) -> N
         timeout=timedelta(seconds=timeout_s),
     )
     dev = resolve_device("cpu" if device == "auto" and backend == "gloo" else device)
+    plan = rank_transport(transport, dev, backend)
     dist.init_process_group(
-        backend or default_backend(dev),
+        plan.backend,
         store=dist.PrefixStore(f"jigsaw-earth/attempt-{restart}", store),
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=timeout_s),
+        device_id=plan.bound_device(dev),
     )
 
 
@@ -58,7 +60,9 @@ def setup_mesh(cfg: TrainConfig) -> DomainMesh:
     """``init_mesh`` with the config's mesh, backend and timeout; a clear error on a missing peer."""
     backend = None if cfg.distributed.backend == "auto" else cfg.distributed.backend
     try:
-        _init_elastic_group(backend, cfg.distributed.timeout_s, cfg.distributed.device)
+        _init_elastic_group(
+            backend, cfg.distributed.timeout_s, cfg.distributed.device, cfg.distributed.transport
+        )
         return init_mesh(
             cfg.mesh.shape,
             backend=backend,

@@ -1,13 +1,20 @@
 """A fake accelerator on a CPU-only torch: the device guard of the tests (no GPU needed).
 
-``fake_gpu()`` registers a device type ``fakegpu`` (torch's PrivateUse1 slot) whose tensors hold
-their values on the CPU but report ``fakegpu:0`` as their device, and checks every operator the way
-CUDA does: tensors of two devices in one operator raise, except a 0-dim CPU tensor read as a scalar
-(CUDA lifts those), never a CPU tensor written by the operator (``total += cuda_tensor`` into a CPU
-scalar raises on CUDA). Copies between devices (``.to``, ``copy_``) and CPU index tensors are allowed,
-as on CUDA. Reading a value to the host (``.item()``, ``float()``, ``.tolist()``) is allowed and
-counted in ``FakeGpu.host_reads`` with the place it came from; ``.numpy()`` of a device tensor raises
-as on CUDA. The code under test runs unchanged with ``distributed.device=fakegpu``.
+``fakegpu`` (torch's PrivateUse1 slot) has ``FAKEGPU_COUNT`` devices per host (default 8). Its
+tensors hold their values on the CPU but report ``fakegpu:K`` as their device, and every operator is
+checked the way CUDA checks it: tensors of two devices in one operator raise (a CPU tensor, or
+``fakegpu:0`` with ``fakegpu:1``), except a 0-dim CPU tensor read as a scalar (CUDA lifts those),
+never a CPU tensor written by the operator (``total += cuda_tensor`` into a CPU scalar raises on
+CUDA). Copies between devices (``.to``, ``copy_``) and CPU index tensors are allowed, as on CUDA.
+``fakegpu`` without an index is the current device (``torch.fakegpu.set_device``), as ``cuda`` is.
+Reading a value to the host (``.item()``, ``float()``, ``.tolist()``) is allowed and counted in
+``FakeGpu.host_reads`` (this process, i.e. this rank) with the place it came from, and refused inside
+a communication site (``comm_site``: a layer's exchange); ``.numpy()`` of a device tensor raises as on
+CUDA. ``torch.distributed`` calls follow NCCL's rules (``tests/fake_nccl.py``).
+
+One process: ``with fake_gpu():``. Every rank of a job: ``JIGSAW_DEVICE_PLUGIN=tests/fake_gpu.py``
+(``jigsaw_earth/device.py``) makes each rank, spawned or under torchrun, call ``activate()`` before it
+chooses its device; ``python tests/fake_gpu.py COMMAND ...`` sets it and runs the CLI.
 
 What it does not model: CUDA streams and asynchrony, autocast (bf16 runs in fp32 here), and the
 ``device.type == "cuda"`` branches of ``jigsaw_earth/device.py``, which are read, not run, here.
@@ -15,10 +22,14 @@ What it does not model: CUDA streams and asynchrony, autocast (bf16 runs in fp32
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import os
+import sys
 import threading
 import traceback
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,14 +38,21 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["DEVICE", "DeviceMixing", "FakeGpu", "FakeGpuTensor", "fake_gpu"]
+__all__ = ["DeviceMixing", "FakeGpu", "FakeGpuTensor", "HostRead", "activate", "active", "fake_gpu", "rank"]
 
 TYPE = "fakegpu"
-_registered = False
+COUNT_ENV = "FAKEGPU_COUNT"
+_registered: list[bool] = [False]
+_active: list[FakeGpu] = []
+
+
+def rank() -> str:
+    """This process's rank as the messages name it (``RANK``; 0 for a single process)."""
+    return os.environ.get("RANK", "0")
 
 
 class _Stream:
-    """The one in-order queue of the fake device (its work is done when it is queued)."""
+    """The one in-order queue of a fake device (its work is done when it is queued)."""
 
     def synchronize(self) -> None:
         return None
@@ -47,9 +65,25 @@ class _Stream:
 
 
 class _Module(backend_registration._DummyBackendModule):
-    """``torch.fakegpu``: what torch's own code (checkpointing, RNG) asks of a device module."""
+    """``torch.fakegpu``: what torch's own code and the package ask of a device module."""
 
     _stream = _Stream()
+
+    def __init__(self) -> None:
+        self.current, self.chosen = 0, False  # chosen: set_device was called in this process
+
+    def device_count(self) -> int:
+        return int(os.environ.get(COUNT_ENV, "8"))
+
+    def current_device(self) -> int:
+        return self.current
+
+    def set_device(self, device: Any) -> None:
+        index = device if isinstance(device, int) else torch.device(device).index
+        index = self.current if index is None else index
+        if not 0 <= index < self.device_count():
+            raise RuntimeError(f"{TYPE}: invalid device ordinal {index} ({self.device_count()} devices)")
+        self.current, self.chosen = index, True
 
     def current_stream(self, device: Any = None) -> _Stream:
         return self._stream
@@ -64,50 +98,90 @@ class _Module(backend_registration._DummyBackendModule):
         return [torch.bfloat16, torch.float16]
 
 
+MODULE = _Module()
+
+
 def _register() -> None:
-    """Name PrivateUse1 ``fakegpu`` once per process; autocast on it falls through (fp32)."""
-    global _registered
-    if _registered:
+    """Name PrivateUse1 ``fakegpu`` once per process; autocast on it falls through (fp32); the
+    NCCL-like process-group backend for its tensors."""
+    if _registered[0]:
         return
-    backend_registration._setup_privateuseone_for_python_backend(TYPE, backend_module=_Module())
+    backend_registration._setup_privateuseone_for_python_backend(TYPE, backend_module=MODULE)
     lib = torch.library.Library("_", "IMPL")  # a fallback for a whole dispatch key
     lib.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
     _LIBS.append(lib)
-    _registered = True
+    from fake_nccl import register
+
+    register()
+    torch.utils.swap_tensors = _swap_keeping_attributes
+    _registered[0] = True
+
+
+_swap = torch.utils.swap_tensors
+
+
+def _swap_keeping_attributes(t1: torch.Tensor, t2: torch.Tensor) -> None:
+    """``Module.to(fakegpu)`` swaps each parameter with its device copy (a wrapper subclass); on CUDA
+    the parameter object stays (``set_data``) and keeps its Python attributes: keep them here too."""
+    mine = {k: v for k, v in vars(t1).items() if k not in ("elem", "index")}
+    _swap(t1, t2)
+    for key, value in mine.items():
+        setattr(t1, key, value)
 
 
 _LIBS: list[Any] = []
-_register()
-DEVICE = torch.device(TYPE, 0)
+_HERE = str(Path(__file__).parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)  # fake_nccl beside this file, however this one was imported
 
 
 class DeviceMixing(RuntimeError):
     """An operator met tensors of two devices where CUDA would refuse them."""
 
 
+class HostRead(RuntimeError):
+    """A value read to the host inside a communication site (it would stall every GPU per exchange)."""
+
+
+def _device(index: int) -> torch.device:
+    return torch.device(TYPE, index)
+
+
 class FakeGpuTensor(torch.Tensor):
-    """A tensor on ``fakegpu:0`` whose values live in ``elem`` (a CPU tensor)."""
+    """A tensor on ``fakegpu:K`` whose values live in ``elem`` (a CPU tensor).
+
+    torch's C++ side sees every one on ``fakegpu:0`` (its autograd engine keeps one queue per device
+    index, and a device registered from Python has one); ``index`` is the device Python code sees.
+    """
 
     elem: torch.Tensor
+    index: int
 
     @staticmethod
-    def __new__(cls, elem: torch.Tensor) -> FakeGpuTensor:
+    def __new__(cls, elem: torch.Tensor, index: int = 0) -> FakeGpuTensor:
         r = torch.Tensor._make_wrapper_subclass(
             cls, elem.shape, strides=elem.stride(), storage_offset=elem.storage_offset(), dtype=elem.dtype,
-            device=DEVICE, requires_grad=elem.requires_grad, layout=elem.layout,
+            device=_device(0), requires_grad=elem.requires_grad, layout=elem.layout,
         )  # fmt: skip
-        r.elem = elem
+        r.elem, r.index = elem, index
         return r
 
-    def __repr__(self) -> str:
-        return f"FakeGpuTensor({self.elem!r})"
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return _device(self.index)
 
-    def __tensor_flatten__(self) -> tuple[list[str], None]:
-        return ["elem"], None
+    def get_device(self) -> int:
+        return self.index
+
+    def __repr__(self) -> str:
+        return f"FakeGpuTensor({self.elem!r}, device={self.device})"
+
+    def __tensor_flatten__(self) -> tuple[list[str], int]:
+        return ["elem"], self.index
 
     @staticmethod
     def __tensor_unflatten__(inner: dict, meta: Any, outer_size: Any, outer_stride: Any) -> FakeGpuTensor:
-        return FakeGpuTensor(inner["elem"])
+        return FakeGpuTensor(inner["elem"], meta)
 
     @classmethod
     def __torch_dispatch__(cls, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
@@ -126,8 +200,47 @@ def _on_device(x: Any) -> bool:
     return isinstance(x, FakeGpuTensor)
 
 
-def _is_fake_device(device: Any) -> bool:
-    return device is not None and torch.device(device).type == TYPE
+def _target(device: Any) -> torch.device | None:
+    """``device`` (as Python code names it) as a fake device with its index (the current one when it
+    has none), else None."""
+    if device is None:
+        return None
+    device = torch.device(device)
+    if device.type != TYPE:
+        return None
+    return device if device.index is not None else _device(MODULE.current)
+
+
+_asked = threading.local()  # the fake device a Python call named, while torch runs it
+
+
+@contextlib.contextmanager
+def _asking(target: torch.device | None) -> Iterator[None]:
+    before = getattr(_asked, "device", None)
+    _asked.device = target or before
+    try:
+        yield
+    finally:
+        _asked.device = before
+
+
+def _dispatched_target(device: Any) -> torch.device | None:
+    """The fake device of a ``device=`` an operator receives: the one the Python call named, else
+    (torch's own C++, which sees every fake tensor on index 0) the current device."""
+    if device is None or torch.device(device).type != TYPE:
+        return None
+    return getattr(_asked, "device", None) or _device(MODULE.current)
+
+
+def _place(skip: int = 2) -> str:
+    return "".join(traceback.format_stack(limit=14)[:-skip])
+
+
+def _comm_site() -> str | None:
+    """The communication site the code is in (``comm_site``), if the package is loaded."""
+    comm = sys.modules.get("jigsaw_earth.distributed.comm")
+    stack = comm.ledger._stack if comm is not None else []
+    return "/".join(stack) if stack else None
 
 
 class FakeGpu(TorchDispatchMode):
@@ -137,22 +250,35 @@ class FakeGpu(TorchDispatchMode):
         super().__init__()
         self.host_reads: list[str] = [] if host_reads is None else host_reads
 
+    def read_to_host(self, what: str, place: str) -> None:
+        site = _comm_site()
+        if site is not None:
+            raise HostRead(
+                f"rank {rank()}: {what} reads a device value to the host inside the communication site "
+                f"{site!r} (every exchange would wait for the device):\n{place}"
+            )
+        self.host_reads.append(place)
+
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        if func.namespace == "c10d":
+            from fake_nccl import collective
+
+            return collective(func, args, kwargs, _unwrap, FakeGpuTensor)
         name = func._schema.name.split("::")[-1]
         flat, _ = tree_flatten((args, kwargs))
-        on_device = any(_on_device(t) for t in flat)
-        to_device = _is_fake_device(kwargs.get("device"))
-        if on_device and name not in _CROSS:
-            self._check(func, args, kwargs)
-        if on_device and name in _HOST_READS:
-            self.host_reads.append("".join(traceback.format_stack(limit=12)[:-2]))
+        indices = {t.index for t in flat if _on_device(t)}
+        to_device = _dispatched_target(kwargs.get("device"))
+        if indices and name not in _CROSS:
+            self._check(func, args, kwargs, indices)
+        if indices and name in _HOST_READS:
+            self.read_to_host(str(func), _place())
         if name == "_pin_memory":
             return args[0].clone()
         if name == "is_pinned":
             return True
         kw = tree_map(_unwrap, kwargs)
-        if to_device:
+        if to_device is not None:
             kw["device"] = torch.device("cpu")
         if kw.get("pin_memory"):
             kw["pin_memory"] = False
@@ -162,14 +288,19 @@ class FakeGpu(TorchDispatchMode):
         written = _written_input(func, args)
         if written is not None:
             return written
-        if name == "_to_copy":
-            wrap = to_device or ("device" not in kwargs and on_device)
-        else:
-            wrap = to_device or on_device
-        return tree_map(_wrap, out) if wrap else out
+        index = to_device.index if to_device is not None else min(indices) if indices else None
+        if name == "_to_copy" and "device" in kwargs and to_device is None:
+            index = None  # to the CPU
+        return tree_map(lambda x: _wrap(x, index), out) if index is not None else out
 
     @staticmethod
-    def _check(func: Any, args: Any, kwargs: Any) -> None:
+    def _check(func: Any, args: Any, kwargs: Any, indices: set[int]) -> None:
+        if len(indices) > 1:
+            a, b = sorted(indices)[:2]
+            raise DeviceMixing(
+                f"rank {rank()}: Expected all tensors to be on the same device, but found at least two "
+                f"devices, {TYPE}:{a} and {TYPE}:{b}! ({func})"
+            )
         schema = func._schema.arguments
         named = [(schema[i] if i < len(schema) else None, a) for i, a in enumerate(args)]
         named += [(next((s for s in schema if s.name == k), None), v) for k, v in kwargs.items()]
@@ -179,9 +310,10 @@ class FakeGpu(TorchDispatchMode):
                 host = isinstance(v, torch.Tensor) and not _on_device(v) and v.device.type == "cpu"
                 if host and (written or v.dim() > 0):
                     raise DeviceMixing(
-                        f"Expected all tensors to be on the same device, but found at least two devices, "
-                        f"{TYPE}:0 and cpu! ({func}, argument {arg.name if arg else '?'}: a CPU tensor "
-                        f"of shape {tuple(v.shape)}{' written in place' if written else ''})"
+                        f"rank {rank()}: Expected all tensors to be on the same device, but found at least "
+                        f"two devices, {TYPE}:{min(indices)} and cpu! ({func}, argument "
+                        f"{arg.name if arg else '?'}: a CPU tensor of shape {tuple(v.shape)}"
+                        f"{' written in place' if written else ''})"
                     )
 
 
@@ -189,8 +321,8 @@ def _unwrap(x: Any) -> Any:
     return x.elem if isinstance(x, FakeGpuTensor) else x
 
 
-def _wrap(x: Any) -> Any:
-    return FakeGpuTensor(x) if isinstance(x, torch.Tensor) and not isinstance(x, FakeGpuTensor) else x
+def _wrap(x: Any, index: int) -> Any:
+    return FakeGpuTensor(x, index) if isinstance(x, torch.Tensor) and not isinstance(x, FakeGpuTensor) else x
 
 
 def _written_input(func: Any, args: Any) -> Any:
@@ -208,65 +340,100 @@ class _Moves(TorchFunctionMode):
     """``Tensor.to(fakegpu)`` as the copy operator (torch's own ``to`` would look for a real device);
     ``tolist`` read from the values (a host read)."""
 
-    def __init__(self, host_reads: list[str]) -> None:
+    def __init__(self, mode: FakeGpu) -> None:
         super().__init__()
-        self.host_reads = host_reads
+        self.mode = mode
 
     def __torch_function__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
+        with _asking(_target(kwargs.get("device"))):
+            return self._run(func, args, kwargs)
+
+    def _run(self, func: Any, args: Any, kwargs: dict) -> Any:
         if func is torch.Tensor.tolist and _on_device(args[0]):
-            self.host_reads.append("".join(traceback.format_stack(limit=12)[:-1]))
+            self.mode.read_to_host("tolist", _place(1))
             return args[0].elem.tolist()
-        if func in (torch.tensor, torch.as_tensor, torch.asarray) and _is_fake_device(kwargs.get("device")):
+        if func in (torch.tensor, torch.as_tensor, torch.asarray) and _target(kwargs.get("device")):
             host = func(*args, **{**kwargs, "device": "cpu"})  # torch builds these below the dispatcher
-            return torch.ops.aten._to_copy.default(host, device=DEVICE)
+            return torch.ops.aten._to_copy.default(host, device=_target(kwargs["device"]))
         if func in (torch.Tensor.__getitem__, torch.Tensor.__setitem__) and _on_device(args[0]):
             index = args[1] if isinstance(args[1], tuple) else (args[1],)
             index = tuple(torch.tensor(i) if isinstance(i, list) else i for i in index)  # as torch does
             return func(args[0], index, *args[2:], **kwargs)
         if func is torch.Tensor.to:
             device, dtype, non_blocking, _, *_ = torch._C._nn._parse_to(*args[1:], **kwargs)
-            t = args[0]
-            if _is_fake_device(device):
-                if _on_device(t) and (dtype is None or dtype == t.dtype):
+            other = args[1] if len(args) > 1 else kwargs.get("other")
+            if _on_device(other):  # .to(tensor): its device as Python sees it
+                device = other.device
+            t, target = args[0], _target(device)
+            if target is not None:
+                if _on_device(t) and t.index == target.index and (dtype is None or dtype == t.dtype):
                     return t
-                return torch.ops.aten._to_copy.default(
-                    t, dtype=dtype or t.dtype, device=DEVICE, non_blocking=non_blocking
-                )
+                with _asking(target):
+                    return torch.ops.aten._to_copy.default(
+                        t, dtype=dtype or t.dtype, device=target, non_blocking=non_blocking
+                    )
         return func(*args, **kwargs)
+
+
+def active() -> FakeGpu | None:
+    """The mode ``activate()`` entered in this process, if any."""
+    return _active[0] if _active else None
+
+
+def _enter_in_threads(mode: FakeGpu) -> Any:
+    """Enter the modes in every thread started from now on (torch's modes are per thread)."""
+    run = threading.Thread.run
+
+    def run_faked(thread: threading.Thread) -> None:
+        with FakeGpu(mode.host_reads) as inner, _Moves(inner):
+            run(thread)
+
+    threading.Thread.run = run_faked
+    return run
 
 
 @contextlib.contextmanager
 def fake_gpu() -> Iterator[FakeGpu]:
     """Within: ``fakegpu`` tensors work and device mixing raises ``DeviceMixing``, in this thread
     and in every thread started meanwhile (torch's modes are per thread)."""
+    if active() is not None:  # the process-wide guard of a rank (activate) is already on
+        yield active()  # type: ignore[misc]
+        return
+    _register()
     mode = FakeGpu()
-    run = threading.Thread.run
-
-    def run_faked(thread: threading.Thread) -> None:
-        with FakeGpu(mode.host_reads), _Moves(mode.host_reads):
-            run(thread)
-
-    threading.Thread.run = run_faked
+    run = _enter_in_threads(mode)
     try:
-        with mode, _Moves(mode.host_reads):
+        with mode, _Moves(mode):
             yield mode
     finally:
         threading.Thread.run = run
 
 
-def main(argv: list[str]) -> int:
-    """``python tests/fake_gpu.py COMMAND ...``: the jigsaw-earth CLI with the fake device active
-    (``--device fakegpu`` / ``distributed.device=fakegpu``); prints the host reads it counted."""
-    from jigsaw_earth.cli import main as cli
+def activate() -> None:
+    """The device plugin's entry (``JIGSAW_DEVICE_PLUGIN``): the guard on for the rest of this
+    process, in every thread; the rank's host reads are printed at exit."""
+    if active() is not None:
+        return
+    _register()
+    mode = FakeGpu()
+    _enter_in_threads(mode)
+    mode.__enter__()
+    _Moves(mode).__enter__()
+    _active.append(mode)
+    report = f"fake_gpu: rank {rank()}: {{}} host reads"
+    atexit.register(lambda: print(report.format(len(mode.host_reads)), file=sys.stderr))
 
-    with fake_gpu() as mode:
-        code = cli(argv)
-    print(f"fake_gpu: {len(mode.host_reads)} host reads")
-    return code
+
+def main(argv: list[str]) -> int:
+    """``python tests/fake_gpu.py COMMAND ...``: the jigsaw-earth CLI with the fake device active in
+    this process and in every rank it starts (``--device fakegpu`` / ``distributed.device=fakegpu``)."""
+    from jigsaw_earth.cli import main as cli
+    from jigsaw_earth.device import PLUGIN_ENV
+
+    os.environ[PLUGIN_ENV] = str(Path(__file__).resolve())
+    return cli(argv)
 
 
 if __name__ == "__main__":
-    import sys
-
     sys.exit(main(sys.argv[1:]))

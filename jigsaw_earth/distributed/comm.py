@@ -5,7 +5,9 @@ here, and is recorded in the process-wide ``ledger`` under the current call site
 benchmarks read the ledger to assert volumes against analytical figures. The transport is
 ``torch.distributed.batch_isend_irecv``, which runs unchanged on gloo (CPU) and NCCL (GPU), or,
 for CPU tensors between ranks of one host, shared-memory rings (``shm.py``, ``set_transport``):
-the same messages in the same order, without gloo's socket and transport thread.
+the same messages in the same order, without gloo's socket and transport thread. Ranks that share
+a GPU (``transport.py``) stage device tensors: copied to pinned host memory, carried as CPU
+tensors are, copied back to the device (``set_transport(..., staged=True)``, ``wire_device``).
 
 ``set_overlap(False)`` makes every exchange wait for its transfers as soon as they are posted
 (the same messages in the same order, so the same numbers): on a CPU host loaded far beyond its
@@ -29,6 +31,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from ..device import copy_to_host, host_empty
 from .axis import Axis
 
 __all__ = [
@@ -43,6 +46,7 @@ __all__ = [
     "ring_bytes",
     "set_overlap",
     "set_transport",
+    "wire_device",
 ]
 
 
@@ -94,11 +98,27 @@ _overlap = [os.environ.get("JIGSAW_OVERLAP", "on").lower() != "off"]
 
 
 _transport: list = [None]  # a shm.SharedMemoryTransport carrying CPU messages, or None
+_staged = [False]  # device tensors cross ranks through host memory (ranks sharing a GPU)
 
 
-def set_transport(transport: object | None) -> None:
-    """Carry CPU point-to-point messages through ``transport`` (None: the process group)."""
+def set_transport(transport: object | None, staged: bool = False) -> None:
+    """Carry CPU point-to-point messages through ``transport`` (None: the process group); ``staged``:
+    copy device tensors to host memory for every message (the process group carries host memory)."""
     _transport[0] = transport
+    _staged[0] = staged
+
+
+def wire_device(device: torch.device) -> torch.device:
+    """Where a tensor handed to the process group lives: the CPU when messages are staged, else
+    ``device`` (the rank's own: NCCL takes device tensors only)."""
+    return torch.device("cpu") if _staged[0] else device
+
+
+def _to_host(t: torch.Tensor) -> torch.Tensor:
+    """``t`` copied to pinned host memory, the copy finished (a send reads the memory at once)."""
+    host, wait = copy_to_host(t.contiguous())
+    wait()
+    return host
 
 
 def set_overlap(enabled: bool) -> None:
@@ -139,11 +159,13 @@ def _nbytes(t: torch.Tensor) -> int:
 
 
 class Pending:
-    """Received tensors of an exchange in flight; ``wait()`` returns them."""
+    """Received tensors of an exchange in flight; ``wait()`` returns them (on ``device``: staged
+    messages are copied there from host memory)."""
 
-    def __init__(self, works: list, received: list[torch.Tensor]):
+    def __init__(self, works: list, received: list[torch.Tensor], device: torch.device | None = None):
         self._works = works
         self._received = received
+        self._device = device
 
     def wait(self) -> list[torch.Tensor]:
         if self._works:
@@ -151,6 +173,9 @@ class Pending:
                 for w in self._works:
                     w.wait()
         self._works = []
+        if self._device is not None:
+            self._received = [b.to(self._device, non_blocking=True) for b in self._received]
+            self._device = None
         return self._received
 
 
@@ -171,14 +196,18 @@ def exchange(
     sizes are global knowledge, so sender and receiver agree. Messages between one pair with
     one ``tag`` are matched in the order they were posted on both sides.
     """
+    staged = device if device.type != "cpu" and _staged[0] else None
+    if staged is not None:
+        sends = [(peer, _to_host(t)) for peer, t in sends if t.numel()]
+        device = torch.device("cpu")
     shm = _transport[0] if device.type == "cpu" else None
     if shm is not None:
-        return _exchange_shm(shm, sends, recvs, op=op, dtype=dtype, tag=tag)
+        return _exchange_shm(shm, sends, recvs, op=op, dtype=dtype, tag=tag, staged=staged)
     ops: list[dist.P2POp] = []
     received: list[torch.Tensor] = []
     sent_bytes = recv_bytes = 0
     for peer, shape in recvs:
-        buf = torch.empty(shape, dtype=dtype, device=device)
+        buf = _buffer(shape, dtype, device, staged)
         received.append(buf)
         if buf.numel():
             ops.append(dist.P2POp(dist.irecv, buf, peer, axis.group, tag))
@@ -189,19 +218,28 @@ def exchange(
             sent_bytes += _nbytes(tensor)
     ledger.record(op, sent_bytes, recv_bytes)
     works = dist.batch_isend_irecv(ops) if ops else []
-    pending = Pending(works, received)
+    pending = Pending(works, received, staged)
     if not _overlap[0]:
         pending.wait()
     return pending
 
 
-def _exchange_shm(shm, sends, recvs, *, op: str, dtype: torch.dtype, tag: int) -> Pending:
+def _buffer(
+    shape: Sequence[int], dtype: torch.dtype, device: torch.device, staged: torch.device | None
+) -> torch.Tensor:
+    """A receive buffer: on ``device``, or in pinned host memory bound for ``staged``."""
+    if staged is not None:
+        return host_empty(shape, dtype, staged)
+    return torch.empty(shape, dtype=dtype, device=device)
+
+
+def _exchange_shm(shm, sends, recvs, *, op: str, dtype: torch.dtype, tag: int, staged=None) -> Pending:
     """``exchange`` through the shared-memory rings (the same skipping of empty tensors)."""
-    received = [torch.empty(shape, dtype=dtype) for _, shape in recvs]
+    received = [_buffer(shape, dtype, torch.device("cpu"), staged) for _, shape in recvs]
     posted_recvs = [(peer, buf) for (peer, _), buf in zip(recvs, received) if buf.numel()]
     posted_sends = [(peer, t.contiguous()) for peer, t in sends if t.numel()]
     ledger.record(op, sum(_nbytes(t) for _, t in posted_sends), sum(_nbytes(b) for _, b in posted_recvs))
-    pending = Pending([shm.post(posted_sends, posted_recvs, tag)], received)
+    pending = Pending([shm.post(posted_sends, posted_recvs, tag)], received, staged)
     if not _overlap[0]:
         pending.wait()
     return pending
@@ -224,5 +262,10 @@ def all_reduce_(
         moved = ring_bytes("all_reduce", _nbytes(tensor), axis.size)
         ledger.record(op, moved, moved)
         with blocking():
-            dist.all_reduce(tensor, op=reduce, group=axis.group)
+            if tensor.device.type != "cpu" and _staged[0]:
+                host = _to_host(tensor)
+                dist.all_reduce(host, op=reduce, group=axis.group)
+                tensor.copy_(host, non_blocking=True)
+            else:
+                dist.all_reduce(tensor, op=reduce, group=axis.group)
     return tensor

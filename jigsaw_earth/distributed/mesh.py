@@ -23,11 +23,20 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..argtypes import parse_ints
-from ..device import default_backend, resolve_device
+from ..device import resolve_device
 from . import comm, shm
 from .axis import Axis
+from .transport import Transport, choose_transport
 
-__all__ = ["Axis", "DomainMesh", "MeshShape", "init_mesh", "parse_mesh", "slurm_environment"]
+__all__ = [
+    "Axis",
+    "DomainMesh",
+    "MeshShape",
+    "init_mesh",
+    "parse_mesh",
+    "rank_transport",
+    "slurm_environment",
+]
 
 log = logging.getLogger(__name__)
 AXES = ("data", "ensemble", "lat", "lon")
@@ -103,6 +112,7 @@ class DomainMesh:
         self.shape = shape
         self.rank = rank
         self.device = device or torch.device("cpu")
+        self.transport = "single process"  # how this rank's messages travel (init_mesh says)
         group = rank // shape.domain_size  # data × ensemble position
         self.coord = (group // shape.ensemble, (rank // shape.lon) % shape.lat, rank % shape.lon)
         self.ensemble_index = group % shape.ensemble
@@ -177,8 +187,9 @@ class DomainMesh:
     def _build_groups(self) -> None:
         """Create process groups; every rank must call this in the same order."""
         shape = self.shape
+        wire = comm.wire_device(self.device)  # where tensors handed to the process group live
         self.device_mesh = init_device_mesh(
-            self.device.type, (shape.data, shape.ensemble, shape.lat, shape.lon), mesh_dim_names=AXES
+            wire.type, (shape.data, shape.ensemble, shape.lat, shape.lon), mesh_dim_names=AXES
         )
         for name in AXES:
             if getattr(shape, name) > 1:
@@ -214,7 +225,7 @@ class DomainMesh:
         for name in ("data", "ensemble", "replicas", "lat", "lon", "domain"):
             group = self._axes[name].group
             if group is not None:
-                dist.all_reduce(torch.zeros(1, device=self.device), group=group)
+                dist.all_reduce(torch.zeros(1, device=wire), group=group)
 
     def __repr__(self) -> str:
         ens = f", ensemble={self.ensemble_index}" if self.shape.ensemble > 1 else ""
@@ -293,10 +304,11 @@ def init_mesh(
 
     With no launcher variables and a world size of 1 no process group is created. ``shape``
     defaults to ``1 × 1 × world_size`` (all ranks split longitude). ``transport`` (default: the
-    ``JIGSAW_TRANSPORT`` environment variable, else ``auto``): ``auto`` carries CPU point-to-point
-    messages between ranks of one host through shared memory (``shm.py``), ``backend`` through
-    the process group. ``device``: ``distributed.device`` (``device.resolve_device``; ``auto`` with
-    ``backend="gloo"`` stays on the CPU).
+    ``JIGSAW_TRANSPORT`` environment variable, else ``auto``): ``transport.choose_transport``
+    (shared-memory rings between CPU ranks of one host, NCCL between GPUs, messages staged through
+    host memory when ranks share a GPU). ``device``: ``distributed.device``
+    (``device.resolve_device``; ``auto`` with ``backend="gloo"`` stays on the CPU). Each rank logs
+    its device and how its messages travel (``DomainMesh.transport``).
     """
     os.environ.update(slurm_environment())
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -307,27 +319,29 @@ def init_mesh(
     mesh = DomainMesh(shape, rank, dev)
     if world_size == 1 and not dist.is_initialized():
         return mesh
+    plan = rank_transport(transport, dev, backend)
     if not dist.is_initialized():
-        backend = backend or default_backend(dev)
         dist.init_process_group(
-            backend,
+            plan.backend,
             rank=rank,
             world_size=world_size,
             timeout=timedelta(seconds=timeout_s),
-            device_id=dev if backend == "nccl" else None,
+            device_id=plan.bound_device(dev),
         )
     _check_world(shape, dist.get_world_size())
+    comm.set_transport(None, plan.staged)
     mesh._build_groups()
-    _connect_transport(transport or os.environ.get("JIGSAW_TRANSPORT", "auto"), dev, timeout_s)
+    rings = shm.connect(timeout_s) if plan.rings else None
+    comm.set_transport(rings, plan.staged)
+    shared = f", shared by {plan.sharing} ranks" if plan.sharing > 1 else ""
+    mesh.transport = f"{dev}{shared}: {plan.describe(rings is not None)}"
+    log.info("rank %d: %s", rank, mesh.transport)
     log.debug("rank %d: %r", rank, mesh)
     return mesh
 
 
-def _connect_transport(transport: str, device: torch.device, timeout_s: float) -> None:
-    if transport not in ("auto", "backend"):
-        raise ValueError(
-            f"transport {transport!r}: use auto (shared memory between CPU ranks of one host) "
-            f"or backend (the process group's own)"
-        )
-    use = transport == "auto" and device.type == "cpu"
-    comm.set_transport(shm.connect(timeout_s) if use else None)
+def rank_transport(transport: str | None, device: torch.device, backend: str | None) -> Transport:
+    """This rank's ``Transport``: ``transport`` (default ``JIGSAW_TRANSPORT``, else ``auto``) for
+    ``device`` with this host's ranks (``local_ranks``)."""
+    request = transport or os.environ.get("JIGSAW_TRANSPORT", "auto")
+    return choose_transport(request, device, backend, local_ranks())

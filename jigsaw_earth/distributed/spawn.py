@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from ..device import load_device_plugin
 from .mesh import DomainMesh, MeshShape, init_mesh
 
 __all__ = ["free_port", "spawn"]
@@ -41,6 +42,7 @@ def _worker(
         MASTER_PORT=str(port),
     )
     torch.set_num_threads(1)
+    load_device_plugin()
     mesh = init_mesh(shape, backend="gloo" if device == "cpu" else None, timeout_s=300, device=device)
     try:
         result = fn(mesh, *args)
