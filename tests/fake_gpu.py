@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import json
 import os
 import sys
 import threading
@@ -42,6 +43,7 @@ __all__ = ["DeviceMixing", "FakeGpu", "FakeGpuTensor", "HostRead", "activate", "
 
 TYPE = "fakegpu"
 COUNT_ENV = "FAKEGPU_COUNT"
+REPORT_ENV = "FAKEGPU_REPORT"
 _registered: list[bool] = [False]
 _active: list[FakeGpu] = []
 
@@ -412,7 +414,9 @@ def fake_gpu() -> Iterator[FakeGpu]:
 
 def activate() -> None:
     """The device plugin's entry (``JIGSAW_DEVICE_PLUGIN``): the guard on for the rest of this
-    process, in every thread; the rank's host reads are printed at exit."""
+    process, in every thread. At exit the rank's host reads are printed, and with
+    ``FAKEGPU_REPORT=DIR`` written to ``DIR/rank-R-PID.json`` with its ``torch.distributed`` calls by
+    operator and any CPU tensors handed to them (``fake_nccl``)."""
     if active() is not None:
         return
     _register()
@@ -421,8 +425,18 @@ def activate() -> None:
     mode.__enter__()
     _Moves(mode).__enter__()
     _active.append(mode)
-    report = f"fake_gpu: rank {rank()}: {{}} host reads"
-    atexit.register(lambda: print(report.format(len(mode.host_reads)), file=sys.stderr))
+    atexit.register(_report, mode)
+
+
+def _report(mode: FakeGpu) -> None:
+    import fake_nccl
+
+    print(f"fake_gpu: rank {rank()}: {len(mode.host_reads)} host reads", file=sys.stderr)
+    folder = os.environ.get(REPORT_ENV)
+    if folder:
+        report = {"rank": int(rank()), "host_reads": len(mode.host_reads), "calls": dict(fake_nccl.CALLS),
+                  "cpu_handoffs": fake_nccl.HANDOFFS}  # fmt: skip
+        Path(folder, f"rank-{rank()}-{os.getpid()}.json").write_text(json.dumps(report))
 
 
 def main(argv: list[str]) -> int:

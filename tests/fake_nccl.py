@@ -18,6 +18,8 @@ results back on the device:
 
 A group of another backend (gloo: ranks sharing a device stage their messages through host
 memory) takes host tensors only. Each error names the call, the rank and the place in the code.
+``CALLS`` counts the calls checked on this rank by operator; with ``FAKENCCL_RECORD=1`` a CPU tensor
+handed to NCCL is recorded in ``HANDOFFS`` (and carried) instead of raising, so a run counts them.
 Point-to-point messages are matched by gloo, which refuses a size that differs from the receive;
 a dtype that differs at the same byte count is not detected.
 """
@@ -28,6 +30,7 @@ import os
 import socket
 import sys
 import traceback
+from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -35,10 +38,13 @@ import torch
 import torch.distributed as dist
 from torch.utils._pytree import tree_flatten, tree_map
 
-__all__ = ["NAME", "NcclRule", "collective", "register"]
+__all__ = ["CALLS", "HANDOFFS", "NAME", "NcclRule", "collective", "register"]
 
 NAME = "fakenccl"
 TYPE = "fakegpu"
+RECORD_ENV = "FAKENCCL_RECORD"
+CALLS: Counter[str] = Counter()  # c10d operators checked on this rank, by name
+HANDOFFS: list[str] = []  # CPU tensors handed to NCCL, when recorded instead of refused
 _shadows: dict[int, tuple[Any, Any]] = {}  # id(gloo backend) -> (it, a gloo ProcessGroup carrying it)
 # collectives every rank of the group enters with the same dtype and element count
 _MATCHED = (
@@ -102,15 +108,22 @@ def _shadow(group: Any) -> Any:
 
 
 def _where() -> str:
-    """The innermost frame of the package's code that made the call, and its communication site."""
+    """The innermost frame of the package's code that made the call (past ``comm.py``'s own), and
+    its communication site."""
     frames = traceback.extract_stack()[:-3]
-    ours = [f for f in frames if "jigsaw_earth/" in f.filename or "/models/" in f.filename]
+    ours = [f for f in frames if _ours(f.filename)]
     frame = (ours or frames)[-1]
     name = frame.filename
     name = name[name.index("jigsaw_earth/") :] if "jigsaw_earth/" in name else name
     comm = sys.modules.get("jigsaw_earth.distributed.comm")
     site = "/".join(comm.ledger._stack) if comm is not None and comm.ledger._stack else ""
     return f" (at {name}:{frame.lineno} in {frame.name}{f', site {site!r}' if site else ''})"
+
+
+def _ours(filename: str) -> bool:
+    """A file of the package's code other than ``comm.py`` (which every call passes through)."""
+    package = "jigsaw_earth/" in filename or "/models/" in filename
+    return package and "distributed/comm.py" not in filename
 
 
 def _group(args: tuple) -> tuple[int, Any]:
@@ -138,13 +151,14 @@ def collective(func: Any, args: tuple, kwargs: dict, unwrap: Callable, fake: typ
                 f"{backend} group carries host memory (stage device tensors through the host){_where()}"
             )
         return func(*args, **kwargs)
+    CALLS[name] += 1
     _check(name, tensors, fake)
     _check_sizes(name, args, group.size())
     shadow = _shadow(group)
     if name in _MATCHED:
         _check_matched(name, tensors, shadow)
     inner = list(tree_map(unwrap, args))
-    inner[at] = shadow.boxed()
+    inner[at] = shadow.boxed()  # (a recorded CPU tensor travels as it is)
     out = func(*inner, **tree_map(unwrap, kwargs))
     own = {id(unwrap(t)): t for t in tensors}
     return tree_map(lambda x: own.get(id(x), x) if isinstance(x, torch.Tensor) else x, out)
@@ -159,10 +173,14 @@ def _check(name: str, tensors: list[torch.Tensor], fake: type) -> None:
         )
     for t in tensors:
         if not isinstance(t, fake):
-            raise NcclRule(
+            refusal = (
                 f"rank {_rank()}: {name} got a CPU tensor of shape {tuple(t.shape)}: NCCL takes device "
                 f"tensors only (gloo accepts it, so CPU runs pass){_where()}"
             )
+            if os.environ.get(RECORD_ENV) != "1":
+                raise NcclRule(refusal)
+            HANDOFFS.append(refusal)
+            continue
         if t.index != module.current:
             raise NcclRule(
                 f"rank {_rank()}: {name} got a tensor on {t.device}, but this rank's device is "

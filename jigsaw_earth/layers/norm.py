@@ -287,7 +287,8 @@ class GroupNorm(_AffineNorm):
         self.num_groups, self.eps = num_groups, eps
         self._tile_shape = domain.tile.shape  # read once: forward touches no cached_property
         per = channels // num_groups
-        self._counts = torch.tensor([per * t.shape[0] * t.shape[1] for t in domain.grid.tiles()])
+        counts = torch.tensor([per * t.shape[0] * t.shape[1] for t in domain.grid.tiles()])
+        self.register_buffer("_counts", counts, persistent=False)  # moves with the model to its device
         self._total = per * domain.grid.n_lat * domain.grid.n_lon
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
