@@ -43,7 +43,7 @@ __all__ = ["CALLS", "HANDOFFS", "NAME", "NcclRule", "collective", "register"]
 NAME = "fakenccl"
 TYPE = "fakegpu"
 RECORD_ENV = "FAKENCCL_RECORD"
-CALLS: Counter[str] = Counter()  # c10d operators checked on this rank, by name
+CALLS: Counter[str] = Counter()  # c10d operators checked on this rank: "BACKEND NAME" -> calls
 HANDOFFS: list[str] = []  # CPU tensors handed to NCCL, when recorded instead of refused
 _shadows: dict[int, tuple[Any, Any]] = {}  # id(gloo backend) -> (it, a gloo ProcessGroup carrying it)
 # collectives every rank of the group enters with the same dtype and element count
@@ -144,6 +144,7 @@ def collective(func: Any, args: tuple, kwargs: dict, unwrap: Callable, fake: typ
     backend = dist.get_backend(group)
     tensors = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
     if backend != NAME:
+        CALLS[f"{backend} {name}"] += 1
         on_device = [t for t in tensors if isinstance(t, fake)]
         if on_device:
             raise NcclRule(
@@ -151,7 +152,7 @@ def collective(func: Any, args: tuple, kwargs: dict, unwrap: Callable, fake: typ
                 f"{backend} group carries host memory (stage device tensors through the host){_where()}"
             )
         return func(*args, **kwargs)
-    CALLS[name] += 1
+    CALLS[f"{backend} {name}"] += 1
     _check(name, tensors, fake)
     _check_sizes(name, args, group.size())
     shadow = _shadow(group)
