@@ -211,3 +211,28 @@ def test_the_guard_refuses_what_nccl_refuses(monkeypatch: pytest.MonkeyPatch) ->
         assert "entered different collectives" in got["sizes differ"], got
         assert "the group times the shard" in got["all-gather output"], got
         assert got["allowed"] == "[0, 1] [2.0, 2.0, 2.0]", got
+
+
+def test_the_transport_of_a_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One rank per GPU keeps NCCL; more ranks on a host than its GPUs (or ``host`` asked) stage
+    through host memory over gloo; NCCL asked for ranks that share a GPU is refused with the fix."""
+    from jigsaw_earth.distributed import transport
+
+    monkeypatch.setattr(transport, "device_count", lambda kind: 2)
+    gpu, cpu = torch.device("cuda", 0), torch.device("cpu")
+    choose = transport.choose_transport
+    assert choose("auto", gpu, None, 2) == transport.Transport("nccl", False, False, 1)
+    assert choose("backend", gpu, None, 2) == transport.Transport("nccl", False, False, 1)
+    assert choose("auto", gpu, None, 4) == transport.Transport("gloo", True, True, 2)
+    assert choose("host", gpu, None, 2) == transport.Transport("gloo", True, True, 1)
+    assert choose("backend", gpu, None, 3) == transport.Transport("gloo", True, False, 2)
+    assert choose("auto", cpu, None, 4) == transport.Transport("gloo", False, True, 1)
+    assert choose("backend", cpu, None, 4) == transport.Transport("gloo", False, False, 1)
+    assert choose("auto", gpu, None, 2).bound_device(gpu) == gpu
+    assert choose("auto", gpu, None, 4).bound_device(gpu) is None
+    with pytest.raises(ValueError, match=r"4 ranks on this host share its 2 cuda device.*backend=auto"):
+        choose("auto", gpu, "nccl", 4)
+    with pytest.raises(ValueError, match="transport=host stages messages through host memory"):
+        choose("host", gpu, "nccl", 2)
+    with pytest.raises(ValueError, match=r"distributed\.transport='nvlink': use auto"):
+        choose("nvlink", gpu, None, 2)

@@ -279,9 +279,13 @@ class DistributedConfig(Section):
         "messages and numbers; faster only on a CPU host loaded beyond its cores, docs/scaling.md)",
         "on",
     )
-    transport: Literal["auto", "backend"] = doc(
-        "CPU point-to-point messages between ranks of one host: auto = shared-memory rings (no "
-        "socket, no transport thread; docs/scaling.md), backend = the process group's (gloo)",
+    transport: Literal["auto", "host", "backend"] = doc(
+        "how messages travel between ranks (distributed/transport.py): auto = shared-memory rings "
+        "between CPU ranks of one host (no socket, no transport thread; docs/scaling.md), NCCL between "
+        "GPUs with one rank each, and, when a host's ranks outnumber its GPUs, ranks sharing them with "
+        "every message staged through pinned host memory (NCCL refuses two ranks on one GPU); host = "
+        "stage GPU messages through host memory even with a GPU per rank; backend = the process "
+        "group's own (no rings)",
         "auto",
     )
 
