@@ -72,7 +72,7 @@ def test_ranks_sharing_one_fake_gpu_stage_their_messages(tmp_path: Path) -> None
     run, ranks = _selftest(tmp_path, "--nproc", "2", "--models", "unet", FAKEGPU_COUNT="1")
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-6000:]
     for rank in (0, 1):
-        line = f"rank {rank}: fakegpu:0, shared by 2 ranks: staged through pinned host memory, shared-memory"
+        line = f"rank {rank}: fakegpu:0 (shared by 2 ranks): staged through pinned host memory, shared-memory"
         assert line in run.stdout, run.stdout
     assert all(r.endswith("PASS") for r in run.stdout.splitlines() if r.startswith("unet:")), run.stdout
     assert ranks and all(k.startswith("gloo ") for r in ranks for k in r["calls"]), ranks

@@ -26,7 +26,7 @@ from ..argtypes import parse_ints
 from ..device import resolve_device
 from . import comm, shm
 from .axis import Axis
-from .transport import Transport, choose_transport
+from .transport import Transport, choose_transport, describe_ranks
 
 __all__ = [
     "Axis",
@@ -333,9 +333,12 @@ def init_mesh(
     mesh._build_groups()
     rings = shm.connect(timeout_s) if plan.rings else None
     comm.set_transport(rings, plan.staged)
-    shared = f", shared by {plan.sharing} ranks" if plan.sharing > 1 else ""
+    shared = f" (shared by {plan.sharing} ranks)" if plan.sharing > 1 else ""
     mesh.transport = f"{dev}{shared}: {plan.describe(rings is not None)}"
-    log.info("rank %d: %s", rank, mesh.transport)
+    everyone: list = [None] * world_size
+    dist.all_gather_object(everyone, mesh.transport)
+    if rank == 0:  # the other ranks log warnings only
+        log.info("messages between ranks: %s", describe_ranks(everyone))
     log.debug("rank %d: %r", rank, mesh)
     return mesh
 

@@ -27,7 +27,7 @@ import torch
 
 from ..device import default_backend, device_count
 
-__all__ = ["TRANSPORTS", "Transport", "choose_transport"]
+__all__ = ["TRANSPORTS", "Transport", "choose_transport", "describe_ranks"]
 
 TRANSPORTS = ("auto", "backend", "host")
 
@@ -86,3 +86,17 @@ def choose_transport(request: str, device: torch.device, backend: str | None, lo
             )
         return Transport(native, False, False, sharing)
     return Transport(backend or "gloo", True, rings, sharing)
+
+
+def describe_ranks(transports: list[str], shown: int = 16) -> str:
+    """Every rank's ``DEVICE: HOW`` (``DomainMesh.transport``) in one line, ranks grouped by how their
+    messages travel: ``fakenccl, device to device: rank 0 fakegpu:0, rank 1 fakegpu:1``."""
+    groups: dict[str, list[str]] = {}
+    for rank, line in enumerate(transports):
+        device, _, how = line.partition(": ")
+        groups.setdefault(how, []).append(f"rank {rank} {device}")
+    parts = []
+    for how, ranks in groups.items():
+        more = f", … ({len(ranks)} ranks)" if len(ranks) > shown else ""
+        parts.append(f"{how}: {', '.join(ranks[:shown])}{more}")
+    return "; ".join(parts)
