@@ -71,6 +71,8 @@ def register() -> None:
     # NCCL's groups split (DeviceMesh on a bound device); gloo splits too, but torch deep-copies the
     # parent's options first, which gloo's cannot be (a split does not change them)
     dist.ProcessGroupGloo._Options.__deepcopy__ = lambda self, memo: self
+    # a rank outside a new group takes part in NCCL's split of a bound group; gloo's needs nothing
+    dist.ProcessGroupGloo.perform_nocolor_split = lambda self, device: None
 
 
 def _create(store: Any, rank: int, size: int, timeout: Any) -> Any:
