@@ -102,7 +102,9 @@ def resolve_device(request: str = "auto", local_rank: int | None = None) -> torc
         )
     if device.index is None:
         device = torch.device(device.type, local_rank % max(1, device_count(device.type)))
-    torch.get_device_module(device.type).set_device(device)
+    module = torch.get_device_module(device.type)
+    if hasattr(module, "set_device"):  # the current device: NCCL's object collectives and barriers use it
+        module.set_device(device)
     return device
 
 
@@ -151,14 +153,19 @@ def free_bytes(device: torch.device, local_ranks: int = 1) -> int:
     return avail // max(1, local_ranks)
 
 
+def _pins(device: torch.device) -> bool:
+    """Whether host memory bound for ``device`` is page-locked (a GPU's; not the CPU's or MPS's)."""
+    return device.type not in ("cpu", "mps")
+
+
 def pin(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     """``tensor`` in page-locked host memory when it is bound for a GPU (non-blocking copies)."""
-    return tensor.pin_memory() if device.type != "cpu" else tensor
+    return tensor.pin_memory() if _pins(device) else tensor
 
 
 def host_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """An uninitialised host tensor, page-locked when it is bound for (or comes from) a GPU."""
-    return torch.empty(tuple(shape), dtype=dtype, pin_memory=device.type != "cpu")
+    return torch.empty(tuple(shape), dtype=dtype, pin_memory=_pins(device))
 
 
 def device_name(device: torch.device) -> str:

@@ -30,7 +30,7 @@ def on_rank0(mesh: DomainMesh, fn: Callable[[], T]) -> T | None:
             failure = err
     if mesh.is_distributed and dist.is_initialized():
         box = [None if failure is None else _portable(failure)]
-        dist.broadcast_object_list(box, src=0, device=mesh.device if mesh.device.type == "cuda" else None)
+        dist.broadcast_object_list(box, src=0)  # on the group's own device (NCCL's: the current GPU)
         if box[0] is not None and failure is None:
             failure = _rebuild(box[0])
     if failure is not None:
