@@ -34,7 +34,30 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "config", nargs="?", help="the run's YAML config (e.g. configs/demo.yaml or RUN_DIR/config.yaml)"
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
-    p.add_argument("--out", help="forecast store to write (WB2 forecast layout); optional with --score")
+    p.add_argument(
+        "--out", help="forecast store (WB2 forecast layout) or, with --format grib2|netcdf, folder; optional with --score"
+    )
+    p.add_argument(
+        "--format",
+        choices=("zarr", "grib2", "netcdf"),
+        default="zarr",
+        help="zarr: one store (default); grib2 or netcdf: a folder of files (--template)",
+    )
+    p.add_argument(
+        "--template",
+        metavar="NAME",
+        help="file names of --format grib2|netcdf from {date} {time} {step} [{number}] (default "
+        "{date}{time}_{step:03d}.grib2, {date}{time}.nc)",
+    )
+    p.add_argument(
+        "--init",
+        metavar="SOURCE",
+        help="forecast from this analysis (GRIB file or folder as IFS open data, GFS or the CDS publish "
+        "them; netCDF; Zarr) instead of data.store's inits; on the model's grid",
+    )
+    p.add_argument(
+        "--time", nargs="+", metavar="T", help="with --init: only these of its times, e.g. 2024-01-01T00"
+    )
     p.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
     p.add_argument("--start", help="first initialisation time (default: data.val_period[0])")
     p.add_argument("--end", help="last initialisation time (default: data.val_period[1])")
@@ -90,6 +113,32 @@ def _check_period(start: str, end: str) -> None:
             raise ValueError(f"{option} {text!r} is not a date; write YYYY-MM-DD or YYYY-MM-DDTHH") from None
     if np.datetime64(start, "h") > np.datetime64(end, "h"):
         raise ValueError(f"--start {start} is after --end {end}; swap them")
+
+
+READ_BACK = {
+    "zarr": "open it with xarray.open_zarr({path!r})",
+    "grib2": "read its files with ecCodes (grib_ls {path}/*.grib2) or xarray.open_dataset(FILE, engine='cfgrib', "
+    "backend_kwargs={{'indexpath': ''}}) (--template: other names)",
+    "netcdf": "open its files with xarray.open_mfdataset({path!r} + '/*.nc')",
+}
+
+
+def _init_period(args: argparse.Namespace, cfg: TrainConfig) -> tuple[str, str]:
+    """``--start``/``--end`` (default ``data.val_period``) select data.store's inits; ``--init`` its own."""
+    if args.init is not None:
+        given = [o for o, v in (("--start", args.start), ("--end", args.end), ("--max-inits", args.max_inits),
+                                ("--every-hours", args.every_hours != 12)) if v]  # fmt: skip
+        if given:
+            raise ValueError(f"{given[0]} selects inits of data.store; with --init choose its times with --time")
+        return "", ""
+    if args.time:
+        raise ValueError("--time chooses the times of an --init analysis; add --init SOURCE (or use --start/--end)")
+    period = cfg.data.val_period or ["", ""]
+    start, end = args.start or period[0], args.end or period[-1]
+    if not start or not end:
+        raise ValueError("give --start and --end (the config has no data.val_period to default to)")
+    _check_period(start, end)
+    return start, end
 
 
 def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
@@ -151,7 +200,7 @@ def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> N
             for path in write_scores(result.rows, Path(args.scores), info, "--scores", _stores(args, cfg)):
                 print(f"wrote {path}")
     if result.path is not None:
-        print(f"wrote {result.path}; open it with xarray.open_zarr({str(result.path)!r})")
+        print(f"wrote {result.path}; {READ_BACK[args.format].format(path=str(result.path))}")
 
 
 def _unfinished(args: argparse.Namespace) -> int:
@@ -183,11 +232,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give the run's config (predict CONFIG --out STORE ...), or --unfinished [DIR]")
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
-    period = cfg.data.val_period or ["", ""]
-    start, end = args.start or period[0], args.end or period[-1]
-    if not start or not end:
-        raise ValueError("give --start and --end (the config has no data.val_period to default to)")
-    _check_period(start, end)
+    start, end = _init_period(args, cfg)
     if args.seed is not None and args.members is None:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
     if args.first_member and args.members is None:
@@ -222,6 +267,10 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             scores=args.scores,
             first_member=args.first_member,
+            init=args.init,
+            init_times=[t for item in args.time for t in item.split(",") if t] if args.time else None,
+            fmt=args.format,
+            template=args.template,
         )
     except Stopped as err:
         if rank == 0:
