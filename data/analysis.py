@@ -37,14 +37,18 @@ GRID_TOLERANCE_DEG = 1e-5  # GRIB 2 stores degrees in millionths
 
 
 def _grid_text(lat: np.ndarray, lon: np.ndarray) -> str:
-    return f"{len(lat)}x{len(lon)} (latitude {lat.max():g}…{lat.min():g}, longitude {lon.min():g}…{lon.max():g})"
+    return (
+        f"{len(lat)}x{len(lon)} (latitude {lat.max():g}…{lat.min():g}, longitude {lon.min():g}…{lon.max():g})"
+    )
 
 
 def _match(source: np.ndarray, model: np.ndarray, what: str, where: str, grids: str) -> np.ndarray:
     """Storage index in ``source`` of each of the model's coordinate values, or a clear error."""
     order = np.argsort(source, kind="stable")
     pos = np.clip(np.searchsorted(source[order], model), 1, len(source) - 1)
-    near = np.where(np.abs(source[order][pos - 1] - model) <= np.abs(source[order][pos] - model), pos - 1, pos)
+    near = np.where(
+        np.abs(source[order][pos - 1] - model) <= np.abs(source[order][pos] - model), pos - 1, pos
+    )
     off = np.abs(source[order][near] - model)
     if len(source) != len(model) or (off > GRID_TOLERANCE_DEG).any():
         bad = int(np.argmax(off)) if len(source) == len(model) else 0
@@ -81,8 +85,8 @@ class Analysis:
     def fields(self, k: int, tile: Tile) -> np.ndarray:
         """``(C, h, w)`` float32, physical units: initial state ``k`` (of ``times``) on ``tile``."""
         view, names = self.view, self.view.coord_names
-        at = {names["time"]: int(self.time_index[k]), names["latitude"]: self.rows[tile.lat_start : tile.lat_stop],
-              names["longitude"]: self.cols[tile.lon_start : tile.lon_stop]}  # fmt: skip
+        rows, cols = self.rows[tile.lat_start : tile.lat_stop], self.cols[tile.lon_start : tile.lon_stop]
+        at = {names["time"]: int(self.time_index[k]), names["latitude"]: rows, names["longitude"]: cols}
         parts = []
         for var in self.spec.upper_air:
             name = view.resolve(var, upper_air=True)
@@ -115,20 +119,27 @@ def _times(view: StoreView, wanted: Sequence[str] | None) -> tuple[np.ndarray, n
         hit = np.nonzero(have == t)[0]
         if not len(hit):
             listed = ", ".join(str(x)[:16] for x in have[:8]) + (" …" if len(have) > 8 else "")
-            raise ValueError(f"--time {text} is not in --init {view.path} (it holds {len(have)} times: {listed})")
+            raise ValueError(
+                f"--time {text} is not in --init {view.path} (it holds {len(have)} times: {listed})"
+            )
         idx.append(int(hit[0]))
     idx = sorted(set(idx))
     return have[idx], np.asarray(idx)
 
 
 def open_analysis(
-    source: str | Path, data: DataConfig, times: Sequence[str] | None = None, model_grid: StoreView | None = None
+    source: str | Path,
+    data: DataConfig,
+    times: Sequence[str] | None = None,
+    model_grid: StoreView | None = None,
 ) -> Analysis:
     """Open ``--init`` and check it against the model's grid, variables and levels (``data``: the
     run's data config; ``model_grid``: the training store's view, opened from ``data.store`` if None)."""
     where = str(source)
     if "://" not in where and not Path(where).exists():
-        raise FileNotFoundError(f"--init {where} does not exist; give a GRIB or netCDF file, a folder of them, or a Zarr store")
+        raise FileNotFoundError(
+            f"--init {where} does not exist; give a GRIB or netCDF file, a folder of them, or a Zarr store"
+        )
     view = open_source(where)
     model = model_grid if model_grid is not None else StoreView.open(data.store)
     raw_lat = np.asarray(view.dataset[view.coord_names["latitude"]].values, np.float64)
@@ -144,10 +155,14 @@ def open_analysis(
     for var in spec.surface:
         view.resolve(var, upper_air=False)
     if view.messages is not None:  # GRIB: each field at each chosen time, or the message keys found
+        fix = (
+            f"The model needs {list(spec.upper_air)} on levels {list(spec.levels)} and {list(spec.surface)} "
+            f"at every initial time: add the messages, or choose other --time"
+        )
         for var in spec.upper_air:
-            view.messages.require(var, spec.levels, chosen)
+            view.messages.require(var, spec.levels, chosen, fix)
         for var in spec.surface:
-            view.messages.require(var, None, chosen)
+            view.messages.require(var, None, chosen, fix)
     log.info("--init %s: %d initial state(s) %s … %s on the model's %dx%d grid", where, len(chosen),
              str(chosen[0])[:16], str(chosen[-1])[:16], len(model.lat), len(model.lon))  # fmt: skip
     return Analysis(where, view, chosen, spec, rows, cols, index)

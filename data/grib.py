@@ -121,8 +121,8 @@ def scan(files: Iterable[str | Path]) -> list[Message]:
                     h = ec.codes_grib_new_from_file(f)
                 except Exception as err:  # ecCodes raises its own error classes
                     raise ValueError(
-                        f"cannot read {path} after {len(out)} messages: {type(err).__name__}: {err}. The file "
-                        f"is corrupt or truncated (an interrupted download?); download it again"
+                        f"cannot read {path} after {len(out)} messages: {type(err).__name__}: {err}. The "
+                        f"file is corrupt or truncated (an interrupted download?); download it again"
                     ) from None
                 if h is None:
                     break
@@ -217,7 +217,9 @@ class GribMessages:
         groups: dict[tuple[str, str, bool], list[Message]] = defaultdict(list)
         for m in self.messages:
             if m.pressure or m.type_of_level not in PRESSURE:
-                groups[(m.short_name, m.type_of_level if not m.pressure else "pressure", m.pressure)].append(m)
+                groups[(m.short_name, m.type_of_level if not m.pressure else "pressure", m.pressure)].append(
+                    m
+                )
         out: dict[str, _Variable] = {}
         for (short, _, upper), found in groups.items():
             canonical, factor = canonical_name(short, upper, names), 1.0
@@ -274,9 +276,10 @@ class GribMessages:
     def times(self) -> np.ndarray:
         return np.array(sorted({t for v in self.variables.values() for _, t in v.fields}), "datetime64[ns]")
 
-    def require(self, canonical: str, levels: Sequence[float] | None, times: np.ndarray | None = None) -> None:
+    def require(self, canonical: str, levels: Sequence[float] | None, times: np.ndarray | None = None,
+                fix: str | None = None) -> None:  # fmt: skip
         """Raise naming what ``canonical`` lacks at ``levels`` (upper-air) and ``times`` (default: all
-        the source's times), with the message keys found."""
+        the source's times), with the message keys found; ``fix``: what the caller can do about it."""
         var = self.variables.get(canonical)
         if var is None:
             raise ValueError(f"{canonical} is not in {self.where}; found {self.describe()}")
@@ -287,10 +290,16 @@ class GribMessages:
             if not lacking:
                 continue
             at = "" if lev is None else f" level {lev:g} hPa"
-            when = "" if len(lacking) == len(times) else f" at {len(lacking)} of {len(times)} times (first {lacking[0]})"
-            hint = (f"choose --levels among {[int(x) for x in self.levels(canonical)]} or add the messages"
-                    if lev is not None else "add the messages, or choose the times (--start/--end, --time)")
-            raise ValueError(f"{self.where} lacks {what}{at}{when}; found {self.describe()}. {hint}")
+            when = "" if len(lacking) == len(times) else f" at {len(lacking)} of {len(times)} times"
+            hint = fix or (
+                f"Choose --levels among {[int(x) for x in self.levels(canonical)]}, or add the messages"
+                if lev is not None
+                else "Add the messages, or choose --start/--end without them"
+            )
+            raise ValueError(
+                f"{self.where} lacks {what}{at}{when} (first at {str(lacking[0])[:16]}); found "
+                f"{self.describe()}. {hint}"
+            )
 
     # ---- reading ----------------------------------------------------------------------------
     def dataset(self) -> xr.Dataset:
@@ -322,8 +331,8 @@ class GribMessages:
             if periods != {None}:
                 if len(periods) > 1:
                     raise ValueError(
-                        f"{var.short_name} in {self.where} holds accumulations over {sorted(map(str, periods))} "
-                        f"hours; give one accumulation period"
+                        f"{var.short_name} in {self.where} holds accumulations over "
+                        f"{sorted(map(str, periods))} hours; give one accumulation period"
                     )
                 attrs[ACCUMULATION_ATTR] = periods.pop()
             data_vars[name] = xr.Variable(dims, da.stack(rows), attrs)

@@ -107,13 +107,17 @@ def open_source(
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                ds = parts[0] if len(parts) == 1 else xr.combine_by_coords(
-                    parts,
-                    data_vars="minimal",
-                    coords="minimal",
-                    compat="override",
-                    join="outer",
-                    combine_attrs="drop_conflicts",
+                ds = (
+                    parts[0]
+                    if len(parts) == 1
+                    else xr.combine_by_coords(
+                        parts,
+                        data_vars="minimal",
+                        coords="minimal",
+                        compat="override",
+                        join="outer",
+                        combine_attrs="drop_conflicts",
+                    )
                 )
             except ValueError as err:
                 raise ValueError(

@@ -234,7 +234,8 @@ class TrainData:
 
     def batch_of(self, fields: np.ndarray, times: np.ndarray) -> Batch:
         """A forecast's batch from initial states read elsewhere (``predict --init``): ``fields`` ``(B, C,
-        h, w)`` of this rank's tile in physical units at ``times``, normalised as a store's are; no targets."""
+        h, w)`` of this rank's tile in physical units at ``times``, normalised as a store's are; no
+        targets."""
         x = ((np.asarray(fields, np.float32) - self.mean) / self.std).astype(np.float32, copy=False)
         y = np.empty((len(x), 0, *x.shape[1:]), np.float32)
         times = np.asarray(times, "datetime64[ns]")

@@ -22,7 +22,7 @@ SURFACE = {"2m_temperature": "2t", "10m_u_component_of_wind": "10u", "10m_v_comp
 
 
 def packing_error(values: np.ndarray, bits: int = BITS) -> float:
-    """The most simple packing with ``bits`` can change a field: half its step, at most the range / (2^bits − 1)."""
+    """The most simple packing with ``bits`` changes a field: half its step, at most range / (2^bits − 1)."""
     return float(np.ptp(values)) / (2**bits - 1) + 1e-6 * float(np.abs(values).max())
 
 
@@ -41,13 +41,16 @@ def _message(ec, sample: str, keys: dict, values: np.ndarray) -> bytes:
 def _grid(lat: np.ndarray, lon: np.ndarray) -> dict:
     step = float(lon[1] - lon[0])
     return {"Ni": len(lon), "Nj": len(lat), "latitudeOfFirstGridPointInDegrees": float(lat[0]),
-            "latitudeOfLastGridPointInDegrees": float(lat[-1]), "longitudeOfFirstGridPointInDegrees": float(lon[0]),
+            "latitudeOfLastGridPointInDegrees": float(lat[-1]),
+            "longitudeOfFirstGridPointInDegrees": float(lon[0]),
             "longitudeOfLastGridPointInDegrees": float(lon[-1]), "iDirectionIncrementInDegrees": step,
             "jDirectionIncrementInDegrees": abs(float(lat[1] - lat[0])),
             "jScansPositively": int(lat[1] > lat[0])}  # fmt: skip
 
 
-def write_centre_file(path: Path, ds: xr.Dataset, times, levels, style: str = "ifs", skip: tuple = ()) -> Path:
+def write_centre_file(
+    path: Path, ds: xr.Dataset, times, levels, style: str = "ifs", skip: tuple = ()
+) -> Path:
     """``style`` ``ifs`` or ``gfs`` (module doc) from the store ``ds`` (WB2 names) at ``times`` and
     ``levels``; ``skip``: (shortName, level) pairs left out (a missing level)."""
     import eccodes as ec

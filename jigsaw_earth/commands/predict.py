@@ -35,7 +35,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
     p.add_argument(
-        "--out", help="forecast store (WB2 forecast layout) or, with --format grib2|netcdf, folder; optional with --score"
+        "--out",
+        help="forecast store (WB2 forecast layout) or, with --format grib2|netcdf, a folder; optional with "
+        "--score",
     )
     p.add_argument(
         "--format",
@@ -117,8 +119,8 @@ def _check_period(start: str, end: str) -> None:
 
 READ_BACK = {
     "zarr": "open it with xarray.open_zarr({path!r})",
-    "grib2": "read its files with ecCodes (grib_ls {path}/*.grib2) or xarray.open_dataset(FILE, engine='cfgrib', "
-    "backend_kwargs={{'indexpath': ''}}) (--template: other names)",
+    "grib2": "read its files with ecCodes (grib_ls {path}/*.grib2) or xarray.open_dataset(FILE, "
+    "engine='cfgrib', backend_kwargs={{'indexpath': ''}}) (--template: other names)",
     "netcdf": "open its files with xarray.open_mfdataset({path!r} + '/*.nc')",
 }
 
@@ -129,10 +131,14 @@ def _init_period(args: argparse.Namespace, cfg: TrainConfig) -> tuple[str, str]:
         given = [o for o, v in (("--start", args.start), ("--end", args.end), ("--max-inits", args.max_inits),
                                 ("--every-hours", args.every_hours != 12)) if v]  # fmt: skip
         if given:
-            raise ValueError(f"{given[0]} selects inits of data.store; with --init choose its times with --time")
+            raise ValueError(
+                f"{given[0]} selects inits of data.store; with --init choose its times with --time"
+            )
         return "", ""
     if args.time:
-        raise ValueError("--time chooses the times of an --init analysis; add --init SOURCE (or use --start/--end)")
+        raise ValueError(
+            "--time chooses the times of an --init analysis; add --init SOURCE (or use --start/--end)"
+        )
     period = cfg.data.val_period or ["", ""]
     start, end = args.start or period[0], args.end or period[-1]
     if not start or not end:

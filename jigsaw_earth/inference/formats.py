@@ -56,15 +56,18 @@ def file_groups(layout: ForecastLayout, fmt: str, template: str | None) -> dict[
     """File name → the (init, lead, member) items it holds, in order; a bad template is refused."""
     template = template or TEMPLATES[fmt]
     members = list(range(layout.members)) if layout.members else [None]
-    items = [(i, j, m) for i in range(len(layout.init_times)) for j in range(len(layout.leads)) for m in members]
+    items = [
+        (i, j, m) for i in range(len(layout.init_times)) for j in range(len(layout.leads)) for m in members
+    ]
     groups: dict[str, list[Item]] = defaultdict(list)
     try:
         for item in items:
             groups[_name(template, layout, item)].append(item)
     except (KeyError, IndexError, ValueError) as err:
         raise ValueError(
-            f"--template {template!r}: {type(err).__name__} {err}; use the fields {{date}}, {{time}}, {{step}} "
-            f"(e.g. {{step:03d}}) and, for an ensemble, {{number}}; e.g. --template {TEMPLATES[fmt]!r}"
+            f"--template {template!r}: {type(err).__name__} {err}; use the fields {{date}}, {{time}}, "
+            f"{{step}} (e.g. {{step:03d}}) and, for an ensemble, {{number}}; e.g. --template "
+            f"{TEMPLATES[fmt]!r}"
         ) from None
     for name, held in groups.items():
         path = Path(name)
@@ -85,7 +88,9 @@ def check_format(fmt: str, template: str | None, layout: ForecastLayout) -> None
         raise ValueError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
     if fmt == "zarr":
         if template is not None:
-            raise ValueError("--template names the files of --format grib2 or netcdf; a Zarr store is one path")
+            raise ValueError(
+                "--template names the files of --format grib2 or netcdf; a Zarr store is one path"
+            )
         return
     if fmt == "grib2":
         check_grib([*layout.upper_air, *layout.surface], layout.latitude, layout.longitude)
@@ -167,7 +172,10 @@ class FileWriter:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # _progress and _output beside the arrays
             ds = xr.open_zarr(self.tiles.tmp, consolidated=False, chunks={})
-        block = {"time": sorted({i for i, _, _ in items}), "prediction_timedelta": sorted({j for _, j, _ in items})}
+        block = {
+            "time": sorted({i for i, _, _ in items}),
+            "prediction_timedelta": sorted({j for _, j, _ in items}),
+        }
         if self.layout.members:
             block["number"] = sorted({m for _, _, m in items})
         write_netcdf(target, ds.isel(block))

@@ -98,8 +98,8 @@ def check_grib(variables: Iterable[str], latitude: np.ndarray, longitude: np.nda
 def _grid_keys(latitude: np.ndarray, longitude: np.ndarray) -> dict[str, Any]:
     lat, lon = np.asarray(latitude, np.float64), np.asarray(longitude, np.float64)
     return {
-        "Ni": len(lon), "Nj": len(lat),
-        "latitudeOfFirstGridPointInDegrees": float(lat[0]), "latitudeOfLastGridPointInDegrees": float(lat[-1]),
+        "Ni": len(lon), "Nj": len(lat), "latitudeOfFirstGridPointInDegrees": float(lat[0]),
+        "latitudeOfLastGridPointInDegrees": float(lat[-1]),
         "longitudeOfFirstGridPointInDegrees": float(lon[0] % 360), "longitudeOfLastGridPointInDegrees":
         float(lon[-1] % 360), "iDirectionIncrementInDegrees": abs(_regular(lon, "longitudes")),
         "jDirectionIncrementInDegrees": abs(_regular(lat, "latitudes")) if len(lat) > 1 else 0.0,
@@ -124,8 +124,8 @@ def encode(field: GribField, values: np.ndarray, latitude: np.ndarray, longitude
     init = np.datetime64(field.init, "m").astype(object)
     keys: dict[str, Any] = {"centre": CENTRE, "typeOfGeneratingProcess": 2, "significanceOfReferenceTime": 1}
     if field.member is not None:
-        keys.update(productDefinitionTemplateNumber=1, typeOfProcessedData="pf", perturbationNumber=field.member,
-                    numberOfForecastsInEnsemble=field.members)  # fmt: skip
+        keys.update(productDefinitionTemplateNumber=1, typeOfProcessedData="pf",
+                    perturbationNumber=field.member, numberOfForecastsInEnsemble=field.members)  # fmt: skip
     else:
         keys["typeOfProcessedData"] = "fc"
     keys["paramId"] = PARAMS[field.variable]

@@ -41,7 +41,9 @@ def cf_dataset(ds: xr.Dataset) -> xr.Dataset:
     for name in out.coords:
         out[name].encoding.setdefault("_FillValue", None)
     for name, var in out.data_vars.items():
-        chunks = tuple(1 if d in ("time", "prediction_timedelta", "number") else n for d, n in var.sizes.items())
+        chunks = tuple(
+            1 if d in ("time", "prediction_timedelta", "number") else n for d, n in var.sizes.items()
+        )
         out[name].encoding = {"zlib": True, "complevel": 1, "shuffle": True, "chunksizes": chunks,
                               "dtype": np.float32, "_FillValue": np.float32(np.nan)}  # fmt: skip
     return out

@@ -42,8 +42,8 @@ from ..distributed.rank0 import on_rank0
 from ..launch import setup_mesh
 from ..models.run import build_run_model, model_step
 from .campaign import StepLog, check_room, lock_output
-from .formats import check_format, open_writer
 from .forecast_store import KIND, ForecastLayout
+from .formats import check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
 from .progress import Progress, forecast_request
@@ -161,11 +161,11 @@ def run_prediction(
     template: str | None = None,
 ) -> Prediction:
     """Forecast from every selected init (``init``: from the initial states of that analysis, at
-    ``init_times`` or all of its times, instead of the store's inits in ``start`` … ``end``); write the selected variables, levels and leads to ``out``
-    and/or score them (``score``) as the rollout runs (collective). ``mesh``: run on this existing
-    mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one. ``members``: an
-    ensemble of that many members (a ``number`` dimension; None: deterministic, no dimension), their
-    noise drawn with ``seed`` (default ``run.seed``), numbered from ``first_member`` (further members
+    ``init_times`` or all of its times, instead of the store's inits in ``start`` … ``end``); write the
+    selected variables, levels and leads to ``out`` and/or score them (``score``) as the rollout runs
+    (collective). ``mesh``: run on this existing mesh (of ``cfg.mesh``'s shape; it stays up) instead
+    of forming and ending one. ``members``: an ensemble of that many members (a ``number`` dimension;
+    None: deterministic, no dimension), their noise drawn with ``seed`` (default ``run.seed``), numbered from ``first_member`` (further members
     of the same ensemble). ``scores``: the prefix the scores are written to, which names a score-only
     run's in-progress folder (``PREFIX.in-progress``); a stop signal raises ``progress.Stopped`` after
     recording what is done. ``fmt``: ``zarr`` (one store), ``grib2`` or ``netcdf`` (a folder of
