@@ -168,8 +168,8 @@ def run_prediction(
     None: deterministic, no dimension), their noise drawn with ``seed`` (default ``run.seed``),
     numbered from ``first_member`` (further members of the same ensemble). ``scores``: the prefix the
     scores are written to, which names a score-only run's in-progress folder (``PREFIX.in-progress``);
-    a stop signal raises ``progress.Stopped`` after recording what is done. ``fmt``: ``zarr`` (one store), ``grib2`` or ``netcdf`` (a folder of
-    files named by ``template``, ``formats.py``)."""
+    a stop signal raises ``progress.Stopped`` after recording what is done. ``fmt``: ``zarr`` (one
+    store), ``grib2`` or ``netcdf`` (a folder of files named by ``template``, ``formats.py``)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
     if members is not None:
         check(cfg, members, cfg.mesh.ensemble, first_member)
