@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
-
 from jigsaw_earth.data.prepare import prepare_store
 from jigsaw_earth.data.synth import SynthConfig, synth_store
 
@@ -30,7 +29,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> xr.Dataset:
 
 def _assert_fields_equal(prepared: Path, store: xr.Dataset, times: np.ndarray) -> None:
     got = xr.open_zarr(prepared)
-    assert np.array_equal(got["latitude"], store["latitude"]) and np.array_equal(got["longitude"], store["longitude"])
+    assert np.array_equal(got["latitude"], store["latitude"]) and np.array_equal(
+        got["longitude"], store["longitude"]
+    )
     assert np.array_equal(got["time"].values, times)
     names = sorted(v for v in store.data_vars if v not in ("land_sea_mask", "geopotential_at_surface"))
     assert sorted(got.data_vars) == names
@@ -58,7 +59,7 @@ def test_centre_grib_prepares_to_the_same_fields(store: xr.Dataset, tmp_path: Pa
 
 
 def test_files_split_by_time_and_level_type_make_one_store(store: xr.Dataset, tmp_path: Path) -> None:
-    """A folder as a download may split it: pressure levels and surface, and each time, in files of their own."""
+    """A folder as a download may split it: levels and surface, and each time, in files of their own."""
     folder = tmp_path / "download"
     folder.mkdir()
     times = store["time"].values[:3]
@@ -99,8 +100,10 @@ def test_a_missing_variable_or_time_is_refused_with_the_keys_found(store: xr.Dat
     folder.mkdir()
     write_centre_file(folder / "a.grib2", store, times[:1], LEVELS)
     write_centre_file(folder / "b.grib2", store[["temperature"]], times[1:], LEVELS)
-    with pytest.raises(ValueError, match=r"lacks geopotential \(z isobaricInhPa\) level 500 hPa at 1 of 2 times "
-                       r"\(first at 2020-01-01T06:00\)"):  # fmt: skip
+    lacking = (
+        r"lacks geopotential \(z isobaricInhPa\) level 500 hPa at 1 of 2 times \(first at 2020-01-01T06:00\)"
+    )
+    with pytest.raises(ValueError, match=lacking):
         prepare_store(folder, tmp_path / "b.zarr", progress=False)
 
 

@@ -12,7 +12,8 @@ predict's own. A run stopped while converting converts again on resume.
 
 Template fields: ``{date}`` (YYYYMMDD) and ``{time}`` (HHMM) of the init, ``{step}`` (the lead in
 hours; ``{step:03d}`` pads it), ``{number}`` (the member, ensembles only). A file holds every field of
-the inits, leads and members that share its name (a netCDF file: a block of them).
+the inits, leads and members that share its name: a block of inits × leads × members, since the fields
+name inits and leads separately.
 """
 
 from __future__ import annotations
@@ -69,15 +70,12 @@ def file_groups(layout: ForecastLayout, fmt: str, template: str | None) -> dict[
             f"{{step}} (e.g. {{step:03d}}) and, for an ensemble, {{number}}; e.g. --template "
             f"{TEMPLATES[fmt]!r}"
         ) from None
-    for name, held in groups.items():
+    for name in groups:
         path = Path(name)
-        if path.is_absolute() or ".." in path.parts or not path.name:
-            raise ValueError(f"--template {template!r} gives {name!r}; file names must stay inside --out")
-        blocks = [len({item[k] for item in held}) for k in range(3)]
-        if fmt == "netcdf" and int(np.prod(blocks)) != len(held):
+        if path.is_absolute() or ".." in path.parts or not path.name or name == FOLDER_MARKER:
             raise ValueError(
-                f"--template {template!r} puts {len(held)} fields in {name} that are not a block of inits × "
-                f"leads; a netCDF file needs one: add {{date}}{{time}} or {{step}}"
+                f"--template {template!r} gives {name!r}; file names must stay inside --out (and not be "
+                f"{FOLDER_MARKER})"
             )
     return dict(groups)
 
