@@ -220,8 +220,8 @@ def _predict_on_mesh(mesh: DomainMesh, raw: dict, root: str, grib: str) -> str:
     cfg = parse_config(raw)
     for fmt in ("grib2", "netcdf"):  # on the spawned mesh, which stays up between the two
         out = Path(root) / f"mesh-{fmt}"
-        run_prediction(cfg, out, start="", end="", steps=4, init=grib, init_times=[str(INITS[1])[:13]], fmt=fmt,
-                       mesh=mesh)  # fmt: skip
+        at = [str(INITS[1])[:13]]
+        run_prediction(cfg, out, start="", end="", steps=4, init=grib, init_times=at, fmt=fmt, mesh=mesh)
     return root
 
 
