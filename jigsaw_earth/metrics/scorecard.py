@@ -112,14 +112,15 @@ def _half(row: dict[str, Any] | None) -> float | None:
 
 def _cell(row: dict[str, Any] | None, metric: str) -> str:
     """``value±h``, h half the interval's width to 2 significant digits and the value to as many
-    decimals (the value alone without an interval)."""
+    decimals, at most 5 significant digits of the value (the value alone without an interval)."""
     if row is None:
         return ""
-    half = _half(row)
-    if half is None or half <= 0 or math.isnan(row["value"]):
-        return _fmt(row["value"], metric) + ("" if half is None else f"±{half:.2g}")
-    decimals = max(0, 1 - math.floor(math.log10(half)))
-    return f"{row['value']:.{decimals}f}±{half:.{decimals}f}"
+    half, value = _half(row), row["value"]
+    if half is None or half <= 0 or math.isnan(value) or value == 0:
+        return _fmt(value, metric) + ("" if half is None else f"±{half:.2g}")
+    decimals = max(0, min(1 - math.floor(math.log10(half)), 4 - math.floor(math.log10(abs(value)))))
+    shown = f"{half:.{decimals}f}"
+    return f"{value:.{decimals}f}±" + (shown if float(shown) > 0 else f"{half:.0e}")
 
 
 def _published_lines(pub: list[dict[str, Any]], unit: str, period: str) -> list[str]:
