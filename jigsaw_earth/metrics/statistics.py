@@ -157,8 +157,13 @@ class Statistics:
         in two parts is refused)."""
         if len(parts) == 1:
             return parts[0]
-        first = parts[0]
+        first, rest = parts[0], []
         for p in parts[1:]:
+            same = all(set(p.ds[c].values) == set(first.ds[c].values) for c in ("field", "region"))
+            if same:  # the same cells in another order (predict's and score's field orders differ)
+                order = {c: first.ds[c].values for c in ("field", "region")}
+                p = Statistics(p.ds.sel(order), p.source)
+            rest.append(p)
             for coord in ("lead_hours", "field", "region"):
                 if not np.array_equal(p.ds[coord].values, first.ds[coord].values):
                     raise ValueError(
@@ -171,6 +176,7 @@ class Statistics:
                     f"{p.source} holds {sorted(map(str, p.ds.data_vars))} but {first.source} holds "
                     f"{sorted(map(str, first.ds.data_vars))}; join statistics of the same models"
                 )
+        parts = [first, *rest]
         times = np.concatenate([p.times for p in parts])
         values, counts = np.unique(times, return_counts=True)
         if (counts > 1).any():
