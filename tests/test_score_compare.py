@@ -137,6 +137,12 @@ def test_statistics_rescore_join_and_compare(stores: dict[str, Path], tmp_path: 
     argv = [stores["fc"], *truth, "--against", tmp_path / "all-stats.nc", "--out", tmp_path / "k"]
     code, data, text = _score(argv, capsys)
     assert code == 0 and _rmse_against(data, "all")["p_value"] == 1, text
+    argv = [tmp_path / "all-stats.nc", *truth, "--against", stores["scaled"], "--out", tmp_path / "z"]
+    code, data, text = _score([*argv, "--plot", tmp_path / "png"], capsys)  # statistics against a store
+    assert code == 0 and _rmse_against(data, "scaled")["significant"], text
+    assert (tmp_path / "png" / "significance-scaled.png").is_file()
+    code, _, text = _score([tmp_path / "all-stats.nc", *truth, "--out", tmp_path / "y"], capsys)
+    assert code == 2 and "--truth applies to a forecast store" in text, text
     code, _, text = _score(
         [stores["first"], *truth, "--against", stores["later"], "--out", tmp_path / "n"], capsys
     )

@@ -138,7 +138,8 @@ def _outputs(args: argparse.Namespace, variables: list[str], stats_input: bool) 
     first = args.forecast[0]
     if stats_input:  # beside the first file, named by the method: never over the file read
         default = first.with_name(first.name.removesuffix(SUFFIX) + f"-{args.method}")
-        stores = (("--against", args.against),)
+        stores = (("--against", args.against), ("--truth store", args.truth),
+                  ("--climatology store", args.climatology))  # fmt: skip
     else:
         default = first.with_name(first.name.removesuffix(".zarr") + "-scores")
     prefix = args.out or default
@@ -146,7 +147,7 @@ def _outputs(args: argparse.Namespace, variables: list[str], stats_input: bool) 
         raise ValueError(f"--out {prefix} would overwrite the statistics it reads; choose another --out")
     check_scores_output(prefix, "--out", stores)
     if args.plot:
-        regions = [r.name for r in get_regions(args.regions)] if not stats_input else []
+        regions = args.regions if stats_input else [r.name for r in get_regions(args.regions)]
         check_plot_dir(args.plot, regions, variables, "--plot", stores, against=_label(args))
     return prefix
 
@@ -181,13 +182,18 @@ def _store_statistics(
 
 
 def _read_statistics(args: argparse.Namespace) -> Statistics:
-    for option in ("truth", "climatology", "variables", "start", "end"):
+    """FORECAST's statistics files, joined; ``--truth`` and ``--climatology`` only serve to score an
+    ``--against`` store (on the statistics' regions)."""
+    against_store = args.against is not None and not _is_statistics([args.against])
+    for option in ("variables", "start", "end", *(() if against_store else ("truth", "climatology"))):
         if getattr(args, option):
             raise ValueError(
                 f"--{option} applies to a forecast store; FORECAST is statistics, scored as written "
                 f"(leave --{option} out, or score the store)"
             )
-    return Statistics.join([Statistics.read(p) for p in args.forecast])
+    stats = Statistics.join([Statistics.read(p) for p in args.forecast])
+    args.regions = [str(r) for r in stats.ds["region"].values]
+    return stats
 
 
 def _against(args: argparse.Namespace, truth, clim) -> Statistics:
@@ -208,6 +214,7 @@ def _model(stats: Statistics) -> str:
 def run(args: argparse.Namespace) -> int:
     opts = IntervalOptions(args.method, args.confidence, args.replicates, args.seed, args.correction)
     stats_input = _is_statistics(args.forecast)
+    stats = None
     if not stats_input:
         if len(args.forecast) > 1:
             raise ValueError("give one forecast store (several FORECAST are statistics files to join)")
@@ -217,12 +224,14 @@ def run(args: argparse.Namespace) -> int:
         forecast = normalise(_open(args.forecast[0], "forecast"), "forecast")
         variables = args.variables or [str(v) for v in forecast.data_vars]
     else:
-        variables = []
+        stats = _read_statistics(args)
+        variables = list(dict.fromkeys(str(v) for v in stats.ds["variable"].values))
     prefix = _outputs(args, variables, stats_input)
     truth = _open(args.truth, "truth") if args.truth else None
     clim = _open(args.climatology, "climatology") if args.climatology else None
     baselines = read_baselines(args.baselines)
-    stats = _read_statistics(args) if stats_input else _store_statistics(args, args.forecast[0], truth, clim)
+    if stats is None:
+        stats = _store_statistics(args, args.forecast[0], truth, clim)
     model = _model(stats)
     rows = score_rows(stats, opts)
     comparisons = []
@@ -236,6 +245,7 @@ def run(args: argparse.Namespace) -> int:
     first, last = (str(np.datetime_as_string(t, unit="h")) for t in (times.min(), times.max()))
     resolution = stats.ds.attrs.get("resolution", "?")
     n_members = stats.ds.attrs.get("members")
+    n_members = None if n_members is None else int(n_members)  # netCDF gives numpy integers
     interval = opts.info(int(times.size))
     period = init_period(times)
     print(format_scorecard(rows, baselines, resolution, period, members=n_members, interval=interval))
