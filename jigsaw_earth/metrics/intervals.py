@@ -24,6 +24,7 @@ and, for ``dm``, the ``scores`` package (nci/scores):
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -204,9 +205,16 @@ def stationary_counts(n: int, mean_block: float, replicates: int, rng: np.random
     steps = np.arange(n)
     last = np.maximum.accumulate(np.where(jump, steps, 0), axis=1)  # the step of the last jump
     index = (np.take_along_axis(starts, last, axis=1) + steps - last) % n
-    counts = np.zeros((replicates, n))
-    np.add.at(counts, (np.arange(replicates)[:, None], index), 1.0)
-    return counts
+    flat = (np.arange(replicates)[:, None] * n + index).ravel()
+    return np.bincount(flat, minlength=replicates * n).reshape(replicates, n).astype(np.float64)
+
+
+@functools.lru_cache(maxsize=64)  # about as many rounded block lengths as 730 inits give
+def _cached_counts(n: int, mean_block: float, replicates: int, seed: int) -> np.ndarray:
+    """``stationary_counts`` of one rounded block length, drawn from ``seed`` and the block length (so
+    a cell's resamples do not depend on which other cells are scored), kept for the next cells."""
+    rng = np.random.default_rng([seed, round(mean_block * 1e6)])
+    return stationary_counts(n, mean_block, replicates, rng).astype(np.uint16)  # 2 bytes a count
 
 
 def bootstrap(
@@ -219,20 +227,23 @@ def bootstrap(
 ) -> Interval:
     """Stationary-bootstrap interval of ``score(means of series)``: ``series`` maps names to ``(n, C)``
     per-init values (the paired series of a comparison resample together), ``tangents`` (``(n, C)``)
-    choose each cell's block length. Cells of one rounded block length share their resamples. The
+    choose each cell's block length. Cells of one rounded block length share their resamples (drawn
+    from ``seed`` and the block length, and kept for the next call, as WeatherBench-X keeps them). The
     interval is the percentile interval, the standard error the resampled scores' (ddof 1), the
     p-value of "score = 0" twice the smaller tail (mid-rank at 0: a score of exactly 0 everywhere has
     p = 1)."""
     n, c = tangents.shape
     blocks = block_length(tangents)
-    rng = np.random.default_rng(seed)
     value = score({k: v.mean(0) for k, v in series.items()})
     alpha = 1 - confidence
     se, lower, upper, p = (np.full(c, np.nan) for _ in range(4))
     for b in np.unique(blocks):
         cells = np.nonzero(blocks == b)[0]
-        counts = stationary_counts(n, float(b), replicates, rng)
-        resampled = score({k: counts @ v[:, cells] / n for k, v in series.items()})  # (B, cells)
+        counts = _cached_counts(n, float(b), replicates, seed).astype(np.float64)
+        names = list(series)
+        stacked = np.concatenate([series[k][:, cells] for k in names], axis=1)  # (n, names × cells)
+        means = np.split(counts @ stacked / n, len(names), axis=1)
+        resampled = score(dict(zip(names, means)))  # (B, cells)
         se[cells] = resampled.std(0, ddof=1)
         lower[cells], upper[cells] = np.quantile(resampled, [alpha / 2, 1 - alpha / 2], axis=0)
         below = (resampled < 0).mean(0) + 0.5 * (resampled == 0).mean(0)
