@@ -209,8 +209,10 @@ class GribMessages:
                                   for m in v.fields.values() if m.grid == g}) for g in grids}  # fmt: skip
             raise ValueError(
                 f"the GRIB messages of {self.where} are on {len(grids)} grids: "
-                + "; ".join(f"{', '.join(n)} on {g[0]} {g[2]}x{g[1]} from ({g[3]:g}, {g[4]:g})"
-                            for g, n in by_grid.items())
+                + "; ".join(
+                    f"{', '.join(n)} on {g[0]} {g[2]}x{g[1]} from ({g[3]:g}, {g[4]:g})"
+                    for g, n in by_grid.items()
+                )
                 + ". Every field must share one grid: regrid them, or select variables on one grid"
             )
 
