@@ -214,7 +214,7 @@ def test_an_analysis_gives_the_forecast_of_the_same_state_in_the_store(
     a, b = xr.open_zarr(tmp_path / "a.zarr"), xr.open_zarr(tmp_path / "b.zarr")
     for name in b.data_vars:
         assert np.array_equal(a[name].values, b[name].values), name
-    assert one.rows == two.rows and len(one.rows) > 0
+    assert json.dumps(one.rows) == json.dumps(two.rows) and len(one.rows) > 0  # NaN intervals: one init
 
 
 def _predict_on_mesh(mesh: DomainMesh, raw: dict, root: str, grib: str) -> str:
