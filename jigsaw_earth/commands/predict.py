@@ -1,5 +1,6 @@
-"""``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store; ``--members N``
-writes an ensemble (a ``number`` dimension) of a stochastic model.
+"""``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store (``--format
+grib2|netcdf``: a folder of GRIB 2 or CF netCDF files); ``--members N`` writes an ensemble (a ``number`` dimension) of a
+stochastic model; ``--init SOURCE`` starts from an analysis (GRIB, netCDF, Zarr) instead of ``data.store``.
 
 Exit codes: 0 done; 2 a bad config, input or filesystem fault (one line names it and the fix); 75
 stopped on SIGTERM, SIGUSR1 or Ctrl-C before a batch, with every earlier batch recorded in
@@ -172,7 +173,8 @@ def _stores(args: argparse.Namespace, cfg: TrainConfig) -> tuple[tuple[str, str 
     d = cfg.data
     return (("--out store", args.out), ("--truth store", args.truth), ("truth/training store data.store",
             d.store), ("--climatology store", args.climatology),
-            ("climatology", d.climatology or default_climatology_path(d.store)))  # fmt: skip
+            ("climatology", d.climatology or default_climatology_path(d.store)),
+            ("--init source", args.init))  # fmt: skip
 
 
 def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> None:
