@@ -1,6 +1,7 @@
 """``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store (``--format
-grib2|netcdf``: a folder of GRIB 2 or CF netCDF files); ``--members N`` writes an ensemble (a ``number`` dimension) of a
-stochastic model; ``--init SOURCE`` starts from an analysis (GRIB, netCDF, Zarr) instead of ``data.store``.
+grib2|netcdf``: a folder of GRIB 2 or CF netCDF files); ``--members N`` writes an ensemble (a
+``number`` dimension) of a stochastic model; ``--init SOURCE`` starts from an analysis (GRIB, netCDF,
+Zarr) instead of ``data.store``.
 
 Exit codes: 0 done; 2 a bad config, input or filesystem fault (one line names it and the fix); 75
 stopped on SIGTERM, SIGUSR1 or Ctrl-C before a batch, with every earlier batch recorded in
