@@ -344,6 +344,8 @@ def test_refusals_come_before_the_model_loads(demo: dict[str, Path], tmp_path: P
     assert "gh isobaricInhPa 500,850; t isobaricInhPa 500,850; u isobaricInhPa 500;" in _main(
         [*base, *cases[0][0]], capsys)[1]  # fmt: skip
     assert sorted(p.name for p in tmp_path.iterdir()) == ["gfs.grib2"], "nothing written"
+    code, text = _main(["score", demo["root"] / "F", "--truth", demo["root"] / "data.zarr"], capsys)
+    assert code == 2 and "is a folder of grib2 files (predict --format grib2); score reads a" in text, text
 
 
 def test_grib_packing_keeps_each_variable_within_its_bound() -> None:
@@ -370,6 +372,13 @@ def test_grib_packing_keeps_each_variable_within_its_bound() -> None:
         ec.codes_release(h)
         assert np.array_equal(missing, np.isnan(values)), name
         assert np.abs(back - values)[~missing].max() <= bound, name
+    member = GribField("temperature", 500, INITS[1], 12, member=3, members=10)
+    h = ec.codes_new_from_message(encode(member, np.full((32, 64), 250, np.float32), lat, lon))
+    keys = {k: ec.codes_get(h, k) for k in ("number", "typeOfProcessedData", "numberOfForecastsInEnsemble",
+                                            "stepRange", "dataTime", "shortName")}  # fmt: skip
+    ec.codes_release(h)
+    assert keys == {"number": 3, "typeOfProcessedData": "pf", "numberOfForecastsInEnsemble": 10,
+                    "stepRange": "12", "dataTime": 1200, "shortName": "t"}  # fmt: skip
     with pytest.raises(ValueError, match=r"no GRIB parameter for \['total_precipitation_6hr'\]"):
         check_grib(["2m_temperature", "total_precipitation_6hr"], lat, lon)
     with pytest.raises(ValueError, match="not evenly spaced"):
