@@ -207,6 +207,11 @@ def check_scores_output(
     from ..data.outputs import check_file_output, json_with_keys
 
     prefix = Path(prefix)
+    if prefix.name in ("", ".", "..") or prefix.is_dir():
+        raise ValueError(
+            f"{option} {str(prefix)!r} is a folder; {option} takes a PREFIX: PREFIX.json and PREFIX.csv are "
+            f"written, e.g. {option} {prefix / 'scores'}"
+        )
     js, cs = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".csv")
     check_file_output(js, option, "score file (PREFIX.json)", json_with_keys("scores"), protected=protected)
     check_file_output(cs, option, "score table (PREFIX.csv)", _score_csv, protected=protected)

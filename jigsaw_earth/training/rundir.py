@@ -7,7 +7,15 @@ continues the run in ``run.dir``, starts a new one there, or must refuse:
   the old one) or shadow them (``latest`` and pruning would mix two runs): refused;
 * ``resume=auto`` with a newest checkpoint beyond ``training.steps`` (a shorter new run), or one
   written with another model/data/loss/batch configuration: refused;
-* ``resume=PATH`` from outside this run directory while it holds checkpoints: refused.
+* ``resume=PATH`` from outside this run directory while it holds checkpoints: refused;
+* a ``training.init_from`` other than the one the run started from (or one naming this run):
+  refused, naming the recorded parent (``_lineage_conflict``).
+
+A run whose newest checkpoint is at ``training.steps`` and whose ``summary.json`` says so is
+finished: ``finished_step`` finds it, and the trainer raises ``RunFinished`` before anything is
+read or written (``train`` says so and exits 0; raising ``training.steps`` continues the run).
+A config file that is another run directory's ``config.yaml`` (a run moved or copied) is refused
+unless ``run.dir`` names that directory (``check_config_home``).
 
 A live run holds ``RUN_DIR/run.lock`` (``locks.PathLock``: pid, host, start time and command line)
 from its preflight to its end: a second start on the same directory — ``--new-run`` included —
@@ -20,12 +28,14 @@ returned) and starts fresh. ``record_start`` then writes ``config.yaml`` and app
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -42,11 +52,16 @@ __all__ = [
     "HISTORY_FILE",
     "LOCK_FILE",
     "RunDirError",
+    "RunFinished",
+    "check_config_home",
     "check_place",
     "claim_run_dir",
     "config_hash",
+    "finished_message",
+    "finished_step",
     "lock_run_dir",
     "record_start",
+    "recorded_loss",
     "resumes",
     "truncate_metrics",
 ]
@@ -62,6 +77,14 @@ class RunDirError(ValueError):
     """This start would discard or shadow the checkpoints of another run."""
 
 
+class RunFinished(Exception):
+    """The run in ``run.dir`` has reached ``training.steps``: nothing to train, nothing written."""
+
+    def __init__(self, message: str, run_dir: Path, step: int):
+        super().__init__(message)
+        self.run_dir, self.step = run_dir, step
+
+
 _LATER_KEYS = (
     ("model", "noise_channels", 0),
     ("loss", "kind", "mse"),
@@ -75,21 +98,32 @@ _LATER_KEYS = (
 _READING_KEYS = ("prefetch", "read_threads")
 
 
-def config_hash(cfg: TrainConfig, reading: bool = False) -> str:
-    """Hash of what must not change across a resume (model, data, loss, global batch).
-    ``reading``: include the reading keys, as runs started before they were left out did."""
-    key = {k: to_dict(getattr(cfg, k)) for k in ("model", "data", "loss")}
+def _resume_key(resolved: dict[str, Any], reading: bool = False) -> dict[str, Any]:
+    """What must not change across a resume, from a resolved config (``to_dict``, or a
+    ``history.jsonl`` entry's ``config``): model, data, loss, the global batch and members."""
+    key = {k: copy.deepcopy(resolved.get(k) or {}) for k in ("model", "data", "loss")}
     if not reading:
         for name in _READING_KEYS:
             key["data"].pop(name, None)
-    key["batch_size"] = cfg.training.batch_size
-    if cfg.training.members != 1:
-        key["members"] = cfg.training.members
+    training = resolved.get("training") or {}
+    key["batch_size"] = training.get("batch_size")
+    if training.get("members", 1) != 1:
+        key["members"] = training["members"]
     # keys added for ensembles count only when set, so runs started before them still resume
     for section, name, default in _LATER_KEYS:
         if key[section].get(name) == default:
             del key[section][name]
+    return key
+
+
+def _digest(key: dict[str, Any]) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def config_hash(cfg: TrainConfig, reading: bool = False) -> str:
+    """Hash of what must not change across a resume (model, data, loss, global batch).
+    ``reading``: include the reading keys, as runs started before they were left out did."""
+    return _digest(_resume_key(to_dict(cfg), reading))
 
 
 def resumes(saved_hash: str | None, cfg: TrainConfig) -> bool:
@@ -100,6 +134,85 @@ def resumes(saved_hash: str | None, cfg: TrainConfig) -> bool:
 
 def _step_of(path: Path) -> int:
     return int(path.name.split("_")[-1])
+
+
+#: names of the resume key's entries as a config writes them
+_KEY_NAMES = {"batch_size": "training.batch_size", "members": "training.members"}
+
+
+def _flat(value: Any, key: str) -> dict[str, Any]:
+    if isinstance(value, dict):
+        return {k: v for name, item in value.items() for k, v in _flat(item, f"{key}.{name}").items()}
+    return {key: value}
+
+
+def _resume_differences(run_dir: Path, saved_hash: str | None, cfg: TrainConfig) -> list[str]:
+    """``key=value (the run has value)`` for every resume key that differs from the config the
+    checkpoint was written with (the last ``history.jsonl`` entry of that hash); [] when unknown."""
+    try:
+        lines = (run_dir / HISTORY_FILE).read_text().splitlines()
+    except OSError:
+        return []
+    b = _flat_key(_resume_key(to_dict(cfg)))
+    for line in reversed(lines):
+        try:
+            config = json.loads(line)["config"]
+            old = _resume_key(config)
+            hashes = (_digest(old), _digest(_resume_key(config, reading=True)))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue
+        if saved_hash in hashes:
+            a = _flat_key(old)
+            keys = sorted(set(a) | set(b))
+            return [f"{k}={b.get(k)!r} (the run has {a.get(k)!r})" for k in keys if a.get(k) != b.get(k)]
+    return []
+
+
+def _flat_key(key: dict[str, Any]) -> dict[str, Any]:
+    """A resume key as ``section.name`` → value, named as a config writes them."""
+    return {k: v for name, item in key.items() for k, v in _flat(item, _KEY_NAMES.get(name, name)).items()}
+
+
+def _inside_run(init_from: str, run_dir: Path) -> bool:
+    """Whether ``training.init_from`` names this run directory or something in its checkpoints."""
+    path, run = Path(init_from).expanduser().resolve(), run_dir.expanduser().resolve()
+    return path == run or run / "checkpoints" in (path, *path.parents)
+
+
+def _names_parent(init_from: str, recorded: Path) -> bool:
+    """Whether ``training.init_from`` names the recorded parent checkpoint: the checkpoint, its
+    checkpoints folder or its ``latest`` file, or its run directory."""
+    path = Path(init_from).expanduser().resolve()
+    return path in (recorded, recorded.parent, recorded.parent / "latest", recorded.parent.parent)
+
+
+def _lineage_conflict(cfg: TrainConfig, run_dir: Path, ckpt: Path) -> str | None:
+    """Why ``training.init_from`` disagrees with the run the checkpoint ``ckpt`` continues."""
+    init_from = cfg.training.init_from
+    if init_from and _inside_run(init_from, run_dir):
+        return (
+            f"training.init_from={init_from!r} is this run (run.dir={str(run_dir)!r}); a run continues "
+            f"from its own checkpoints with checkpoint.resume, not init_from: drop training.init_from"
+        )
+    lineage = read_meta(ckpt)["state"].get("init_from")
+    recorded = lineage.get("checkpoint") if isinstance(lineage, dict) else None
+    if (init_from or None) is None and recorded is None:
+        return None
+    if init_from and recorded and _names_parent(init_from, Path(recorded)):
+        return None
+    where = f"the run in run.dir {str(run_dir)!r}"
+    if recorded is None:
+        return (
+            f"training.init_from={init_from!r}, but {where} started without a parent (its checkpoints "
+            f"record none), and a run keeps how it started: drop training.init_from to continue it, or "
+            f"start a new run from {init_from} (another run.dir, or --new-run)"
+        )
+    given = "training.init_from is not set" if not init_from else f"training.init_from={init_from!r}"
+    return (
+        f"{given}, but {where} was fine-tuned from {recorded} (its checkpoints and {HISTORY_FILE} "
+        f"record it), and a run keeps its parent: set training.init_from={recorded} to continue it, or "
+        f"start a new run{'' if not init_from else f' from {init_from}'} (another run.dir, or --new-run)"
+    )
 
 
 def _conflict(cfg: TrainConfig, run_dir: Path) -> str | None:
@@ -118,16 +231,49 @@ def _conflict(cfg: TrainConfig, run_dir: Path) -> str | None:
                 f"{held}, beyond training.steps={steps}; a shorter run here would prune its own checkpoints "
                 f"(set training.steps >= {_step_of(newest)} to continue that run)"
             )
-        if not resumes(read_meta(newest)["state"].get("config_hash"), cfg):
+        saved = read_meta(newest)["state"].get("config_hash")
+        if not resumes(saved, cfg):
+            differs = _resume_differences(run_dir, saved, cfg)
+            what = f": {'; '.join(differs)}" if differs else ""
             return (
-                f"{held}, written with another model/data/loss/batch configuration "
+                f"{held}, written with another model/data/loss/batch configuration{what} "
                 f"(see {run_dir}/config.yaml), so this config cannot resume it"
             )
-        return None
+        return _lineage_conflict(cfg, run_dir, newest)
     source = Path(mode).resolve()
     if source.parent != (run_dir / "checkpoints").resolve():
         return f"{held}; checkpoint.resume={mode} starts another run from outside it"
-    return None
+    return _lineage_conflict(cfg, run_dir, source)
+
+
+def finished_step(cfg: TrainConfig, new_run: bool = False) -> int | None:
+    """The step of the run in ``run.dir`` when it is finished: the checkpoint this start would
+    resume is at ``training.steps`` and ``summary.json`` records that step (a run stopped between
+    its last checkpoint and its summary is not finished: its final validation runs again)."""
+    run_dir, mode = Path(cfg.run.dir), cfg.checkpoint.resume
+    if new_run or mode == "never":
+        return None
+    ckpt = latest_checkpoint(run_dir) if mode == "auto" else Path(mode)
+    if ckpt is None or ckpt.resolve().parent != (run_dir / "checkpoints").resolve():
+        return None
+    step = _step_of(ckpt)
+    if step != cfg.training.steps:
+        return None
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return step if isinstance(summary, dict) and summary.get("steps") == step else None
+
+
+def finished_message(cfg: TrainConfig, step: int) -> str:
+    run_dir = Path(cfg.run.dir)
+    return (
+        f"run.dir {str(run_dir)!r} is already at step {step} of {cfg.training.steps}: the run is finished, "
+        f"and nothing was trained or written (summary.json, metrics.jsonl, validation.txt and the "
+        f"checkpoints are as they were). Raise training.steps to continue it (e.g. "
+        f"training.steps={2 * step}), or pass --new-run to start a new run there"
+    )
 
 
 def _aside_name(run_dir: Path) -> Path:
@@ -179,17 +325,48 @@ def _refuse_if_held(run_dir: Path) -> None:
         )
 
 
-def check_place(cfg: TrainConfig, config_file: str | Path | None = None) -> None:
+def check_place(
+    cfg: TrainConfig, config_file: str | Path | None = None, overrides: Sequence[str] = ()
+) -> None:
     """``run.dir`` is a place for a run (``data.outputs.check_run_dir``): not in or around the data
     or climatology store, and no file a run writes that another hand put there (``config_file``,
-    the config being trained, may be its ``config.yaml``); and no live run holds it."""
+    the config being trained, may be its ``config.yaml``); no live run holds it; and the config
+    file is not another run directory's ``config.yaml`` (``check_config_home``)."""
     d = cfg.data
     stores = (
         ("data store data.store", d.store),
         ("climatology", d.climatology or default_climatology_path(d.store)),
     )
+    check_config_home(cfg, config_file, overrides)
     check_run_dir(cfg.run.dir, stores, config_file)
     _refuse_if_held(Path(cfg.run.dir))  # at once, before the mesh and the model are built
+
+
+def check_config_home(
+    cfg: TrainConfig, config_file: str | Path | None, overrides: Sequence[str] = ()
+) -> None:
+    """Refuse a config file that is the ``config.yaml`` of a run directory other than ``run.dir``
+    (the run was moved or copied: training would start over at the old place), unless ``run.dir``
+    is given on the command line (``overrides``)."""
+    if config_file is None:
+        return
+    path = Path(config_file).expanduser().resolve()
+    home = path.parent
+    if path.name != "config.yaml" or not _is_run(home):
+        return
+    if any(item.partition("=")[0].strip() == "run.dir" for item in overrides):
+        return
+    if home == Path(cfg.run.dir).expanduser().resolve():
+        return
+    raise RunDirError(
+        f"{config_file} is the config.yaml of the run in {home}, but its run.dir is {cfg.run.dir!r}: the "
+        f"run directory was moved or copied. Nothing was changed. Pass run.dir={home} to continue the "
+        f"run there, or run.dir=NEW_DIR to start a new run from this config"
+    )
+
+
+def _is_run(path: Path) -> bool:
+    return (path / HISTORY_FILE).is_file() or (path / "checkpoints" / "latest").is_file()
 
 
 def lock_run_dir(cfg: TrainConfig) -> PathLock:
@@ -241,18 +418,23 @@ def record_start(
         f.write(json.dumps(entry) + "\n")
 
 
-def truncate_metrics(path: Path, step: int) -> int:
-    """Drop rows of ``metrics.jsonl`` past ``step`` (a resume repeats them); returns rows dropped."""
-    if not path.is_file():
-        return 0
+def _rows(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def truncate_metrics(path: Path, step: int, final: bool = False) -> int:
+    """Drop rows of ``metrics.jsonl`` past ``step`` (a resume repeats them), and with ``final`` (a
+    run at its last step, whose final validation runs again) its validation rows at ``step``;
+    returns rows dropped."""
     kept, dropped = [], 0
-    for line in path.read_text().splitlines():
+    for line in _rows(path):
         try:
-            row_step = json.loads(line).get("step", 0)
+            row = json.loads(line)
+            row_step = row.get("step", 0)
         except (json.JSONDecodeError, AttributeError):
             dropped += 1  # a line cut by a crash
             continue
-        if row_step > step:
+        if row_step > step or (final and row_step == step and row.get("kind") == "val"):
             dropped += 1
         else:
             kept.append(line)
@@ -260,3 +442,15 @@ def truncate_metrics(path: Path, step: int) -> int:
         _write_atomic(path, "".join(x + "\n" for x in kept))
         log.info("metrics.jsonl: dropped %d rows past the resumed step %d", dropped, step)
     return dropped
+
+
+def recorded_loss(run_dir: Path, step: int) -> float | None:
+    """The training loss ``metrics.jsonl`` records for ``step`` (None: not logged)."""
+    for line in reversed(_rows(run_dir / "metrics.jsonl")):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("kind") == "train" and row.get("step") == step:
+            return row.get("loss")
+    return None
