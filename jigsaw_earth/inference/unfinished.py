@@ -310,9 +310,11 @@ def remove_unfinished(path: str | Path) -> Unfinished:
     or one holding a file predict did not write."""
     item = describe(path)
     if item is None:
+        foreign = foreign_files(path) if Path(path).is_dir() and not Path(path).is_symlink() else []
+        held = f"; it holds {Path(path) / foreign[0]}, which predict did not write" if foreign else ""
         raise ValueError(
             f"{path} is not an unfinished forecast of predict (an OUT.in-progress folder whose "
-            f"{PROGRESS}/ holds predict's {MARK} or {REQUEST}, or a forecast store named *.tmp-*); "
+            f"{PROGRESS}/ holds predict's {MARK} or {REQUEST}, or a forecast store named *.tmp-*){held}; "
             f"nothing was deleted"
         )
     if item.holder is not None:

@@ -2,12 +2,13 @@
 
 ``training.init_from`` (a checkpoint; or a run directory, its checkpoints folder or that folder's
 ``latest``: the newest checkpoint) gives a new run the parent's weights at its first start, with a
-fresh optimizer, step and schedule; the config's data, mesh, schedule and loss may differ. Channels are matched by name (``variable@level``,
-static fields, time features): the model's ``channel_dims`` hook names the tensors indexed by
-them, and ``checkpoint.transfer`` keeps the kept channels' weights, drops the removed ones and
-starts the added ones at zero (weights from new inputs and to new outputs) or at the model's own
-initialisation (a norm's scale and shift). A parent of another model (name, or any tensor of
-another shape) or another grid is refused, naming what differs.
+fresh optimizer, step and schedule; the config's data, mesh, schedule and loss may differ.
+Channels are matched by name (``variable@level``, static fields, time features): the model's
+``channel_dims`` hook names the tensors indexed by them, and ``checkpoint.transfer`` keeps the kept
+channels' weights, drops the removed ones and starts the added ones at zero (weights from new
+inputs and to new outputs) or at the model's own initialisation (a norm's scale and shift). A
+parent of another model (name, or any tensor of another shape) or another grid is refused, naming
+what differs.
 
 ``training.freeze`` (module patterns) turns off ``requires_grad`` of the parameters under the
 matching modules before the optimizer is built: they get no gradient and no optimizer state, and
