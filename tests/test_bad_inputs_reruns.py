@@ -281,7 +281,12 @@ def _full_disk(monkeypatch: pytest.MonkeyPatch) -> None:
 NO_GPU = pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="a machine without a GPU")
 # (id, argv(tmp), prepare(monkeypatch) or None, fragments)
 SELFTEST_CASES: list[Any] = [
-    ("mps", lambda t: ["--device", "mps"], None, ["--device 'mps'", "CUDA GPUs or the CPU", "--device cpu"]),
+    (
+        "mps",
+        lambda t: ["--device", "mps"],
+        None,
+        ["--device 'mps'", "neither serves Apple's MPS", "--device cpu"],
+    ),
     ("xpu-index", lambda t: ["--device", "xpu:0"], None, ["--device 'xpu:0'", "--device cpu"]),
     pytest.param(
         "cuda",

@@ -2,9 +2,9 @@
 rate, then a tiny run (train, validate, checkpoint, resume, predict --score) on the device compared with
 the same steps on the CPU; exit 0 only when every comparison agrees (``jigsaw_earth/selftest.py``).
 
-The arguments are checked before anything runs: a device kind jigsaw-earth does not run on (its ranks
-use NCCL or gloo: CUDA or the CPU), CUDA asked of a torch build or machine without it, more processes
-than the selftest's grid has longitudes for, and a ``--workdir`` that is not a folder."""
+The arguments are checked before anything runs: a device torch does not have here (or MPS, which
+neither NCCL nor gloo serves), CUDA asked of a torch build or machine without it, more processes than
+the selftest's grid has longitudes for, and a ``--workdir`` that is not a folder."""
 
 from __future__ import annotations
 
@@ -33,15 +33,24 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _check_device(device: str, nproc: int) -> None:
-    """``--device``: auto, cpu, cuda or cuda:K that this torch build and machine have."""
+    """``--device``: auto, cpu, or a device this torch build and machine have (cuda, cuda:K, or an
+    accelerator registered with torch); never MPS, which no process-group backend serves."""
     import torch
 
     kind, _, index = device.partition(":")
-    if kind not in ("auto", "cpu", "cuda") or (index and (kind != "cuda" or not index.isdigit())):
+    fix = "use --device cpu (or cuda on an NVIDIA GPU)"
+    try:
+        torch.device("cpu" if kind == "auto" else device)
+    except RuntimeError:
+        raise ValueError(f"--device {device!r} is not a device torch knows; {fix}") from None
+    if kind == "mps":
         raise ValueError(
-            f"--device {device!r}: selftest runs on CUDA GPUs or the CPU (jigsaw-earth's ranks talk over "
-            f"NCCL or gloo; {kind!r} is not one of them); use --device cpu (or cuda on an NVIDIA GPU)"
+            f"--device {device!r}: jigsaw-earth's ranks talk over NCCL (CUDA) or gloo (CPU), and neither "
+            f"serves Apple's MPS; {fix}"
         )
+    module = getattr(torch, kind, None)
+    if kind not in ("auto", "cpu", "cuda") and not (module is not None and module.is_available()):
+        raise ValueError(f"--device {device!r}: torch {torch.__version__} has no {kind} device here; {fix}")
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if kind == "cuda" and not gpus:
         build = f"CUDA {torch.version.cuda}, but it sees no GPU" if torch.version.cuda else "a CPU-only build"
@@ -49,7 +58,7 @@ def _check_device(device: str, nproc: int) -> None:
             f"--device {device}: torch {torch.__version__} is {build}; run selftest --device cpu, or install "
             f"the CUDA build of torch that matches the driver (nvidia-smi) on a machine with a GPU"
         )
-    if index and int(index) >= gpus:
+    if kind == "cuda" and index and int(index) >= gpus:
         raise ValueError(
             f"--device {device}: torch sees {gpus} GPU{'s' * (gpus != 1)} (cuda:0 to cuda:{gpus - 1}); "
             f"choose one of them, or --device cuda"
@@ -106,6 +115,12 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(f"--workdir {args.workdir} is not a folder; give an existing folder to run in")
     try:
         lines, ok = run_selftest(args.device, args.nproc, args.workdir)
+    except NotImplementedError as err:  # an accelerator backend without an operator the run needs
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ValueError(
+            f"--device {args.device}: torch's backend lacks an operator the run needs ({first}); use "
+            f"--device cpu (or cuda on an NVIDIA GPU)"
+        ) from None
     except OSError as err:
         if err.filename is not None:
             raise  # the command line names the file
