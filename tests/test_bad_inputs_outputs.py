@@ -85,7 +85,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "predict-scores-user-json",
         lambda w, t: PS(w, _text(t / "mine.json", '{"lr": 1}').with_suffix("")),
-        ["--scores", "mine.json exists and is not a score file", "remove it yourself"],
+        ["--scores", "mine.json exists and is not an earlier score file", "remove it yourself"],
     ),
     (
         "predict-scores-in-checkpoints",
@@ -110,7 +110,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "score-out-user-csv",
         lambda w, t: SC(w, "--out", str(_text(t / "x.csv", "a,b\n1,2\n").with_suffix(""))),
-        ["--out", "x.csv exists and is not a score table"],
+        ["--out", "x.csv exists and is not an earlier score table"],
     ),
     (
         "score-plot-inside-truth",
@@ -237,7 +237,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "bench-report-out-user-file",
         lambda w, t: ["bench", "report", str(w["scores"]), "--out", str(w["mine"] / "notes.txt")],
-        ["--out", "notes.txt exists and is not a bench report"],
+        ["--out", "notes.txt exists and is not an earlier bench report"],
     ),
     (
         "bench-json-inside-store",

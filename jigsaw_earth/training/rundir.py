@@ -356,12 +356,15 @@ def check_config_home(
         return
     if any(item.partition("=")[0].strip() == "run.dir" for item in overrides):
         return
-    if home == Path(cfg.run.dir).expanduser().resolve():
+    where = Path(cfg.run.dir).expanduser().resolve()
+    if home == where:
         return
+    relative = "" if Path(cfg.run.dir).is_absolute() else f" (from {Path.cwd()})"
     raise RunDirError(
-        f"{config_file} is the config.yaml of the run in {home}, but its run.dir is {cfg.run.dir!r}: the "
-        f"run directory was moved or copied. Nothing was changed. Pass run.dir={home} to continue the "
-        f"run there, or run.dir=NEW_DIR to start a new run from this config"
+        f"{config_file} is the config.yaml of the run in {home}, but its run.dir {cfg.run.dir!r} is "
+        f"{where}{relative}: the run directory was moved or copied, or run.dir is relative to another "
+        f"working directory. Nothing was changed. Pass run.dir={home} to continue the run there, or "
+        f"run.dir=NEW_DIR to start a new run from this config"
     )
 
 
