@@ -6,7 +6,7 @@ problem found (an empty list when the store fits the config); each names the con
 change and the value that would work:
 
 - variables (``data.upper_air``, ``data.surface``, ``data.static``) and ``data.levels`` exist,
-  and their values are on disk (an array folder deleted from a consolidated store reads as NaN);
+  and their values are on disk (``integrity.missing_files``: a deleted array folder reads as NaN);
 - statistics cover them on the store's grid;
 - the time axis is regular, ``data.step_hours`` is a multiple of its step, the periods hold
   enough samples, and gaps are refused unless ``data.allow_gaps``;
@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .batch import VariableSpec
+from .integrity import missing_files, read_values
 from .store import StoreView
 from .times import TimeAxis, period_mask, sample_index
 
@@ -88,13 +89,13 @@ def _check_variables(view: StoreView, d: Any) -> list[str]:
 
 
 def _check_files(view: StoreView, d: Any) -> list[str]:
-    """The values of every configured variable are on disk (``StoreView.missing_files``)."""
+    """The values of every configured variable are on disk (``integrity.missing_files``)."""
     problems = []
     for key, names, upper in (("data.upper_air", d.upper_air, True), ("data.surface", d.surface, False),
                               ("data.static", d.static, False)):  # fmt: skip
         for v in names:
             try:
-                why = view.missing_files(view.resolve(v, upper_air=upper))
+                why = missing_files(view, view.resolve(v, upper_air=upper))
             except ValueError:
                 continue  # not in the store: _check_variables names it
             if why is not None:
@@ -220,7 +221,7 @@ def store_nans(cfg: Any, store: str | None = None, scan: str = "auto") -> tuple[
             da = da.isel({ldim: [int(np.argmin(np.abs(levels - lev))) for lev in d.levels]})
         if tdim in da.dims:
             da = da.isel({tdim: idx})
-        bad = np.isnan(view.values(view.resolve(v, upper_air=upper), da))
+        bad = np.isnan(read_values(view, view.resolve(v, upper_air=upper), da))
         if not bad.any():
             continue
         key = "data.upper_air" if upper else ("data.static" if v in d.static else "data.surface")
