@@ -244,8 +244,8 @@ def check_scores_output(
     prefix = Path(prefix)
     if prefix.name in ("", ".", "..") or prefix.is_dir():
         raise ValueError(
-            f"{option} {str(prefix)!r} is a folder; {option} takes a PREFIX: PREFIX.json and PREFIX.csv are "
-            f"written, e.g. {option} {prefix / 'scores'}"
+            f"{option} {str(prefix)!r} is a folder; {option} takes a PREFIX: PREFIX.json, PREFIX.csv and "
+            f"PREFIX-stats.nc are written, e.g. {option} {prefix / 'scores'}"
         )
     js, cs = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".csv")
     st = stats_path(prefix)
