@@ -259,6 +259,7 @@ def test_a_stopped_grib2_forecast_resumes_to_the_same_files(
     """Stopped before its second batch, then failing while converting: each rerun of the same command goes
     on, and the files are byte for byte those of a run never stopped."""
     from jigsaw_earth.inference import formats, progress
+    from jigsaw_earth.inference.unfinished import find_unfinished, foreign_files
 
     base = ["predict", demo["config"], "--init", demo["grib"], "--steps", "4", "--format", "grib2",
             "--batch-size", "1"]  # fmt: skip
@@ -289,6 +290,8 @@ def test_a_stopped_grib2_forecast_resumes_to_the_same_files(
     monkeypatch.setattr(formats, "write_messages", broken)
     code, text = _main([*base, "--out", out], capsys)
     assert code == 2 and "No space left on device" in text and folder.is_dir() and not out.exists(), text
+    assert len(list((folder / "_output").iterdir())) == 3  # two files and the third's part: predict's own
+    assert foreign_files(folder) == [] and find_unfinished(tmp_path)[0].path == folder
     monkeypatch.undo()
     assert _main([*base, "--out", out], capsys)[0] == 0
     assert _files(out) == _files(tmp_path / "ref") and not folder.exists()

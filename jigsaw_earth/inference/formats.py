@@ -35,6 +35,7 @@ from ..distributed.tiles import Tile, TileGrid
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .outputs_grib import PACKING_BOUND, GribField, check_grib, write_messages
 from .outputs_netcdf import write_netcdf
+from .unfinished import OUTPUT, record_outputs
 
 __all__ = ["FORMATS", "TEMPLATES", "FileWriter", "check_format", "file_groups", "open_writer"]
 
@@ -42,7 +43,6 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("zarr", "grib2", "netcdf")
 TEMPLATES = {"grib2": "{date}{time}_{step:03d}.grib2", "netcdf": "{date}{time}.nc"}
-STAGING = "_output"  # inside OUT.in-progress: the files until every rank has written its own
 Item = tuple[int, int, int | None]  # (init, lead, member) positions in the layout
 
 
@@ -120,13 +120,14 @@ class FileWriter:
     def close(self) -> Path:
         """Collective: every rank writes its files, then rank 0 publishes the folder as ``path``."""
         _barrier()  # every tile is in the store
-        staging = self.tiles.tmp / STAGING
+        staging = self.tiles.tmp / OUTPUT
+        names = sorted(self.groups)
         if self.rank == 0:
             shutil.rmtree(staging, ignore_errors=True)  # what a stopped conversion left
+            record_outputs(self.tiles.tmp, names)  # the only files predict may leave there
             staging.mkdir()
         _barrier()
         world = dist.get_world_size() if dist.is_initialized() else 1
-        names = sorted(self.groups)
         for name in names[self.rank :: world]:
             target = staging / name
             target.parent.mkdir(parents=True, exist_ok=True)
