@@ -1,5 +1,7 @@
-"""``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store; ``--members N``
-writes an ensemble (a ``number`` dimension) of a stochastic model.
+"""``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store (``--format
+grib2|netcdf``: a folder of GRIB 2 or CF netCDF files); ``--members N`` writes an ensemble (a
+``number`` dimension) of a stochastic model; ``--init SOURCE`` starts from an analysis (GRIB, netCDF,
+Zarr) instead of ``data.store``.
 
 Exit codes: 0 done; 2 a bad config, input or filesystem fault (one line names it and the fix); 75
 stopped on SIGTERM, SIGUSR1 or Ctrl-C before a batch, with every earlier batch recorded in
@@ -35,7 +37,32 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "config", nargs="?", help="the run's YAML config (e.g. configs/demo.yaml or RUN_DIR/config.yaml)"
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
-    p.add_argument("--out", help="forecast store to write (WB2 forecast layout); optional with --score")
+    p.add_argument(
+        "--out",
+        help="forecast store (WB2 forecast layout) or, with --format grib2|netcdf, a folder; optional with "
+        "--score",
+    )
+    p.add_argument(
+        "--format",
+        choices=("zarr", "grib2", "netcdf"),
+        default="zarr",
+        help="zarr: one store (default); grib2 or netcdf: a folder of files (--template)",
+    )
+    p.add_argument(
+        "--template",
+        metavar="NAME",
+        help="file names of --format grib2|netcdf from {date} {time} {step} [{number}] (default "
+        "{date}{time}_{step:03d}.grib2, {date}{time}.nc)",
+    )
+    p.add_argument(
+        "--init",
+        metavar="SOURCE",
+        help="forecast from this analysis (GRIB file or folder as IFS open data, GFS or the CDS publish "
+        "them; netCDF; Zarr) instead of data.store's inits; on the model's grid",
+    )
+    p.add_argument(
+        "--time", nargs="+", metavar="T", help="with --init: only these of its times, e.g. 2024-01-01T00"
+    )
     p.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
     p.add_argument(
         "--first-init", "--start", dest="start", metavar="TIME",
@@ -108,6 +135,39 @@ def _check_period(start: str, end: str, argv: Sequence[str] = ()) -> None:
         raise ValueError(f"{first} {start} is after {last} {end}; swap them")
 
 
+READ_BACK = {
+    "zarr": "open it with xarray.open_zarr({path!r})",
+    "grib2": "read its files with ecCodes (grib_ls {path}/*.grib2) or xarray.open_dataset(FILE, "
+    "engine='cfgrib', backend_kwargs={{'indexpath': ''}}) (--template: other names)",
+    "netcdf": "open its files with xarray.open_mfdataset({path!r} + '/*.nc')",
+}
+
+
+def _init_period(args: argparse.Namespace, cfg: TrainConfig) -> tuple[str, str]:
+    """``--start``/``--end`` (default ``data.val_period``) select data.store's inits; ``--init`` its own."""
+    argv = getattr(args, "argv", [])
+    if args.init is not None:
+        first, last = _spelled(argv, "--first-init", "--start"), _spelled(argv, "--last-init", "--end")
+        given = [o for o, v in ((first, args.start), (last, args.end), ("--max-inits", args.max_inits),
+                                ("--every-hours", args.every_hours != 12)) if v]  # fmt: skip
+        if given:
+            raise ValueError(
+                f"{given[0]} selects inits of data.store; with --init choose its times with --time"
+            )
+        return "", ""
+    if args.time:
+        raise ValueError(
+            "--time chooses the times of an --init analysis; add --init SOURCE (or use --first-init and "
+            "--last-init)"
+        )
+    period = cfg.data.val_period or ["", ""]
+    start, end = args.start or period[0], args.end or period[-1]
+    if not start or not end:
+        raise ValueError("give --start and --end (the config has no data.val_period to default to)")
+    _check_period(start, end, argv)
+    return start, end
+
+
 def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
     from ..inference.scoring import ScoreRequest
 
@@ -131,7 +191,8 @@ def _stores(args: argparse.Namespace, cfg: TrainConfig) -> tuple[tuple[str, str 
     d = cfg.data
     return (("--out store", args.out), ("--truth store", args.truth), ("truth/training store data.store",
             d.store), ("--climatology store", args.climatology),
-            ("climatology", d.climatology or default_climatology_path(d.store)))  # fmt: skip
+            ("climatology", d.climatology or default_climatology_path(d.store)),
+            ("--init source", args.init))  # fmt: skip
 
 
 def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> None:
@@ -173,7 +234,7 @@ def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> N
                                      statistics=result.statistics):  # fmt: skip
                 print(f"wrote {path}")
     if result.path is not None:
-        print(f"wrote {result.path}; open it with xarray.open_zarr({str(result.path)!r})")
+        print(f"wrote {result.path}; {READ_BACK[args.format].format(path=str(result.path))}")
 
 
 #: predict's options that make a forecast (dest, as written): not taken with --unfinished
@@ -182,7 +243,8 @@ _FORECAST_OPTIONS = (("config", "CONFIG"), ("overrides", "KEY=VALUE"), ("out", "
                      ("end", "--last-init/--end"), ("steps", "--steps"), ("variables", "--variables"),
                      ("levels", "--levels"), ("lead_hours", "--lead-hours"), ("lead_every", "--lead-every"),
                      ("batch_size", "--batch-size"), ("overwrite", "--overwrite"), ("members", "--members"),
-                     ("seed", "--seed"), ("score", "--score"), ("scores", "--scores"))  # fmt: skip
+                     ("seed", "--seed"), ("score", "--score"), ("scores", "--scores"), ("init", "--init"),
+                     ("time", "--time"), ("template", "--template"))  # fmt: skip
 
 
 def _unfinished(args: argparse.Namespace) -> int:
@@ -225,11 +287,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give the run's config (predict CONFIG --out STORE ...), or --unfinished [DIR]")
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
-    period = cfg.data.val_period or ["", ""]
-    start, end = args.start or period[0], args.end or period[-1]
-    if not start or not end:
-        raise ValueError("give --start and --end (the config has no data.val_period to default to)")
-    _check_period(start, end, getattr(args, "argv", []))
+    start, end = _init_period(args, cfg)
     if args.seed is not None and args.members is None:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
     if args.first_member and args.members is None:
@@ -264,6 +322,10 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             scores=args.scores,
             first_member=args.first_member,
+            init=args.init,
+            init_times=[t for item in args.time for t in item.split(",") if t] if args.time else None,
+            fmt=args.format,
+            template=args.template,
         )
     except Stopped as err:
         if rank == 0:

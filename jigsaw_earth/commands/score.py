@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from ..data.outputs import unfinished_reason
+from ..data.outputs import read_marker, unfinished_reason
 from ..data.store import open_dataset
 from ..metrics.evaluate import check_times, evaluate_statistics, normalise
 from ..metrics.intervals import METHODS
@@ -93,6 +93,13 @@ def _open(path: Path, what: str) -> xr.Dataset:
             raise ValueError(
                 f"{what} store: {why}; score a finished store (run the command that writes it "
                 f"again, then delete {path})"
+            )
+        files = (read_marker(path) or {}).get("format")
+        if files is not None and files != "zarr":
+            raise ValueError(
+                f"{what} {path} is a folder of {files} files (predict --format {files}); score reads a "
+                f"Zarr store: predict the same forecast with --format zarr, or score it as it runs (predict "
+                f"--score)"
             )
     return open_dataset(path)
 

@@ -93,8 +93,10 @@ def _where(path: str | Path) -> str:
 
 
 def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarray, selection: Any,
-                     members: Any, mesh: Any, batch_size: int, score: Any) -> dict[str, Any]:  # fmt: skip
-    """What decides a forecast's numbers: a resume must ask for exactly this (JSON values)."""
+                     members: Any, mesh: Any, batch_size: int, score: Any,
+                     init: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """What decides a forecast's numbers: a resume must ask for exactly this (JSON values); ``init``:
+    the analysis the initial states come from (``--init``; None: ``data.store``)."""
     times = [str(t) for t in np.asarray(init_times).astype("datetime64[h]")]
     hours = [int(h) for h in selection.leads / np.timedelta64(1, "h")]
     scoring = None
@@ -107,6 +109,7 @@ def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarr
         CHECKPOINT: str(Path(checkpoint).resolve()),
         "checkpoint step": step,
         "data.store": _where(cfg.data.store),
+        "initial conditions (--init)": None if init is None else _where(init),
         "initialisation times (--start, --end, --every-hours, --max-inits)": times,
         "variables (--variables)": [*selection.upper_air, *selection.surface],
         "levels (--levels)": list(selection.levels),

@@ -14,7 +14,9 @@ What predict wrote is provable: when predict starts a folder it writes ``_progre
 (``record_arrays``). ``foreign_files`` lists every file of a folder that predict's files do not
 account for: ``_progress`` holds only the lock, the request, the folder mark, ``rank-R.json`` and
 ``scores/rank-R/batch-B.pt`` (and their ``.part`` while written); the store only its ``zarr.json``
-and, in each recorded array's folder, its ``zarr.json`` and chunk files ``c/I/J/…``.
+and, in each recorded array's folder, its ``zarr.json`` and chunk files ``c/I/J/…``; ``_output`` (the
+files of ``predict --format grib2|netcdf`` while they are written, ``formats.py``) only the files
+recorded in the mark before they are written (``record_outputs``) and the folder's marker file.
 ``find_unfinished`` lists predict's own unfinished folders (``*.in-progress`` holding ``_progress``
 with predict's mark or request, and ``*.tmp-*`` forecast stores of earlier versions) and nothing
 else; ``remove_unfinished`` deletes only those, none that a live process holds, and none holding a
@@ -34,10 +36,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data.outputs import IN_PROGRESS, kind_of, read_marker
+from ..data.outputs import FOLDER_MARKER, IN_PROGRESS, kind_of, read_marker
 from ..locks import pid_alive, start_time
 
 __all__ = [
+    "OUTPUT",
     "PROGRESS",
     "Lock",
     "Unfinished",
@@ -47,12 +50,14 @@ __all__ = [
     "foreign_text",
     "mark_folder",
     "record_arrays",
+    "record_outputs",
     "remove_unfinished",
 ]
 
 log = logging.getLogger(__name__)
 
 PROGRESS = "_progress"  # inside the in-progress folder: what a resume needs
+OUTPUT = "_output"  # inside it too: predict --format grib2|netcdf's files until every rank wrote its own
 REQUEST = "request.json"
 MARK = "folder.json"  # predict made this folder (and, once written, the arrays of its store)
 FORMAT = "jigsaw-earth predict progress"
@@ -218,6 +223,13 @@ def record_arrays(folder: Path) -> None:
     _write(folder / PROGRESS / MARK, {**info, "arrays": sorted(arrays)})
 
 
+def record_outputs(folder: Path, names: list[str]) -> None:
+    """Rank 0, before the files of ``--format grib2|netcdf`` are written into ``folder/OUTPUT``: record
+    their names in the mark, so those and no others are predict's."""
+    info = _mark(folder) or {"format": FORMAT, "created": time.time()}
+    _write(folder / PROGRESS / MARK, {**info, "outputs": sorted(names)})
+
+
 def _write(path: Path, info: dict[str, Any]) -> None:
     tmp = path.with_name(path.name + ".part")
     tmp.write_text(json.dumps(info, indent=1))
@@ -236,6 +248,8 @@ def foreign_files(folder: str | Path) -> list[str]:
     folder = Path(folder)
     recorded = (_mark(folder) or {}).get("arrays")
     arrays = set(recorded) if isinstance(recorded, list) else None
+    outputs = [str(n) for n in (_mark(folder) or {}).get("outputs") or []] + [FOLDER_MARKER]
+    written = {f"{OUTPUT}/{n}{part}" for n in outputs for part in ("", ".part")}
     foreign = []
     for path in sorted(folder.rglob("*")):
         if path.is_dir() and not path.is_symlink():
@@ -244,6 +258,8 @@ def foreign_files(folder: str | Path) -> list[str]:
         rel = "/".join(parts)
         if parts[0] == PROGRESS:
             ok = not path.is_symlink() and _PROGRESS_FILES.fullmatch("/".join(parts[1:])) is not None
+        elif parts[0] == OUTPUT:
+            ok = not path.is_symlink() and rel in written
         elif len(parts) == 1:
             ok = rel == "zarr.json" and not path.is_symlink()
         else:
