@@ -232,6 +232,13 @@ class CheckpointConfig(Section):
     every: int = doc("save a sharded checkpoint every N steps (0 = only the final one)", 50, ge=0)
     keep: int = doc("periodic checkpoints kept (the newest; older ones are deleted)", 2, ge=1)
     resume: str = doc("'auto' resumes from the newest checkpoint in run.dir, 'never', or a path", "auto")
+    background: bool = doc(
+        "write the periodic checkpoints from a background thread while training goes on: a save stalls "
+        "training only for the copy of this rank's blocks into host memory (which it keeps: host memory "
+        "the size of the rank's part of a checkpoint); the final and the stop-signal checkpoints are "
+        "complete before the run ends. false: every save writes before training goes on",
+        True,
+    )
 
 
 class WandbConfig(Section):
