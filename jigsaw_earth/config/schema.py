@@ -125,11 +125,12 @@ class DataConfig(Section):
         2,
         ge=0,
     )
-    read_threads: int = doc(
+    read_threads: PositiveInt | Literal["auto"] = doc(
         "threads reading one batch's fields in parallel (file reads, decompression and copies release "
-        "the GIL)",
-        2,
-        gt=0,
+        "the GIL); auto = the cores this rank has: the CPUs the process may run on (its affinity) "
+        "shared by the ranks of its host (LOCAL_WORLD_SIZE, or Slurm's tasks per node); a number is "
+        "capped at that too",
+        "auto",
     )
 
 

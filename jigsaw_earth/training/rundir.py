@@ -82,6 +82,8 @@ def config_hash(cfg: TrainConfig, reading: bool = False) -> str:
     if not reading:
         for name in _READING_KEYS:
             key["data"].pop(name, None)
+    elif key["data"].get("read_threads") == "auto":
+        key["data"]["read_threads"] = 2  # its default while hashes held it
     key["batch_size"] = cfg.training.batch_size
     if cfg.training.members != 1:
         key["members"] = cfg.training.members
