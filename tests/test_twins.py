@@ -12,6 +12,7 @@ from torch import nn
 
 from jigsaw_earth import layers as J
 from jigsaw_earth import twins as T
+from jigsaw_earth.bench.plain_forms import user_pad
 from jigsaw_earth.layers.base import init_model, local_domain
 from jigsaw_earth.twins.check import twin_errors
 from jigsaw_earth.validation.checks_models import PAPER_TINY
@@ -142,25 +143,10 @@ def test_a_layer_without_a_plain_form_is_named():
 
 
 # ------------------------------------------------------------ the twin is what a user would write
-def _user_pad(x, top, bottom, left, right, lat_mode, lon_mode):
-    """A field padded as a PyTorch user pads the sphere: latitude rows, then ``F.pad`` circular."""
-    if top or bottom:
-        if lat_mode == "pole":
-            half = x.shape[-1] // 2
-            above = x[..., :top, :].flip(-2).roll(half, -1)
-            below = x[..., x.shape[-2] - bottom :, :].flip(-2).roll(half, -1)
-            x = torch.cat([above, x, below], -2)
-        else:
-            x = F.pad(x, (0, 0, top, bottom), mode="replicate" if lat_mode == "replicate" else "constant")
-    if left or right:
-        x = F.pad(x, (left, right, 0, 0), mode="circular" if lon_mode == "periodic" else "constant")
-    return x
-
-
 def _user_conv(conv: nn.Conv2d, pad, modes):
     (top, bottom), (left, right) = pad
     return lambda x: F.conv2d(
-        _user_pad(x, top, bottom, left, right, *modes), conv.weight, conv.bias, conv.stride, 0, conv.dilation
+        user_pad(x, top, bottom, left, right, *modes), conv.weight, conv.bias, conv.stride, 0, conv.dilation
     )
 
 
