@@ -23,6 +23,7 @@ __all__ = [
     "device_name",
     "free_bytes",
     "host_empty",
+    "patch_conv_as_gemm",
     "peak_memory_bytes",
     "pin",
     "resolve_device",
@@ -120,6 +121,15 @@ def set_precision(precision: str) -> None:
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
+
+
+def patch_conv_as_gemm(device: torch.device) -> bool:
+    """Whether a patch convolution (stride = kernel: ``PatchEmbed``) runs as GEMMs on its patch rows
+    (``distributed/conv_ring.py``): on the CPU, where oneDNN's convolution weight gradient measured
+    2–7× slower than the GEMM; not on a GPU, where the plain ``nn.Conv2d`` (cuDNN) measured 1.19×
+    faster than the GEMMs and their copies into patch rows (H100, bf16, ``bench layers --size
+    large``)."""
+    return device.type == "cpu"
 
 
 def host_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
