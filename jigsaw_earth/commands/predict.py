@@ -71,7 +71,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--truth", metavar="ERA5.zarr", help="verifying analysis (default data.store)")
     g.add_argument("--climatology", metavar="CLIM.zarr", help="for ACC (default: the run's climatology)")
     g.add_argument("--regions", nargs="+", metavar="NAME", help="WB2 regions or 'all' (default global)")
-    g.add_argument("--scores", metavar="PREFIX", help="also write the scores to PREFIX.json and PREFIX.csv")
+    g.add_argument(
+        "--scores", metavar="PREFIX", help="also write the scores to PREFIX.json, .csv and PREFIX-stats.nc"
+    )
     u = p.add_argument_group("unfinished forecasts (a stopped predict resumes with the same command)")
     u.add_argument(
         "--unfinished", nargs="*", metavar="DIR", help="list predict's unfinished forecasts in DIR (or .)"
@@ -134,10 +136,13 @@ def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> N
             read_baselines,
             write_scores,
         )
+        from ..metrics.significance import IntervalOptions
 
         period = init_period(result.init_times)
         resolution = grid_resolution(result.n_lon)
-        print(format_scorecard(result.rows, read_baselines(None), resolution, period, members=result.members))
+        interval = IntervalOptions().info(int(result.init_times.size))  # TileScorer.finish's default
+        print(format_scorecard(result.rows, read_baselines(None), resolution, period, members=result.members,
+                               interval=interval))  # fmt: skip
         if args.scores:
             from ..inference.scoring import score_stores
 
@@ -147,8 +152,11 @@ def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> N
             info = {"forecast": None if result.path is None else str(Path(result.path).resolve()),
                     "truth": truth, "climatology": climatology, "baselines": None,
                     "resolution": resolution, "inits": [*times, int(result.init_times.size)],
-                    "members": result.members}  # fmt: skip
-            for path in write_scores(result.rows, Path(args.scores), info, "--scores", _stores(args, cfg)):
+                    "members": result.members, "interval": interval}  # fmt: skip
+            result.statistics.ds.attrs.update({k: v for k, v in info.items() if k in ("forecast", "truth",
+                                               "climatology", "resolution") and v})  # fmt: skip
+            for path in write_scores(result.rows, Path(args.scores), info, "--scores", _stores(args, cfg),
+                                     statistics=result.statistics):  # fmt: skip
                 print(f"wrote {path}")
     if result.path is not None:
         print(f"wrote {result.path}; open it with xarray.open_zarr({str(result.path)!r})")

@@ -115,7 +115,8 @@ class Prediction:
     """What ``run_prediction`` did: the store written (or None), ``score``'s rows (or None), the
     init times, model steps, longitudes of the grid, the forecast rate (model steps × inits ×
     members per second of the rollout, all replicas together), the batch (inits per forward), the
-    training forward's rate, and the ensemble size (None: deterministic)."""
+    training forward's rate, the ensemble size (None: deterministic) and the scores' per-init
+    statistics."""
 
     path: Path | None
     rows: list[dict[str, Any]] | None
@@ -126,6 +127,7 @@ class Prediction:
     batch_size: int
     training_steps_per_s: float  # the training forward (autograd on, training batch), same mesh
     members: int | None = None
+    statistics: Any = None  # the per-init statistics of ``rows`` (``metrics.statistics.Statistics``)
 
 
 @torch.no_grad()
@@ -342,4 +344,4 @@ def _predict(
                  "training forward on this mesh: %.2f steps/s%s", len(inits), steps, ckpt, step, batch_size,
                  rate, train_rate, f"; wrote {path}" if path else "")  # fmt: skip
     return Prediction(path, rows, layout.init_times, steps, data.grid.n_lon, rate, batch_size, train_rate,
-                      total)  # fmt: skip
+                      total, None if scorer is None else scorer.stats)  # fmt: skip
