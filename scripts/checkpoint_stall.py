@@ -2,7 +2,7 @@
 synchronous save or a background save (``checkpoint.background``), in rotation in one process on
 one rank, so that the machine's load hits the three alike.
 
-    python scripts/checkpoint_stall.py --dir runs/checkpoint-stall [--rounds 20] [key.sub=value ...]
+    python scripts/checkpoint_stall.py --dir runs/checkpoint-stall [--repeats 20] [key.sub=value ...]
 
 Trains ``configs/demo.yaml`` on mesh 1 × 1 (overrides such as ``model.overrides.embed_dim=512``
 make a bigger model). A background block is the save, the 5 steps its write overlaps and what is
@@ -31,7 +31,7 @@ KINDS = ("none", "sync", "background")
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dir", required=True, help="run directory (replaced)")
-    parser.add_argument("--rounds", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=20)
     parser.add_argument("--config", default="configs/demo.yaml")
     parser.add_argument("overrides", nargs="*", help="config overrides key.sub=value")
     args = parser.parse_args()
@@ -49,7 +49,7 @@ def main() -> None:
     steps(5)  # warm-up
     times: dict[str, list[float]] = {k: [] for k in KINDS}
     held, full = [], []
-    for r in range(args.rounds):
+    for r in range(args.repeats):
         for kind in KINDS if r % 2 == 0 else KINDS[::-1]:
             t0 = time.perf_counter()
             if kind == "background":  # the save, the 5 steps its write overlaps, the rest of the write
@@ -66,7 +66,7 @@ def main() -> None:
             times[kind].append((time.perf_counter() - t0) / 5)
     trainer.close()
     params = sum(p.numel() for p in trainer.model.parameters())
-    print(f"{params / 1e6:.2f} M parameters, {args.rounds} rounds, load average {os.getloadavg()}")
+    print(f"{params / 1e6:.2f} M parameters, {args.repeats} repeats, load average {os.getloadavg()}")
     for kind, values in times.items():
         ratios = [a / b for a, b in zip(values, times["none"])]
         print(
