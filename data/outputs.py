@@ -253,8 +253,8 @@ def check_file_output(
         )
     if out.exists() and not recognise(out):
         raise ValueError(
-            f"{option} {text} exists and is not a {what} written by jigsaw-earth; nothing was "
-            f"written or deleted. Choose another {option} or remove it yourself"
+            f"{option} {text} exists and is not an earlier {what}: a file of yours, or an output of "
+            f"another kind; nothing was written or deleted. Choose another {option} or remove it yourself"
         )
     return out
 
@@ -300,9 +300,10 @@ def check_run_dir(
             continue
         rel = _relation(out, Path(other).expanduser().resolve())
         if rel is not None:
+            beside = Path(other).expanduser().resolve().parent / "runs" / "my-run"  # outside every store
             raise ValueError(
                 f"run.dir {text} {rel} the {label} {other}; nothing was written. Choose a run.dir "
-                f"beside the stores, e.g. {Path(text).expanduser().parent / 'runs' / 'my-run'}"
+                f"beside the stores, e.g. {beside}"
             )
     store = store_of(out)
     if store is not None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -36,8 +37,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
     p.add_argument("--out", help="forecast store to write (WB2 forecast layout); optional with --score")
     p.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
-    p.add_argument("--start", help="first initialisation time (default: data.val_period[0])")
-    p.add_argument("--end", help="last initialisation time (default: data.val_period[1])")
+    p.add_argument(
+        "--first-init", "--start", dest="start", metavar="TIME",
+        help="first initialisation time (default: data.val_period[0]); --first-init works under torchrun, "
+        "which takes --start for its own --start-method",
+    )  # fmt: skip
+    p.add_argument(
+        "--last-init", "--end", dest="end", metavar="TIME",
+        help="last initialisation time (default: data.val_period[1])",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, help="steps of data.step_hours (default 4, or the last lead)")
     p.add_argument("--variables", nargs="+", metavar="NAME", help="write/score only these variables")
     p.add_argument("--levels", nargs="+", metavar="HPA", help="only these levels, e.g. 500 850 or 500,850")
@@ -84,14 +92,20 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _check_period(start: str, end: str) -> None:
-    for option, text in (("--start", start), ("--end", end)):
+def _spelled(argv: Sequence[str], long: str, short: str) -> str:
+    """The spelling of an option the command line used (``--first-init`` or ``--start``)."""
+    return long if any(a == long or a.startswith(f"{long}=") for a in argv) else short
+
+
+def _check_period(start: str, end: str, argv: Sequence[str] = ()) -> None:
+    first, last = _spelled(argv, "--first-init", "--start"), _spelled(argv, "--last-init", "--end")
+    for option, text in ((first, start), (last, end)):
         try:
             np.datetime64(text, "h")
         except ValueError:
             raise ValueError(f"{option} {text!r} is not a date; write YYYY-MM-DD or YYYY-MM-DDTHH") from None
     if np.datetime64(start, "h") > np.datetime64(end, "h"):
-        raise ValueError(f"--start {start} is after --end {end}; swap them")
+        raise ValueError(f"{first} {start} is after {last} {end}; swap them")
 
 
 def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
@@ -162,9 +176,29 @@ def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> N
         print(f"wrote {result.path}; open it with xarray.open_zarr({str(result.path)!r})")
 
 
+#: predict's options that make a forecast (dest, as written): not taken with --unfinished
+_FORECAST_OPTIONS = (("config", "CONFIG"), ("overrides", "KEY=VALUE"), ("out", "--out"),
+                     ("checkpoint", "--checkpoint"), ("start", "--first-init/--start"),
+                     ("end", "--last-init/--end"), ("steps", "--steps"), ("variables", "--variables"),
+                     ("levels", "--levels"), ("lead_hours", "--lead-hours"), ("lead_every", "--lead-every"),
+                     ("batch_size", "--batch-size"), ("overwrite", "--overwrite"), ("members", "--members"),
+                     ("seed", "--seed"), ("score", "--score"), ("scores", "--scores"))  # fmt: skip
+
+
 def _unfinished(args: argparse.Namespace) -> int:
     from ..inference.unfinished import find_unfinished, remove_unfinished
 
+    given = [name for dest, name in _FORECAST_OPTIONS if getattr(args, dest, None)]
+    if given:
+        option = "--unfinished" if args.unfinished is not None else "--remove-unfinished"
+        raise ValueError(
+            f"{option} lists or removes unfinished forecasts and takes no {given[0]}; nothing was run. "
+            f"Run it on its own (jigsaw-earth predict {option} ...), and the forecast without it"
+        )
+    for folder in args.unfinished or []:
+        if not Path(folder).is_dir():
+            what = "is not a folder" if Path(folder).exists() else "does not exist"
+            raise ValueError(f"--unfinished {folder}: {what}; give the folder that holds the forecasts")
     for path in args.remove_unfinished or []:
         print(f"removed {remove_unfinished(path).text()}")
     folders = args.unfinished or (["."] if args.unfinished is not None else [])  # --unfinished alone: .
@@ -195,7 +229,7 @@ def run(args: argparse.Namespace) -> int:
     start, end = args.start or period[0], args.end or period[-1]
     if not start or not end:
         raise ValueError("give --start and --end (the config has no data.val_period to default to)")
-    _check_period(start, end)
+    _check_period(start, end, getattr(args, "argv", []))
     if args.seed is not None and args.members is None:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
     if args.first_member and args.members is None:

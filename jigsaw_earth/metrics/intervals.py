@@ -19,12 +19,14 @@ and, for ``dm``, the ``scores`` package (nci/scores):
   σ² e^(−3k/θ) fitted by least squares to the sample autocovariances up to lag ⌊(n − 1)/2⌋, summed
   over all lags; normal quantiles.
 * ``bootstrap``: Politis & Romano's (1994) stationary bootstrap, its mean block length chosen per cell by
-  Politis & White (2004, with Patton et al.'s 2009 correction) from the tangents; percentile intervals.
+  Politis & White (2004, with Patton et al.'s 2009 correction) from the tangents; studentized by the
+  ar2 standard error of each resample (bootstrap-t).
 """
 
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -35,7 +37,7 @@ __all__ = [
     "Interval",
     "block_length",
     "bootstrap",
-    "stationary_counts",
+    "stationary_indices",
     "t_interval",
 ]
 
@@ -47,7 +49,8 @@ BLOCK_ROUNDING = 30  # block lengths rounded to 30 steps per decade (as WeatherB
 @dataclass(frozen=True)
 class Interval:
     """A score's estimate, standard error, interval bounds and two-sided p-value of "value = 0" (all
-    ``(C,)``); ``dof``: the t distribution's degrees of freedom (inf: normal; NaN: bootstrap)."""
+    ``(C,)``); ``dof``: the t distribution's degrees of freedom (inf: normal; NaN: bootstrap, whose
+    quantiles are resampled)."""
 
     value: np.ndarray
     se: np.ndarray
@@ -195,26 +198,48 @@ def block_length(tangents: np.ndarray) -> np.ndarray:
     return 10 ** (np.round(np.log10(b) * BLOCK_ROUNDING) / BLOCK_ROUNDING)
 
 
-def stationary_counts(n: int, mean_block: float, replicates: int, rng: np.random.Generator) -> np.ndarray:
-    """``(replicates, n)``: how often each init appears in each stationary-bootstrap resample. A
-    resample starts at a random init and at each next step jumps to a random init with probability
-    1/``mean_block``, else takes the next one (wrapping around the end)."""
+def stationary_indices(n: int, mean_block: float, replicates: int, rng: np.random.Generator) -> np.ndarray:
+    """``(replicates, n)``: the inits of each stationary-bootstrap resample, in order. A resample starts
+    at a random init and at each next step jumps to a random init with probability 1/``mean_block``,
+    else takes the next one (wrapping around the end)."""
     jump = rng.random((replicates, n)) < 1 / mean_block
     jump[:, 0] = True
     starts = rng.integers(n, size=(replicates, n))
     steps = np.arange(n)
     last = np.maximum.accumulate(np.where(jump, steps, 0), axis=1)  # the step of the last jump
-    index = (np.take_along_axis(starts, last, axis=1) + steps - last) % n
-    flat = (np.arange(replicates)[:, None] * n + index).ravel()
-    return np.bincount(flat, minlength=replicates * n).reshape(replicates, n).astype(np.float64)
+    return (np.take_along_axis(starts, last, axis=1) + steps - last) % n
 
 
 @functools.lru_cache(maxsize=64)  # about as many rounded block lengths as 730 inits give
-def _cached_counts(n: int, mean_block: float, replicates: int, seed: int) -> np.ndarray:
-    """``stationary_counts`` of one rounded block length, drawn from ``seed`` and the block length (so
-    a cell's resamples do not depend on which other cells are scored), kept for the next cells."""
+def _cached_resamples(n: int, mean_block: float, replicates: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """The resamples of one rounded block length (``stationary_indices``) and how often each init
+    appears in each, drawn from ``seed`` and the block length (so a cell's resamples do not depend on
+    which other cells are scored), kept for the next cells."""
     rng = np.random.default_rng([seed, round(mean_block * 1e6)])
-    return stationary_counts(n, mean_block, replicates, rng).astype(np.uint16)  # 2 bytes a count
+    index = stationary_indices(n, mean_block, replicates, rng)
+    flat = (np.arange(replicates)[:, None] * n + index).ravel()
+    counts = np.bincount(flat, minlength=replicates * n).reshape(replicates, n)
+    return index.astype(np.int32), counts.astype(np.uint16)  # 2 bytes a count
+
+
+def _ar2_se(d: np.ndarray) -> np.ndarray:
+    """The ar2 standard error of the mean of each column of ``d`` ``(n, C)`` (any mean)."""
+    d = d - d.mean(0)
+    var = _variance(d)
+    return np.sqrt(var / d.shape[0]) * _ar2_inflation(d, var)
+
+
+def _resampled_se(tangents: np.ndarray, index: np.ndarray, chunk_bytes: int = 64 << 20) -> np.ndarray:
+    """``(B, C)``: the ar2 standard error of each resample's tangents (``index`` ``(B, n)``), cells
+    in chunks of about ``chunk_bytes``."""
+    replicates, n = index.shape
+    out = np.empty((replicates, tangents.shape[1]))
+    step = max(1, chunk_bytes // (8 * replicates * n))
+    for first in range(0, tangents.shape[1], step):
+        cells = slice(first, first + step)
+        drawn = tangents[:, cells][index.T]  # (n, B, cells): each resample in init order
+        out[:, cells] = _ar2_se(drawn.reshape(n, -1)).reshape(replicates, -1)
+    return out
 
 
 def bootstrap(
@@ -225,29 +250,45 @@ def bootstrap(
     replicates: int = 1000,
     seed: int = 0,
 ) -> Interval:
-    """Stationary-bootstrap interval of ``score(means of series)``: ``series`` maps names to ``(n, C)``
-    per-init values (the paired series of a comparison resample together), ``tangents`` (``(n, C)``)
-    choose each cell's block length. Cells of one rounded block length share their resamples (drawn
-    from ``seed`` and the block length, and kept for the next call, as WeatherBench-X keeps them). The
-    interval is the percentile interval, the standard error the resampled scores' (ddof 1), the
-    p-value of "score = 0" twice the smaller tail (mid-rank at 0: a score of exactly 0 everywhere has
-    p = 1)."""
+    """Studentized stationary-bootstrap interval of ``score(means of series)``: ``series`` maps names
+    to ``(n, C)`` per-init values (the paired series of a comparison resample together), ``tangents``
+    (``(n, C)``) choose each cell's block length and studentize. Each resample gives the pivot
+    t* = (score* − score) / se*, se* the ar2 standard error of the resample's tangents; the interval
+    is score − q*(1 − α/2)·se … score − q*(α/2)·se with se the ar2 standard error of the tangents
+    (reported as the standard error), the p-value of "score = 0" twice the smaller tail of t* beyond
+    score/se. The pivot's quantiles carry what the resamples' variance misses where the blocks cut
+    the autocorrelation (the percentile interval covers 89 % at rho1 0.7, this one 93 %). Cells of one
+    rounded block length share their resamples (drawn from ``seed`` and the block length, and kept
+    for the next call, as WeatherBench-X keeps them)."""
     n, c = tangents.shape
     blocks = block_length(tangents)
     value = score({k: v.mean(0) for k, v in series.items()})
+    se = _ar2_se(tangents)
     alpha = 1 - confidence
-    se, lower, upper, p = (np.full(c, np.nan) for _ in range(4))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        observed = np.where((value == 0) & (se == 0), 0.0, value / se)
+    q_low, q_high, p = (np.full(c, np.nan) for _ in range(3))
+    names = list(series)
     for b in np.unique(blocks):
         cells = np.nonzero(blocks == b)[0]
-        counts = _cached_counts(n, float(b), replicates, seed).astype(np.float64)
-        names = list(series)
+        index, counts = _cached_resamples(n, float(b), replicates, seed)
         stacked = np.concatenate([series[k][:, cells] for k in names], axis=1)  # (n, names × cells)
-        means = np.split(counts @ stacked / n, len(names), axis=1)
-        resampled = score(dict(zip(names, means)))  # (B, cells)
-        se[cells] = resampled.std(0, ddof=1)
-        lower[cells], upper[cells] = np.quantile(resampled, [alpha / 2, 1 - alpha / 2], axis=0)
-        below = (resampled < 0).mean(0) + 0.5 * (resampled == 0).mean(0)
+        means = np.split(counts.astype(np.float64) @ stacked / n, len(names), axis=1)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            spread = _resampled_se(tangents[:, cells], index)
+            pivots = (score(dict(zip(names, means))) - value[cells]) / spread
+        pivots[~np.isfinite(pivots)] = np.nan  # a resample without spread says nothing of the pivot
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN cells: constant series
+            q_low[cells], q_high[cells] = np.nanquantile(pivots, [alpha / 2, 1 - alpha / 2], axis=0)
+            valid = np.isfinite(pivots).sum(0)
+            ref = observed[cells]
+            below = ((pivots < ref).sum(0) + 0.5 * (pivots == ref).sum(0)) / valid
         p[cells] = np.minimum(1.0, 2 * np.minimum(below, 1 - below))
+    flat = se == 0  # no spread at all: the value is exact
+    q_low[flat], q_high[flat] = 0.0, 0.0
+    p[flat] = np.where(value[flat] == 0, 1.0, 0.0)
+    lower, upper = value - q_high * se, value - q_low * se
     nan = np.isnan(value)
     for a in (se, lower, upper, p):
         a[nan] = np.nan

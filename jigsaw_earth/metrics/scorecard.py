@@ -242,6 +242,11 @@ def check_scores_output(
     from .statistics import Statistics, stats_path
 
     prefix = Path(prefix)
+    if prefix.name in ("", ".", "..") or prefix.is_dir():
+        raise ValueError(
+            f"{option} {str(prefix)!r} is a folder; {option} takes a PREFIX: PREFIX.json, PREFIX.csv and "
+            f"PREFIX-stats.nc are written, e.g. {option} {prefix / 'scores'}"
+        )
     js, cs = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".csv")
     st = stats_path(prefix)
     check_file_output(js, option, "score file (PREFIX.json)", json_with_keys("scores"), protected=protected)
