@@ -22,6 +22,7 @@ import torch
 
 __all__ = [
     "PLUGIN_ENV",
+    "copies_done",
     "copy_to_host",
     "default_backend",
     "device_count",
@@ -29,6 +30,7 @@ __all__ = [
     "free_bytes",
     "host_empty",
     "load_device_plugin",
+    "patch_conv_as_gemm",
     "peak_memory_bytes",
     "pin",
     "resolve_device",
@@ -164,7 +166,8 @@ def pin(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def host_empty(shape: Sequence[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An uninitialised host tensor, page-locked when it is bound for (or comes from) a GPU."""
+    """Host memory for copies to or from ``device``: page-locked when it is a GPU (non-blocking
+    copies)."""
     return torch.empty(tuple(shape), dtype=dtype, pin_memory=_pins(device))
 
 
@@ -182,6 +185,25 @@ def set_precision(precision: str) -> None:
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
+
+
+def patch_conv_as_gemm(device: torch.device) -> bool:
+    """Whether a patch convolution (stride = kernel: ``PatchEmbed``) runs as GEMMs on its patch rows
+    (``distributed/conv_ring.py``): on the CPU, where oneDNN's convolution weight gradient measured
+    2–7× slower than the GEMM; not on a GPU, where the plain ``nn.Conv2d`` (cuDNN) measured 1.19×
+    faster than the GEMMs and their copies into patch rows (H100, bf16, ``bench layers --size
+    large``)."""
+    return device.type == "cpu"
+
+
+def copies_done(device: torch.device) -> Callable[[], None]:
+    """A ``wait()`` for the work queued so far on ``device``'s current stream (copies to the host),
+    callable from any thread; a no-op on the CPU, where copies are done when they return."""
+    if device.type != "cuda":
+        return _nothing
+    done = torch.cuda.Event()
+    done.record()
+    return done.synchronize
 
 
 def copy_to_host(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
