@@ -68,6 +68,8 @@ def _device_module() -> Any:
 
 def register() -> None:
     dist.Backend.register_backend(NAME, _create, devices=[TYPE])
+    # gloo serves CUDA's device type too (a gloo group in an NCCL job binds to the job's device)
+    dist.Backend.backend_capability[dist.Backend.GLOO].append(TYPE)
     # NCCL's groups split (DeviceMesh on a bound device); gloo splits too, but torch deep-copies the
     # parent's options first, which gloo's cannot be (a split does not change them)
     dist.ProcessGroupGloo._Options.__deepcopy__ = lambda self, memo: self
