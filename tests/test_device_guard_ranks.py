@@ -60,10 +60,10 @@ def test_four_fake_gpus_train_and_forecast_as_the_cpu(tmp_path: Path) -> None:
     assert sorted(r["rank"] for r in ranks) == [0, 1, 2, 3], ranks
     handed = [h for r in ranks for h in r["cpu_handoffs"]]
     assert not handed, "CPU tensors handed to NCCL:\n" + "\n".join(handed)
-    for r in ranks:  # the count covers every kind of call the run makes
+    for r in ranks:  # the count covers every kind of call the run makes (a gloo group's, the
+        # background checkpoint's, carries host tensors only: the guard refuses device ones there)
         kinds = {k.split()[1] for k in r["calls"] if k.startswith("fakenccl ")}
         assert {"allreduce_", "send", "recv_", "allgather_", "broadcast_", "barrier"} <= kinds, r["calls"]
-        assert not [k for k in r["calls"] if not k.startswith("fakenccl ")], r["calls"]
 
 
 def test_ranks_sharing_one_fake_gpu_stage_their_messages(tmp_path: Path) -> None:
