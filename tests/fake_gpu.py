@@ -1,8 +1,8 @@
 """A fake accelerator on a CPU-only torch: the device guard of the tests (no GPU needed).
 
-``fakegpu`` (torch's PrivateUse1 slot) has ``FAKEGPU_COUNT`` devices per host (default 8). Its
-tensors hold their values on the CPU but report ``fakegpu:K`` as their device, and every operator is
-checked the way CUDA checks it: tensors of two devices in one operator raise (a CPU tensor, or
+``fakegpu`` (torch's PrivateUse1 slot, ``fake_device.py``) has ``FAKEGPU_COUNT`` devices per host
+(default 8). Its tensors hold their values on the CPU but report ``fakegpu:K`` as their device, and
+every operator is checked the way CUDA checks it: tensors of two devices in one operator raise (a CPU tensor, or
 ``fakegpu:0`` with ``fakegpu:1``), except a 0-dim CPU tensor read as a scalar (CUDA lifts those),
 never a CPU tensor written by the operator (``total += cuda_tensor`` into a CPU scalar raises on
 CUDA). Copies between devices (``.to``, ``copy_``) and CPU index tensors are allowed, as on CUDA.
@@ -34,107 +34,24 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.utils.backend_registration as backend_registration
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
+_HERE = str(Path(__file__).parent)
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)  # fake_device and fake_nccl beside this file, however this one was imported
+from fake_device import MODULE, TYPE, register  # noqa: E402
+
 __all__ = ["DeviceMixing", "FakeGpu", "FakeGpuTensor", "HostRead", "activate", "active", "fake_gpu", "rank"]
 
-TYPE = "fakegpu"
-COUNT_ENV = "FAKEGPU_COUNT"
 REPORT_ENV = "FAKEGPU_REPORT"
-_registered: list[bool] = [False]
 _active: list[FakeGpu] = []
 
 
 def rank() -> str:
     """This process's rank as the messages name it (``RANK``; 0 for a single process)."""
     return os.environ.get("RANK", "0")
-
-
-class _Stream:
-    """The one in-order queue of a fake device (its work is done when it is queued)."""
-
-    def synchronize(self) -> None:
-        return None
-
-    def wait_stream(self, other: _Stream) -> None:
-        return None
-
-    def query(self) -> bool:
-        return True
-
-
-class _Module(backend_registration._DummyBackendModule):
-    """``torch.fakegpu``: what torch's own code and the package ask of a device module."""
-
-    _stream = _Stream()
-
-    def __init__(self) -> None:
-        self.current, self.chosen = 0, False  # chosen: set_device was called in this process
-
-    def device_count(self) -> int:
-        return int(os.environ.get(COUNT_ENV, "8"))
-
-    def current_device(self) -> int:
-        return self.current
-
-    def set_device(self, device: Any) -> None:
-        index = device if isinstance(device, int) else torch.device(device).index
-        index = self.current if index is None else index
-        if not 0 <= index < self.device_count():
-            raise RuntimeError(f"{TYPE}: invalid device ordinal {index} ({self.device_count()} devices)")
-        self.current, self.chosen = index, True
-
-    def current_stream(self, device: Any = None) -> _Stream:
-        return self._stream
-
-    def stream(self, stream: Any) -> contextlib.AbstractContextManager:
-        return contextlib.nullcontext()
-
-    def synchronize(self, device: Any = None) -> None:
-        return None
-
-    def get_amp_supported_dtype(self) -> list[torch.dtype]:
-        return [torch.bfloat16, torch.float16]
-
-
-MODULE = _Module()
-
-
-def _register() -> None:
-    """Name PrivateUse1 ``fakegpu`` once per process; autocast on it falls through (fp32); the
-    NCCL-like process-group backend for its tensors."""
-    if _registered[0]:
-        return
-    backend_registration._setup_privateuseone_for_python_backend(TYPE, backend_module=MODULE)
-    lib = torch.library.Library("_", "IMPL")  # a fallback for a whole dispatch key
-    lib.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
-    _LIBS.append(lib)
-    from fake_nccl import register
-
-    register()
-    torch.utils.swap_tensors = _swap_keeping_attributes
-    _registered[0] = True
-
-
-_swap = torch.utils.swap_tensors
-
-
-def _swap_keeping_attributes(t1: torch.Tensor, t2: torch.Tensor) -> None:
-    """``Module.to(fakegpu)`` swaps each parameter with its device copy (a wrapper subclass); on CUDA
-    the parameter object stays (``set_data``) and keeps its Python attributes: keep them here too."""
-    mine = {k: v for k, v in vars(t1).items() if k not in ("elem", "index")}
-    _swap(t1, t2)
-    for key, value in mine.items():
-        setattr(t1, key, value)
-
-
-_LIBS: list[Any] = []
-_HERE = str(Path(__file__).parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)  # fake_nccl beside this file, however this one was imported
 
 
 class DeviceMixing(RuntimeError):
@@ -402,7 +319,7 @@ def fake_gpu() -> Iterator[FakeGpu]:
     if active() is not None:  # the process-wide guard of a rank (activate) is already on
         yield active()  # type: ignore[misc]
         return
-    _register()
+    register()
     mode = FakeGpu()
     run = _enter_in_threads(mode)
     try:
@@ -419,7 +336,7 @@ def activate() -> None:
     operator and any CPU tensors handed to them (``fake_nccl``)."""
     if active() is not None:
         return
-    _register()
+    register()
     mode = FakeGpu()
     _enter_in_threads(mode)
     mode.__enter__()
