@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -126,20 +127,23 @@ class ForecastOutput:
 
     def _flush(self, slot: _Slot, first: int, stop: int) -> None:
         """Hand the slot's leads ``[first, stop)`` to the writers, one job per variable."""
-        copies, leads = list(slot.copies), slice(first, stop)
+        copies, leads, runs = list(slot.copies), slice(first, stop), list(self._runs)
         block = slot.host[: stop - first, :, : self.n]
         h, w = self.tile.shape
         for name, depth in self._variables:
             nbytes = (stop - first) * block.shape[1] * self.n * depth * h * w * 4
-            job = self.pool.submit(lambda name=name: self._write(name, copies, block, leads), nbytes)
+            job = self.pool.submit(partial(self._write, name, copies, block, leads, runs), nbytes)
             slot.jobs.append(job)
             self._batch_jobs.append(job)
 
-    def _write(self, name: str, copies: list[Callable[[], None]], block: torch.Tensor, leads: slice) -> None:
+    def _write(self, name: str, copies: list[Callable[[], None]], block: torch.Tensor, leads: slice,
+               runs: list[tuple[int, int, int]]) -> None:  # fmt: skip
+        """One variable of a slot's block: the batch's ``runs`` of consecutive inits (store index,
+        row in the block, length)."""
         for landed in copies:
             landed()
         fields: Any = block.numpy().transpose(2, 0, 1, 3, 4, 5)  # (inits, leads, members, C, h, w)
-        for start, row, n in self._runs:
+        for start, row, n in runs:
             part = fields[row : row + n]
             if self.members is None:
                 self.writer.write(slice(start, start + n), leads, part[:, :, 0], self.tile, None, (name,))

@@ -142,6 +142,7 @@ class Progress:
         self.sizes: list[int] = []
         self.request: dict[str, Any] = {}
         self._checked: tuple[Any, Any] = ((), ())
+        self._failed = False  # a batch's writes or scores failed: nothing after it is recorded
 
     @classmethod
     def for_output(cls, out: str | Path | None, scores: str | Path | None = None) -> Progress:
@@ -306,10 +307,16 @@ class Progress:
     def record(self, i: int, scored: Future | None, written: Sequence[Future] = ()) -> None:
         """On the recording thread, once batch ``first + i`` is written (``written``: its write jobs)
         and scored (``scored``: the scoring thread's future of its shares; None without ``--score``):
-        record it, with its score shares."""
-        for job in written:
-            job.result()
-        shares = None if scored is None else scored.result()
+        record it, with its score shares. After a batch that failed, no later one is recorded."""
+        if self._failed:
+            raise RuntimeError(f"batch {self.first + i + 1} is not recorded: an earlier batch failed")
+        try:
+            for job in written:
+                job.result()
+            shares = None if scored is None else scored.result()
+        except BaseException:
+            self._failed = True
+            raise
         if self.folder is None:
             return
         g = self.first + i
