@@ -10,6 +10,8 @@
   (``commands/bench_strategies.py``).
 * ``bench scaling CONFIG --world-size N``: strong scaling of the trainer on 1 and N ranks, with the
   step breakdown and plan's prediction (``commands/bench_scaling.py``).
+* ``bench forecast CONFIG --world-size N``: one forecast (one init, one member) on 1 and N ranks,
+  as predict runs it, with where its time went (``commands/bench_forecast.py``).
 * ``bench io STORE --mesh LATxLON``: one training sample per rank through the tile reader against
   raw reads of the same bytes, tensorstore and zarr (``commands/bench_io.py``).
 """
@@ -122,6 +124,13 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
     sc.add_argument("--repeats", type=int, help="interleaved repeats (default 3)")
 
+    fc = kinds.add_parser("forecast", help="one forecast's latency on 1 and N ranks, as predict runs it")
+    _config_flags(fc)
+    fc.add_argument("--steps", type=int, default=40, help="model steps of the forecast (default 40)")
+    fc.add_argument("--meshes", metavar="LATxLON[,...]", help="the meshes of N ranks (default: every one)")
+    fc.add_argument("--no-write", action="store_true", help="write nothing (default: every lead)")
+    fc.add_argument("--repeats", type=int, help="interleaved repeats (default 3)")
+
     io = kinds.add_parser("io", help="a training sample per rank through the tile reader, against raw reads")
     io.add_argument("inputs", nargs="*", type=Path, metavar="STORE", help="the Zarr store")
     io.add_argument("--mesh", default="2x2", metavar="LATxLON", help="the mesh (default 2x2)")
@@ -208,6 +217,7 @@ JSON_KEYS = {
     "all": ("kind", "meta", "results"),
     "strategies": ("kind", "meta", "results"),
     "scaling": ("kind", "meta", "result"),
+    "forecast": ("kind", "meta", "result"),
     "io": ("ranks", "cache"),
     "matmul": ("channels", "tokens"),
 }
@@ -230,6 +240,10 @@ def run(args: argparse.Namespace) -> int:
         from .bench_scaling import run_bench_scaling
 
         return run_bench_scaling(args)
+    if args.what == "forecast":
+        from .bench_forecast import run_bench_forecast
+
+        return run_bench_forecast(args)
     if args.what == "io":
         from .bench_io import run_io
 

@@ -22,6 +22,7 @@ import torch
 from ..data.batch import Batch
 from ..data.samples import TrainData
 from ..device import DeviceTimer, pin, synchronize
+from ..distributed.comm import ledger
 from ..models.run import model_step
 from .campaign import StepLog
 from .members import Members
@@ -111,7 +112,7 @@ def run_batches(r: Rollout, chunks: list[np.ndarray], progress: Progress, pipe: 
         times.compile_s = _compile(r, ahead.result(), chunks[0])
     steps_log = StepLog(sum(len(c) for c in chunks) * r.per_init * r.steps, r.data.mesh.rank)
     batch = None
-    t0 = time.perf_counter()
+    t0, c0, comm0 = time.perf_counter(), time.process_time(), ledger.wait_s
     for i, chunk in enumerate(chunks):
         progress.boundary(i, pipe)  # collective: a stop signal ends the run here, all recorded
         w0 = time.perf_counter()
@@ -143,13 +144,18 @@ def run_batches(r: Rollout, chunks: list[np.ndarray], progress: Progress, pipe: 
     d0 = time.perf_counter()
     pipe.drain()
     times.drain_s = time.perf_counter() - d0
-    times.loop_s = time.perf_counter() - t0
+    times.loop_s, times.cpu_s = time.perf_counter() - t0, time.process_time() - c0
+    times.comm_wait_s = ledger.wait_s - comm0  # the exchanges of the forward (and a score's gather)
     times.forward_s = forward.total()
     if output is not None:
         times.copy_s = output.copier.timer.total()
         times.write_stall_s = output.stall_s + pipe.stalled["record"]
     if pool is not None:
-        times.writers_busy_s, times.written_bytes = pool.busy_s, float(pool.bytes)
+        times.writers_busy_s, times.written_bytes, times.writers_cpu_s = (
+            pool.busy_s,
+            float(pool.bytes),
+            pool.cpu_s,
+        )
     if scorer is not None:
         scorer.close()
         times.score_stall_s, times.truth_wait_s = pipe.stalled["score"], scorer.truth_wait_s

@@ -2,14 +2,16 @@
 
 ``LoopTimes`` holds one rank's account of the forecast loop (the batches, from the first read to the
 last write; loading and compiling the model are reported apart): the device time of the forward
-steps and of the copies out (``device.DeviceTimer``: CUDA events, no host sync per step), and the
-host time the loop thread spent waiting — for a free output slot (*write stall*), for the inputs
-(*read stall*) and for the scoring thread (*score stall*, mostly its truth and climatology reads,
-whose own wait is ``truth_wait_s``) and, after the last step, for the last writes and scores
-(``drain_s``) — with the bytes written and the time the writers were busy.
-``reduce`` takes every figure's largest value over the ranks (the slowest rank sets the pace);
-``line`` is predict's log line; ``disk_limit`` says, with the measured write rate, when waiting for
-the writers took more than ``DISK_LIMITED`` of the loop.
+steps (``comm_wait_s`` of it blocked in exchanges and collectives with other ranks,
+``comm.ledger.wait_s``) and of the copies out (``device.DeviceTimer``: CUDA events, no host sync per
+step); the CPU time of the process and of its writer threads over the loop; the host time the loop
+thread spent waiting — for a free output slot (*write stall*), for the inputs (*read stall*), for the
+scoring thread (*score stall*, mostly its truth and climatology reads, whose own wait is
+``truth_wait_s``) and, after the last step, for the last writes and scores (``drain_s``); and the
+bytes written with the time the writers were busy. ``reduce`` takes every figure's largest value
+over the ranks (the slowest rank sets the pace); ``line`` is predict's log line; ``disk_limit``
+says, with the measured write rate, when waiting for the writers took more than ``DISK_LIMITED``
+of the loop.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class LoopTimes:
 
     loop_s: float = 0.0
     forward_s: float = 0.0
+    comm_wait_s: float = 0.0
     copy_s: float = 0.0
     write_stall_s: float = 0.0
     read_stall_s: float = 0.0
@@ -48,6 +51,8 @@ class LoopTimes:
     drain_s: float = 0.0
     writers_busy_s: float = 0.0
     written_bytes: float = 0.0
+    writers_cpu_s: float = 0.0
+    cpu_s: float = 0.0
     compile_s: float = 0.0
 
     def reduce(self, axis: Axis, device: torch.device) -> LoopTimes:
@@ -65,8 +70,9 @@ class LoopTimes:
 
     def line(self) -> str:
         """``forecast loop 2.31 s: forward 1.95 s, copy-out 0.01 s, write stall 0.00 s, …``."""
+        waits = f" ({self.comm_wait_s:.2f} s of it waiting for other ranks)" if self.comm_wait_s else ""
         parts = [
-            f"forward {self.forward_s:.2f} s",
+            f"forward {self.forward_s:.2f} s{waits}",
             f"copy-out {self.copy_s:.2f} s",
             f"write stall {self.write_stall_s:.2f} s",
             f"read stall {self.read_stall_s:.2f} s",
