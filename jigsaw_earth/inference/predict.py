@@ -20,6 +20,7 @@ refuses a store its filesystem cannot hold, and logs the model steps done (``cam
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +38,7 @@ from ..device import set_precision
 from ..distributed.mesh import DomainMesh
 from ..distributed.rank0 import on_rank0
 from ..launch import setup_mesh
+from ..layers.replicas import replicated_weights
 from ..models.run import build_run_model, model_step
 from .campaign import check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, ForecastWriter, store_chunks
@@ -47,7 +49,7 @@ from .progress import Progress, forecast_request
 from .rollout import Rollout, run_batches
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
-from .throughput import Pipeline, auto_batch, training_forward_rate
+from .throughput import Pipeline, auto_batch, replicas_fit, training_forward_rate
 from .timing import LoopTimes
 
 __all__ = ["Prediction", "run_prediction", "select_inits"]
@@ -270,8 +272,12 @@ def _predict(
             output = ForecastOutput(writer, data.tile, dev, batch_size, mine_members, pool)
         progress.begin(scorer)  # the scores of batches an earlier run recorded
         batches = progress.remaining([mine[k : k + batch_size] for k in range(0, len(mine), batch_size)])
-        times, last = run_batches(rollout, batches, progress, pipe, output, pool, scorer,
-                                  cfg.training.compile)  # fmt: skip
+        gathered = replicas_fit(model, mesh)  # collective: weights gathered once, fewer messages
+        with replicated_weights(model) if gathered else nullcontext():
+            if gathered and mesh.rank == 0:
+                log.info("the forecast runs on weights gathered once: %.1f MB per rank", gathered / 1e6)
+            times, last = run_batches(rollout, batches, progress, pipe, output, pool, scorer,
+                                      cfg.training.compile)  # fmt: skip
         times = times.reduce(mesh.world, dev)
         train_rate = float("nan") if last is None else _training_rate(model, data, last, bf16, tendency, ens)
         rows = scorer.finish() if scorer is not None else None

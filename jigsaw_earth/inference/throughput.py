@@ -8,6 +8,8 @@
   another and each batch's record (once its writes and scores are in) on a third, while the main
   thread runs the model; at most ``QUEUED`` jobs wait in each lane, and the time the main thread
   waited for a lane is counted (``stalled``). The writes go to the writers of ``outputs.py``.
+* ``replicas_fit``: whether the weights a forecast gathers once (``layers/replicas.py``: fewer
+  messages per step) fit in ``REPLICA_FRACTION`` of the free memory on every rank.
 * ``training_forward_rate``: the training forward (autograd on, the training batch) timed on the
   same mesh, so the summary sets the forecast's model steps per second beside it.
 """
@@ -27,11 +29,22 @@ from ..data.times import N_TIME_FEATURES
 from ..device import free_bytes
 from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh, local_ranks
+from ..layers.replicas import replica_bytes
 from ..models.plan_eval import inference_memory
 
-__all__ = ["MEMORY_FRACTION", "QUEUED", "Pipeline", "auto_batch", "free_memory", "training_forward_rate"]
+__all__ = [
+    "MEMORY_FRACTION",
+    "QUEUED",
+    "REPLICA_FRACTION",
+    "Pipeline",
+    "auto_batch",
+    "free_memory",
+    "replicas_fit",
+    "training_forward_rate",
+]
 
 MEMORY_FRACTION = 0.5  # of the free memory a forecast's batch may take
+REPLICA_FRACTION = 0.25  # of the free memory (after the batch) the gathered weights may take
 QUEUED = 4  # leads waiting to be scored (batches to be recorded) before the forward waits for them
 
 
@@ -53,6 +66,16 @@ def auto_batch(model: torch.nn.Module, data: Any, n_local: int, elsize: int, mes
     if dist.is_initialized():
         all_reduce_(batch, mesh.world, op="predict.batch", reduce=dist.ReduceOp.MIN)
     return int(batch.item())
+
+
+def replicas_fit(model: torch.nn.Module, mesh: DomainMesh) -> int:
+    """Bytes of the weights this rank would gather for a forecast (``replica_bytes``) when they fit
+    in ``REPLICA_FRACTION`` of the free memory on every rank, else 0 (collective over the world)."""
+    need = replica_bytes(model)
+    fits = torch.tensor([int(need <= REPLICA_FRACTION * free_memory(mesh.device))], device=mesh.device)
+    if dist.is_initialized():
+        all_reduce_(fits, mesh.world, op="predict.replicas", reduce=dist.ReduceOp.MIN)
+    return need if int(fits.item()) else 0
 
 
 class Pipeline:
