@@ -11,7 +11,9 @@ per layer on entry, collective, in module order):
   product is then this rank's partial sum over its tokens, the partial sums are added over the ranks
   in one exchange (in rank order, so every rank holds the same hidden activations), and the second
   product uses the rank's own ``W2`` block: one exchange per block instead of two;
-* the norms (``LayerNorm``, ``GroupNorm``): their whole affine weight and bias, no gather per forward.
+* the norms (``LayerNorm``, ``GroupNorm``): their whole affine weight and bias, no gather per forward;
+* the patch embedding and recovery (``PatchEmbed``, ``PatchRecovery``): their whole weight and bias;
+  each then convolves (multiplies) its own window with it, so only the window's halo, if any, moves.
 
 The gathered weights apply only while gradients are off (``Replicating.replica``): a forward with
 autograd inside the context runs the sharded path, so training is untouched. Outputs equal the
