@@ -8,8 +8,8 @@ lead written to a store in the scratch folder, or none with ``write=False``), in
 spawned with one thread each); the runs interleave over repeats (``A B … B A``) so a neighbour's
 load falls on all of them alike. Per run, the slowest rank's account of the loop (``LoopTimes``): the
 loop's time and its parts — the forward, the part of it blocked in exchanges with other ranks, the
-copy-out, the write and read stalls, the last writes — and the CPU time of the process and of its
-writer threads (host work beside the forward, which on a host with a core per rank takes from it).
+copy-out, the write and read stalls, the last writes — and the CPU time of the process (every
+thread: host work beside the forward, which on a host with a core per rank takes from it).
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def format_forecast(result: dict) -> str:
     """The table ``bench forecast`` prints (and ``docs/scaling.md`` shows)."""
     head = (
         "| run | forecast loop s | speedup over 1 rank (range) | forward s | of it waiting for other "
-        "ranks s | write stall s | read stall s | last writes s | CPU s per rank (writers) |"
+        "ranks s | write stall s | read stall s | last writes s | CPU s per rank |"
     )
     lines = [head, "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in result["rows"]:
@@ -167,6 +167,6 @@ def format_forecast(result: dict) -> str:
         lines.append(
             f"| {r['name']} | {r['loop_s']:.2f} | **{r['speedup']:.2f}** ({lo:.2f}–{hi:.2f}) | "
             f"{r['forward_s']:.2f} | {r['comm_wait_s']:.2f} | {r['write_stall_s']:.2f} | "
-            f"{r['read_stall_s']:.2f} | {r['drain_s']:.2f} | {r['cpu_s']:.2f} ({r['writers_cpu_s']:.2f}) |"
+            f"{r['read_stall_s']:.2f} | {r['drain_s']:.2f} | {r['cpu_s']:.2f} |"
         )
     return "\n".join(lines)

@@ -35,14 +35,14 @@ WRITERS = 4  # writer threads (file writes and copies release the GIL)
 
 
 class WriterPool:
-    """Threads that run write jobs; ``bytes`` written, ``busy_s``, the wall time during which at
-    least one job ran (bytes / busy_s: the rate the disk sustained), and ``cpu_s``, their CPU time."""
+    """Threads that run write jobs; ``bytes`` written and ``busy_s``, the wall time during which at
+    least one job ran (bytes / busy_s: the rate the disk sustained)."""
 
     def __init__(self, threads: int = WRITERS):
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="jigsaw-predict-write")
         self._lock = threading.Lock()
         self._active, self._since = 0, 0.0
-        self.busy_s, self.bytes, self.cpu_s = 0.0, 0, 0.0
+        self.busy_s, self.bytes = 0.0, 0
 
     def submit(self, job: Callable[[], None], nbytes: int) -> Future:
         return self._pool.submit(self._run, job, nbytes)
@@ -52,18 +52,15 @@ class WriterPool:
             if not self._active:
                 self._since = time.perf_counter()
             self._active += 1
-        cpu = time.thread_time()
         try:
             job()
         finally:
-            cpu = time.thread_time() - cpu
             with self._lock:
                 self._active -= 1
                 if not self._active:
                     self.busy_s += time.perf_counter() - self._since
         with self._lock:
             self.bytes += nbytes
-            self.cpu_s += cpu
 
     def close(self) -> None:
         self._pool.shutdown(wait=True, cancel_futures=True)

@@ -151,11 +151,7 @@ def run_batches(r: Rollout, chunks: list[np.ndarray], progress: Progress, pipe: 
         times.copy_s = output.copier.timer.total()
         times.write_stall_s = output.stall_s + pipe.stalled["record"]
     if pool is not None:
-        times.writers_busy_s, times.written_bytes, times.writers_cpu_s = (
-            pool.busy_s,
-            float(pool.bytes),
-            pool.cpu_s,
-        )
+        times.writers_busy_s, times.written_bytes = pool.busy_s, float(pool.bytes)
     if scorer is not None:
         scorer.close()
         times.score_stall_s, times.truth_wait_s = pipe.stalled["score"], scorer.truth_wait_s

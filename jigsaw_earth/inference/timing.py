@@ -4,7 +4,7 @@
 last write; loading and compiling the model are reported apart): the device time of the forward
 steps (``comm_wait_s`` of it blocked in exchanges and collectives with other ranks,
 ``comm.ledger.wait_s``) and of the copies out (``device.DeviceTimer``: CUDA events, no host sync per
-step); the CPU time of the process and of its writer threads over the loop; the host time the loop
+step); the CPU time of the process over the loop (every thread); the host time the loop
 thread spent waiting — for a free output slot (*write stall*), for the inputs (*read stall*), for the
 scoring thread (*score stall*, mostly its truth and climatology reads, whose own wait is
 ``truth_wait_s``) and, after the last step, for the last writes and scores (``drain_s``); and the
@@ -51,7 +51,6 @@ class LoopTimes:
     drain_s: float = 0.0
     writers_busy_s: float = 0.0
     written_bytes: float = 0.0
-    writers_cpu_s: float = 0.0
     cpu_s: float = 0.0
     compile_s: float = 0.0
 
