@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 from contextlib import nullcontext
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -245,9 +246,6 @@ def _predict(
     if score is not None:
         scorer = TileScorer(score, cfg, data, selection, layout.init_times, members=total)
     model = build_run_model(cfg, mesh, data)
-    with pinned(ckpt):
-        step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
-    model.eval()
     tendency = data.tendency_std.to(dev) if cfg.loss.tendency_scaling else None
     bf16 = cfg.training.precision == "bf16"
     chans = torch.tensor(selection.channel_index(data.channels), device=dev)
@@ -258,10 +256,19 @@ def _predict(
     if batch_size is None:
         batch_size = max(1, auto_batch(model, data, max(1, len(mine)) * per_init, 2 if bf16 else 4, mesh)
                          // per_init)  # fmt: skip
-    request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size, score)
     rollout = Rollout(model, data, inits, steps, lead_of, chans, bf16, tendency, ens, layout.init_times)
     pipe, pool, writer, output = Pipeline(), None, None, None
     try:
+        # the first batch's inputs are read while the checkpoint loads (a resume reads its own)
+        first = (
+            (mine[:batch_size], pipe.read(partial(rollout.read, mine[:batch_size]))) if len(mine) else None
+        )
+        with pinned(ckpt):
+            step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
+        model.eval()
+        request = forecast_request(
+            cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size, score
+        )
         progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
         if out is not None:
             chunks = store_chunks(layout, data.grid, batch_size, replicas, per_init)
@@ -277,7 +284,7 @@ def _predict(
             if gathered and mesh.rank == 0:
                 log.info("the forecast runs on weights gathered once: %.1f MB per rank", gathered / 1e6)
             times, last = run_batches(rollout, batches, progress, pipe, output, pool, scorer,
-                                      cfg.training.compile)  # fmt: skip
+                                      cfg.training.compile, first)  # fmt: skip
         times = times.reduce(mesh.world, dev)
         train_rate = float("nan") if last is None else _training_rate(model, data, last, bf16, tendency, ens)
         rows = scorer.finish() if scorer is not None else None

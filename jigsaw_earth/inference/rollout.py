@@ -1,7 +1,8 @@
 """predict's forecast loop: batches of inits rolled out on the device, written and scored beside it.
 
-For each batch the inputs (read ahead on the read thread while the previous batch ran) go to the
-device once; the state then stays there for every step. Each written lead leaves through
+For each batch the inputs (read ahead on the read thread while the previous batch ran; the first
+batch's while the checkpoint loaded, ``predict.py``) go to the device once; the state then stays
+there for every step. Each written lead leaves through
 ``outputs.ForecastOutput`` (host slots filled off the compute stream, a pool of writers) and is scored
 on the scoring thread (``scoring.TileScorer``, its truth read ahead); the batch is recorded on the
 recording thread once it is written and scored (``progress.Progress.record``). The forward never
@@ -13,6 +14,7 @@ warm-up step on the first batch before the loop (``compile_s``), then reused for
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
 
@@ -102,12 +104,17 @@ def _compile(r: Rollout, first: tuple[Batch, torch.Tensor], positions: np.ndarra
 
 def run_batches(r: Rollout, chunks: list[np.ndarray], progress: Progress, pipe: Pipeline,
                 output: ForecastOutput | None, pool: WriterPool | None, scorer: TileScorer | None,
-                compile_first: bool) -> tuple[LoopTimes, Batch | None]:  # fmt: skip
+                compile_first: bool, first: tuple[np.ndarray, Future] | None = None,
+                ) -> tuple[LoopTimes, Batch | None]:  # fmt: skip
     """Forecast every batch of ``chunks`` (positions in the forecast's init list); the loop's times
-    and the last batch (on the device; the training forward's rate is timed on it)."""
+    and the last batch (on the device; the training forward's rate is timed on it). ``first``: a
+    read already started (positions, its future), used if it is the first batch's."""
     dev = r.data.mesh.device
     times, forward = LoopTimes(), DeviceTimer(dev)
-    ahead = pipe.read(partial(r.read, chunks[0])) if chunks else None
+    ahead = None
+    if chunks:
+        started = first is not None and np.array_equal(first[0], chunks[0])
+        ahead = first[1] if started else pipe.read(partial(r.read, chunks[0]))
     if compile_first and chunks:
         times.compile_s = _compile(r, ahead.result(), chunks[0])
     steps_log = StepLog(sum(len(c) for c in chunks) * r.per_init * r.steps, r.data.mesh.rank)
