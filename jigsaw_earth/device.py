@@ -4,7 +4,8 @@ Everything else in the package is device-agnostic: tensors are made on the devic
 meet. What depends on the kind of device lives here once: which device a rank computes on
 (``distributed.device``: ``auto`` = this rank's GPU when torch sees one, else the CPU), the
 process-group backend that goes with it, synchronising for timers, memory figures, pinned host
-memory for non-blocking copies, and the device's name.
+memory for non-blocking copies, copies off the device on a stream of their own (``CopyOut``), device
+time without a host sync per span (``DeviceTimer``), and the device's name.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import torch
 __all__ = [
     "CopyOut",
     "DeviceTimer",
+    "copies_done",
     "default_backend",
     "device_name",
     "free_bytes",
-    "host_buffer",
+    "host_empty",
+    "patch_conv_as_gemm",
     "peak_memory_bytes",
     "pin",
     "resolve_device",
@@ -124,14 +127,32 @@ def set_precision(precision: str) -> None:
     torch.backends.cudnn.allow_tf32 = tf32
 
 
-def host_buffer(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """An empty host tensor that copies from ``device`` land in without blocking: page-locked
-    for a GPU, plain memory on the CPU."""
+def patch_conv_as_gemm(device: torch.device) -> bool:
+    """Whether a patch convolution (stride = kernel: ``PatchEmbed``) runs as GEMMs on its patch rows
+    (``distributed/conv_ring.py``): on the CPU, where oneDNN's convolution weight gradient measured
+    2–7× slower than the GEMM; not on a GPU, where the plain ``nn.Conv2d`` (cuDNN) measured 1.19×
+    faster than the GEMMs and their copies into patch rows (H100, bf16, ``bench layers --size
+    large``)."""
+    return device.type == "cpu"
+
+
+def host_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host memory for copies off ``device``: page-locked when it is a GPU (non-blocking copies)."""
     return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
 
 
+def copies_done(device: torch.device) -> Callable[[], None]:
+    """A ``wait()`` for the work queued so far on ``device``'s current stream (copies to the host),
+    callable from any thread; a no-op on the CPU, where copies are done when they return."""
+    if device.type != "cuda":
+        return _nothing
+    done = torch.cuda.Event()
+    done.record()
+    return done.synchronize
+
+
 class CopyOut:
-    """Copies device tensors into host buffers (``host_buffer``) on a CUDA stream of their own, so
+    """Copies device tensors into host buffers (``host_empty``) on a CUDA stream of their own, so
     the next kernels of the compute stream run while a copy is in flight; on the CPU a plain copy.
     ``copy`` returns a ``wait()`` to call (from any thread) before the host reads the buffer."""
 

@@ -142,7 +142,8 @@ def _barrier() -> None:
 class ForecastWriter:
     """Collective: every rank constructs it, writes its tiles, and calls ``close``. ``resume``: open
     the in-progress store an earlier run left (its layout is the request ``progress.py`` compared)
-    instead of starting it; a new one replaces everything in it but ``_progress``."""
+    instead of starting it; a new one replaces everything in it but ``_progress``. ``chunks``: along
+    the init, lead and member axes (default one field a chunk)."""
 
     def __init__(
         self,
@@ -154,10 +155,11 @@ class ForecastWriter:
         overwrite: bool = False,
         protected: tuple[tuple[str, str | Path | None], ...] = (),
         resume: bool = False,
-        chunks: StoreChunks = StoreChunks(),
+        chunks: StoreChunks | None = None,
     ):
         self.path = Path(path)
-        self.layout, self.grid, self.rank, self.chunks = layout, grid, rank, chunks
+        self.layout, self.grid, self.rank = layout, grid, rank
+        self.chunks = chunks or StoreChunks()
         self.overwrite, self.protected = overwrite, protected
         check_output(self.path, KIND, overwrite=overwrite, protected=protected)
         if (len(layout.latitude), len(layout.longitude)) != (grid.n_lat, grid.n_lon):
@@ -180,6 +182,11 @@ class ForecastWriter:
                                  encoding=encoding)  # fmt: skip
         _barrier()
         self._arrays = {name: zarr.open_array(self.tmp / name, mode="r+") for name in self._variables()}
+
+    @property
+    def store(self) -> ForecastWriter:
+        """The Zarr store the tiles go to (``formats.FileWriter``'s too): this writer."""
+        return self
 
     def _variables(self) -> list[str]:
         return [*self.layout.upper_air, *self.layout.surface]

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..device import CopyOut, host_buffer
+from ..device import CopyOut, host_empty
 from ..distributed.tiles import Tile
 from .forecast_store import ForecastWriter
 
@@ -85,7 +85,7 @@ class ForecastOutput:
         m = 1 if members is None else len(members)
         shape = (min(self.per_write, self.n_leads), m, batch, len(lay.channels), *tile.shape)
         self.copier = CopyOut(device)
-        self.slots = [_Slot(host_buffer(shape, torch.float32, device)) for _ in range(SLOTS)]
+        self.slots = [_Slot(host_empty(shape, torch.float32, device)) for _ in range(SLOTS)]
         self.stall_s = 0.0  # the forward waiting for a free slot
         self._variables = [(name, len(lay.levels)) for name in lay.upper_air] + [(n, 1) for n in lay.surface]
         self._next, self._slot, self._batch_jobs = 0, None, []

@@ -24,7 +24,7 @@ from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -42,7 +42,8 @@ from ..launch import setup_mesh
 from ..layers.replicas import replicated_weights
 from ..models.run import build_run_model, model_step
 from .campaign import check_room, lock_output
-from .forecast_store import KIND, ForecastLayout, ForecastWriter, store_chunks
+from .forecast_store import KIND, ForecastLayout, store_chunks
+from .formats import check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
 from .outputs import ForecastOutput, WriterPool
@@ -52,6 +53,9 @@ from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, replicas_fit, training_forward_rate
 from .timing import LoopTimes
+
+if TYPE_CHECKING:
+    from ..data.analysis import Analysis
 
 __all__ = ["Prediction", "run_prediction", "select_inits"]
 
@@ -77,10 +81,10 @@ def select_inits(
     return idx
 
 
-def _layout(data: TrainData, inits: np.ndarray, selection: Selection, members: int | None,
+def _layout(data: TrainData, init_times: np.ndarray, selection: Selection, members: int | None,
             first_member: int = 0) -> ForecastLayout:  # fmt: skip
     layout = ForecastLayout(
-        init_times=np.asarray(data.times)[inits],
+        init_times=np.asarray(init_times),
         leads=selection.leads,
         upper_air=selection.upper_air,
         levels=selection.levels,
@@ -118,7 +122,8 @@ class Prediction:
     """What ``run_prediction`` did: the store written (or None), ``score``'s rows (or None), the
     init times, model steps, longitudes of the grid, the forecast rate (model steps × inits ×
     members per second of the forecast loop, all replicas together), the batch (inits per forward),
-    the training forward's rate, the ensemble size (None: deterministic) and the loop's times."""
+    the training forward's rate, the ensemble size (None: deterministic), the scores' per-init
+    statistics and where the loop's time went."""
 
     path: Path | None
     rows: list[dict[str, Any]] | None
@@ -129,6 +134,7 @@ class Prediction:
     batch_size: int
     training_steps_per_s: float  # the training forward (autograd on, training batch), same mesh
     members: int | None = None
+    statistics: Any = None  # the per-init statistics of ``rows`` (``metrics.statistics.Statistics``)
     times: LoopTimes | None = None  # where the forecast loop's time went (the slowest rank's)
 
 
@@ -155,15 +161,21 @@ def run_prediction(
     seed: int | None = None,
     scores: str | Path | None = None,
     first_member: int = 0,
+    init: str | Path | None = None,
+    init_times: list[str] | None = None,
+    fmt: str = "zarr",
+    template: str | None = None,
 ) -> Prediction:
-    """Forecast from every selected init; write the selected variables, levels and leads to ``out``
-    and/or score them (``score``) as the rollout runs (collective). ``mesh``: run on this existing
-    mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one. ``members``: an
-    ensemble of that many members (a ``number`` dimension; None: deterministic, no dimension), their
-    noise drawn with ``seed`` (default ``run.seed``), numbered from ``first_member`` (further members
-    of the same ensemble). ``scores``: the prefix the scores are written to, which names a score-only
-    run's in-progress folder (``PREFIX.in-progress``); a stop signal raises ``progress.Stopped`` after
-    recording what is done."""
+    """Forecast from every selected init (``init``: from the initial states of that analysis, at
+    ``init_times`` or all of its times, instead of the store's inits in ``start`` … ``end``); write the
+    selected variables, levels and leads to ``out`` and/or score them (``score``) as the rollout runs
+    (collective). ``mesh``: run on this existing mesh (of ``cfg.mesh``'s shape; it stays up) instead
+    of forming and ending one. ``members``: an ensemble of that many members (a ``number`` dimension;
+    None: deterministic, no dimension), their noise drawn with ``seed`` (default ``run.seed``),
+    numbered from ``first_member`` (further members of the same ensemble). ``scores``: the prefix the
+    scores are written to, which names a score-only run's in-progress folder (``PREFIX.in-progress``);
+    a stop signal raises ``progress.Stopped`` after recording what is done. ``fmt``: ``zarr`` (one
+    store), ``grib2`` or ``netcdf`` (a folder of files named by ``template``, ``formats.py``)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
     if members is not None:
         check(cfg, members, cfg.mesh.ensemble, first_member)
@@ -182,6 +194,8 @@ def run_prediction(
     progress = Progress.for_output(out, scores)
     ckpt = find_checkpoint(cfg, progress.checkpoint(checkpoint))
     protected = protected_paths(cfg, ckpt)
+    if init is not None:
+        protected += (("--init source", init),)
     if score is not None:
         protected += (("--truth store", score.truth), ("--climatology", score.climatology))
     run_dir = (("run directory run.dir", cfg.run.dir),)
@@ -189,6 +203,11 @@ def run_prediction(
         check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
     progress.check(protected, run_dir)
     check_against_checkpoint(cfg, ckpt)
+    analysis = None
+    if init is not None:  # checked against the model's grid, variables and levels before any model is built
+        from ..data.analysis import open_analysis
+
+        analysis = open_analysis(init, cfg.data, init_times)
     own = mesh is None
     if mesh is not None and mesh.shape != cfg.mesh.shape:
         raise ValueError(f"mesh {mesh.shape} differs from the config's mesh {cfg.mesh.shape}")
@@ -199,7 +218,8 @@ def run_prediction(
             lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
             ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member)
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
-                            progress.batch_size(batch_size), overwrite, score, ens, progress)  # fmt: skip
+                            progress.batch_size(batch_size), overwrite, score, ens, progress, analysis, fmt,
+                            template)  # fmt: skip
         finally:
             if lock is not None:
                 lock.release()
@@ -227,7 +247,8 @@ def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bo
 def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
-    score: ScoreRequest | None, ens: Members | None, progress: Progress,
+    score: ScoreRequest | None, ens: Members | None, progress: Progress, analysis: Analysis | None = None,
+    fmt: str = "zarr", template: str | None = None,
 ) -> Prediction:  # fmt: skip
     from ..data.sources import build_data
 
@@ -235,11 +256,16 @@ def _predict(
     dev = mesh.device
     set_precision(cfg.training.precision)
     steps = selection.steps
-    inits = select_inits(data, start, end, steps, every_hours, max_inits)
+    if analysis is None:
+        inits = select_inits(data, start, end, steps, every_hours, max_inits)
+        init_times = np.asarray(data.times)[inits]
+    else:
+        init_times = inits = analysis.times
     total = None if ens is None else ens.total
-    layout = _layout(data, inits, selection, total, 0 if ens is None else ens.first)
+    layout = _layout(data, init_times, selection, total, 0 if ens is None else ens.first)
+    check_format(fmt, template, layout)
     if out is not None:  # the size of what will be written, refused before any forecast if it cannot fit
-        line = on_rank0(mesh, lambda: check_room(out, layout))
+        line = on_rank0(mesh, lambda: check_room(out, layout, fmt))
         if line:
             log.info("%s", line)
     scorer = None
@@ -256,7 +282,8 @@ def _predict(
     if batch_size is None:
         batch_size = max(1, auto_batch(model, data, max(1, len(mine)) * per_init, 2 if bf16 else 4, mesh)
                          // per_init)  # fmt: skip
-    rollout = Rollout(model, data, inits, steps, lead_of, chans, bf16, tendency, ens, layout.init_times)
+    rollout = Rollout(model, data, inits, steps, lead_of, chans, bf16, tendency, ens, layout.init_times,
+                      analysis)  # fmt: skip
     pipe, pool, writer, output = Pipeline(), None, None, None
     try:
         # the first batch's inputs are read while the checkpoint loads (a resume reads its own)
@@ -266,17 +293,20 @@ def _predict(
         with pinned(ckpt):
             step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
         model.eval()
-        request = forecast_request(
-            cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size, score
-        )
+        source = None if analysis is None else analysis.path
+        request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size,
+                                   score, source)  # fmt: skip
         progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
         if out is not None:
-            chunks = store_chunks(layout, data.grid, batch_size, replicas, per_init)
-            writer = ForecastWriter(out, layout, data.grid, mesh.rank, overwrite=overwrite, chunks=chunks,
-                                    protected=protected, resume=not progress.fresh)  # fmt: skip
+            # a file format converts its store at the end, field by field: one field a chunk there
+            chunks = (
+                store_chunks(layout, data.grid, batch_size, replicas, per_init) if fmt == "zarr" else None
+            )
+            writer = open_writer(fmt, out, layout, data.grid, mesh.rank, template, overwrite=overwrite,
+                                 protected=protected, resume=not progress.fresh, chunks=chunks)  # fmt: skip
             pool = WriterPool()
             mine_members = None if ens is None else ens.mine
-            output = ForecastOutput(writer, data.tile, dev, batch_size, mine_members, pool)
+            output = ForecastOutput(writer.store, data.tile, dev, batch_size, mine_members, pool)
         progress.begin(scorer)  # the scores of batches an earlier run recorded
         batches = progress.remaining([mine[k : k + batch_size] for k in range(0, len(mine), batch_size)])
         gathered = replicas_fit(model, mesh)  # collective: weights gathered once, fewer messages
@@ -310,4 +340,4 @@ def _predict(
         if limit:
             log.warning("%s", limit)
     return Prediction(path, rows, layout.init_times, steps, data.grid.n_lon, rate, batch_size, train_rate,
-                      total, times)  # fmt: skip
+                      total, None if scorer is None else scorer.stats, times)  # fmt: skip

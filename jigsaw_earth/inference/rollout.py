@@ -17,6 +17,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass
 from functools import partial
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -33,6 +34,9 @@ from .progress import Progress
 from .scoring import TileScorer
 from .throughput import Pipeline
 from .timing import LoopTimes
+
+if TYPE_CHECKING:
+    from ..data.analysis import Analysis
 
 __all__ = ["Rollout", "run_batches"]
 
@@ -52,6 +56,7 @@ class Rollout:
     tendency: torch.Tensor | None
     ens: Members | None
     init_times: np.ndarray
+    analysis: Analysis | None = None  # the initial states of ``predict --init`` (None: the data store's)
 
     @property
     def per_init(self) -> int:
@@ -62,7 +67,10 @@ class Rollout:
         """Inputs of the inits at ``positions`` and their time features at every lead, in page-locked
         memory on a GPU (copied while the model runs)."""
         dev = self.data.mesh.device
-        batch = self.data._batch(self.inits[positions], 0)
+        if self.analysis is None:
+            batch = self.data._batch(self.inits[positions], 0)
+        else:
+            batch = self.analysis.batch(self.data, positions)
         times = torch.stack([self.data.step_time_features(batch, lead) for lead in range(self.steps)])
         return batch.pin_memory() if dev.type == "cuda" else batch, pin(times, dev)
 

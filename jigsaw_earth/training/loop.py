@@ -17,7 +17,8 @@ resumed run continues with exactly the losses the uninterrupted run would have h
 Before the first step the run directory is claimed (``rundir.py``: a start that would discard
 or shadow another run's checkpoints refuses) and checked (``preflight.py``: writable, room for
 ``keep + 1`` checkpoints); only then are ``config.yaml`` and the ``history.jsonl`` entry written.
-``SIGTERM``/``SIGUSR1`` checkpoint at the next step boundary and stop (``signals.py``).
+``SIGTERM``/``SIGUSR1`` checkpoint at the next step boundary and stop (``signals.py``). A finished
+run (``rundir.finished_step``) raises ``RunFinished`` before anything is read or written.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from ..checkpoint.background import BackgroundSaver
 from ..config.advice import check_learnable
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
@@ -60,9 +62,19 @@ from .monitor import Monitor, memory_mb
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, preflight_run_dir
 from .profile import profiled
-from .rundir import claim_run_dir, config_hash, lock_run_dir, record_start, resumes
+from .rundir import (
+    RunFinished,
+    claim_run_dir,
+    config_hash,
+    finished_message,
+    finished_step,
+    lock_run_dir,
+    record_start,
+    recorded_loss,
+    resumes,
+)
 
-__all__ = ["NonFiniteLossError", "Preempted", "Trainer", "config_hash"]
+__all__ = ["NonFiniteLossError", "Preempted", "RunFinished", "Trainer", "config_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +101,24 @@ class Trainer:
         self.run_dir = Path(cfg.run.dir)
         set_precision(cfg.training.precision)
         self._lock = None  # rank 0: run.dir's lock, held from the preflight to the end of ``fit``
+        self.saver = BackgroundSaver()  # periodic checkpoints, written while training goes on
         set_overlap(cfg.distributed.overlap == "on")
         if cfg.distributed.transport == "backend":
             set_transport(None)  # the mesh may have connected shared memory (init_mesh's default)
         # nothing is written to run.dir before these checks pass (collective: rank 0 decides)
         moved = on_rank0(mesh, lambda: claim_run_dir(cfg, new_run))
+        box = [on_rank0(mesh, lambda: finished_step(cfg, new_run))]  # a finished run: nothing to do
         if mesh.is_distributed and torch.distributed.is_initialized():
-            torch.distributed.barrier()  # no rank reads checkpoints while rank 0 moves a run aside
+            # no rank reads checkpoints while rank 0 moves a run aside; every rank learns rank 0's verdict
+            dist.broadcast_object_list(box, src=0, device=mesh.device if mesh.device.type == "cuda" else None)
+        if box[0] is not None:
+            raise RunFinished(finished_message(cfg, box[0]), self.run_dir, box[0])
+        if cfg.training.precision == "tf32" and mesh.device.type != "cuda" and mesh.rank == 0:
+            log.warning(
+                "training.precision=tf32 on %s: TF32 is a mode of CUDA's tensor cores, so this run computes "
+                "in plain fp32; set training.precision=fp32 (or bf16 for autocast)",
+                mesh.device.type,
+            )
         if data is None:
             from ..data.sources import build_data
 
@@ -164,7 +187,12 @@ class Trainer:
         self.peak_tflops = device_peak_tflops(mesh.device, cfg.training.precision, cfg.logging.peak_tflops)
 
     def close(self) -> None:
-        """Release run.dir's lock (rank 0; ``fit`` does it when it ends). Idempotent."""
+        """Finish the checkpoint being written, then release run.dir's lock (rank 0; ``fit`` does it
+        when it ends). Idempotent."""
+        try:
+            self.saver.wait()
+        except Exception as err:  # fit is ending on another error: this one is logged, that one raised
+            log.error("the checkpoint written in the background failed: %s", err)
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -193,10 +221,19 @@ class Trainer:
         log.info("resumed from %s at step %d (saved on mesh %s)", path, self.step, info["mesh"])
         return path
 
-    def save(self) -> Path:
+    def save(self, background: bool = False) -> Path:
+        """Checkpoint this step (collective). ``background`` (and ``checkpoint.background``): return
+        once the blocks are copied to host memory, the files written meanwhile (``BackgroundSaver``);
+        otherwise return once the checkpoint is complete (a background save of this step included)."""
+        if self.saver.pending_step == self.step:  # this step's background save: its end
+            path = self.saver.wait()
+            if path is not None:
+                return path
         state = {"config_hash": config_hash(self.cfg), "skipped": self.skipped, "run": self.cfg.run.name}
         state.update(run_record=run_record(self.cfg, self.data), init_from=self.lineage)
-        return save_checkpoint(
+        save = self.saver.save if background and self.cfg.checkpoint.background else save_checkpoint
+        self.saver.wait()  # one save at a time: the one in flight first
+        return save(
             self.run_dir,
             self.step,
             self.model,
@@ -387,9 +424,9 @@ class Trainer:
                     if cfg.validation.every and self.step % cfg.validation.every == 0 and not last:
                         monitor.record("val", self.step, self.run_validation())
                     saved = (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0) or last
-                    ckpt = self.save() if saved else None
+                    ckpt = self.save(background=not last) if saved else None
                     if not last and stop.should_stop():
-                        ckpt = ckpt or self.save()
+                        ckpt = self.save()  # complete before the exit (this step's background save)
                         raise Preempted(
                             f"stopped on {stop.received} after step {self.step} of {cfg.training.steps}; "
                             f"saved {ckpt}; run the same command again (sbatch --requeue does) to resume"
@@ -406,8 +443,11 @@ class Trainer:
                 "steps": self.step,
                 "steps_this_run": done,
                 "train_wall_s": wall,
-                "samples_per_s": done * cfg.training.batch_size / wall if done else float("nan"),
-                "final_loss": self.history[-1]["loss"] if self.history else float("nan"),
+                "samples_per_s": done * cfg.training.batch_size / wall if done else None,
+                # no step this start (stopped between its last checkpoint and its summary): the recorded loss
+                "final_loss": self.history[-1]["loss"]
+                if self.history
+                else recorded_loss(self.run_dir, self.step),
                 "skipped_steps": self.skipped,
                 "step_breakdown": breakdown,
                 "validation": result,
