@@ -4,9 +4,12 @@ Every rank reads only its tile of the initial conditions, runs the model on its 
 sharded as in training), and writes its tile of every forecast into one Zarr store
 (``ForecastWriter``). Data-parallel replicas take disjoint initialisation times. With ``members``
 the store has a member dimension ``number`` and every rank runs its members batched, each with its
-own noise stream (``members.py``). The forecast
-step is the trainer's (``models.run.model_step``: autocast and tendency scaling as configured),
-and the weights come from a sharded checkpoint written on any mesh.
+own noise stream (``members.py``). The forecast step is the trainer's (``models.run.model_step``:
+autocast and tendency scaling as configured), and the weights come from a sharded checkpoint written
+on any mesh. The batches run in ``rollout.py`` (outputs through ``outputs.py``, its account in
+``timing.py``), on weights gathered once when several ranks share the domain and they fit
+(``layers/replicas.py``: fewer messages per step); the first batch's inputs are read while the
+checkpoint loads.
 
 Inference is read-only on the run (``load.py``): no run-directory claim, no ``config.yaml`` or
 ``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
