@@ -15,7 +15,7 @@ from torch import nn
 from .. import sphere
 from ..layers.base import Domain
 from ..layers.channels import ChannelDims, ModelChannels, prefixed
-from ..layers.norm import prefetch_affine
+from ..layers.norm import prefetch_affine, release_affine
 from ..layers.patch import PatchEmbed, PatchRecovery
 from ..sphere import N_COORD_CHANNELS
 
@@ -252,6 +252,7 @@ class Forecaster(nn.Module):
     def forward(self, state: torch.Tensor, static: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
         self._check(state, static, time)
         coords = coordinate_channels(self.domain, state.dtype, state.device) if self.coord_channels else None
-        with prefetch_affine(self):  # one all-gather for every norm's affine parameters
-            delta = self.predict(assemble_inputs(state, static, time, coords))
+        held = prefetch_affine(self) if self.domain.size > 1 else ()  # every norm's affine, one all-gather
+        delta = self.predict(assemble_inputs(state, static, time, coords))
+        release_affine(held)
         return state + delta if self.residual else delta

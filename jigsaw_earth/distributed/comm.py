@@ -15,6 +15,14 @@ overlap is (docs/scaling.md). The trainer's ``distributed.overlap`` sets it (def
 The ledger also keeps ``wait_s``: the seconds this rank spent blocked in communication
 (``Pending.wait``, the all-reduces, and any call made inside ``blocking()``): the exposed
 communication of the trainer's step accounting. Two clock reads per blocking call, so it stays on.
+
+Under ``torch.compile`` every exchange runs eagerly between compiled graphs: ``run_exchange`` (the
+one way the layers call an exchanging autograd function) is ``torch.compiler.disable``d, so each
+exchange is one graph break at its call, the compiled code around it is traced once, and nothing of
+the transport (Python objects, the ledger, the shared-memory rings) is traced. ``comm_site`` tags
+nothing while Dynamo traces (a user context manager around a graph break would make Dynamo run the
+rest of the function uncompiled): the compiled forward's bytes are recorded under their op names
+(``unnamed:…``), as every backward's are. docs/layers.md lists the breaks.
 """
 
 from __future__ import annotations
@@ -23,8 +31,9 @@ import contextlib
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -41,6 +50,7 @@ __all__ = [
     "ledger",
     "overlap_enabled",
     "ring_bytes",
+    "run_exchange",
     "set_overlap",
     "set_transport",
 ]
@@ -110,14 +120,29 @@ def overlap_enabled() -> bool:
     return _overlap[0]
 
 
+def comm_site(name: str) -> contextlib.AbstractContextManager[None]:
+    """Tag the communication issued inside the block (nested names join with ``/``); while
+    Dynamo traces, a ``nullcontext`` (the module docstring says why)."""
+    if torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    return _site(name)
+
+
 @contextlib.contextmanager
-def comm_site(name: str) -> Iterator[None]:
-    """Tag the communication issued inside the block (nested names join with ``/``)."""
+def _site(name: str) -> Iterator[None]:
     ledger._stack.append(name)
     try:
         yield
     finally:
         ledger._stack.pop()
+
+
+@torch.compiler.disable(reason="a jigsaw exchange, run eagerly between compiled graphs")
+def run_exchange(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, where ``fn`` (an exchanging autograd function's ``apply``) moves messages
+    between ranks in its forward or backward; never traced by ``torch.compile`` (one graph break
+    per call). Call it only where messages move: a one-rank path stays plain torch, compiled."""
+    return fn(*args)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sphere import col_sources, row_sources
-from .comm import exchange
+from .comm import exchange, run_exchange
 from .mesh import Axis
 from .tiles import TileGrid
 
@@ -356,6 +356,16 @@ def _check_windows(grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, l
     _check_modes(grid, lat_mode, lon_mode, overhang)
 
 
+@torch.compiler.assume_constant_result
+def _checked_view(
+    grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, lon_mode: str, me: int
+) -> tuple[slice, slice] | None:
+    """The windows checked, then ``_view_of_tile``: a pure function of its arguments, so
+    ``torch.compile`` calls it once while tracing and keeps the answer (its caches never traced)."""
+    _check_windows(grid, windows, lat_mode, lon_mode)
+    return _view_of_tile(grid, windows, lat_mode, lon_mode, me)
+
+
 def gather_windows(
     x: torch.Tensor,
     grid: TileGrid,
@@ -372,11 +382,10 @@ def gather_windows(
     """
     _check_tile(x, grid, axis)
     windows = tuple(windows)
-    _check_windows(grid, windows, lat_mode, lon_mode)
-    view = _view_of_tile(grid, windows, lat_mode, lon_mode, axis.index)
+    view = _checked_view(grid, windows, lat_mode, lon_mode, axis.index)
     if view is not None:
         return x[..., view[0], view[1]]
-    return _WindowGather.apply(x, grid, windows, lat_mode, lon_mode, axis, op)
+    return run_exchange(_WindowGather.apply, x, grid, windows, lat_mode, lon_mode, axis, op)
 
 
 def scatter_add_windows(
@@ -394,16 +403,15 @@ def scatter_add_windows(
     Overlapping patch recovery and transposed convolution sum their contributions with this.
     """
     windows = tuple(windows)
-    _check_windows(grid, windows, lat_mode, lon_mode)
+    view = _checked_view(grid, windows, lat_mode, lon_mode, axis.index)
     lat_lo, lat_hi, lon_lo, lon_hi = windows[axis.index]
     if tuple(y.shape[-2:]) != (lat_hi - lat_lo, lon_hi - lon_lo):
         raise ValueError(f"window data has shape {tuple(y.shape[-2:])}, its window is {windows[axis.index]}")
-    view = _view_of_tile(grid, windows, lat_mode, lon_mode, axis.index)
     if view is not None and (view[0].stop - view[0].start, view[1].stop - view[1].start) == tuple(
         grid.tile_of(axis.index).shape
     ):
         return y
-    return _WindowScatterAdd.apply(y, grid, windows, lat_mode, lon_mode, axis, op)
+    return run_exchange(_WindowScatterAdd.apply, y, grid, windows, lat_mode, lon_mode, axis, op)
 
 
 def halo_exchange(x: torch.Tensor, grid: TileGrid, halo: Halo, axis: Axis) -> torch.Tensor:
