@@ -19,6 +19,7 @@ import json
 import statistics
 import tempfile
 import time
+import warnings
 from typing import Any
 
 import torch
@@ -63,23 +64,28 @@ def compile_worker(mesh: DomainMesh, raw: dict, steps: int, backend: str, grid: 
             trainers[kind] = Trainer(cfg, mesh, data=_data(cfg, raw, mesh, grid), new_run=True)
         watch = CompileWatch()
         compile_model(trainers["compiled"].model, backend)
-        rows = []
         try:
-            for s in range(1, steps + 1):
-                row: dict[str, Any] = {"step": s}
-                for kind in KINDS if s % 2 else reversed(KINDS):
-                    t0 = time.perf_counter()
-                    m = trainers[kind].train_step(s)
-                    trainers[kind].step = s
-                    wall = time.perf_counter() - t0
-                    row[kind] = {"loss": m["loss"], "step_s": m["step_time_s"], "wall_s": wall}
-                    if kind == "compiled":
-                        row["compile"] = {"label": f"step {s}", "step": s, **watch.take()}
-                rows.append(row)
+            with warnings.catch_warnings(record=True) as seen:
+                warnings.simplefilter("always")
+                rows = [_step_both(trainers, s, watch) for s in range(1, steps + 1)]
         finally:
             for t in trainers.values():
                 t.close()
-    return {"steps": rows, "threads": torch.get_num_threads()}
+    said = sorted({str(w.message).split("\n")[0][:300] for w in seen})
+    return {"steps": rows, "threads": torch.get_num_threads(), "warnings": said}
+
+
+def _step_both(trainers: dict, step: int, watch: CompileWatch) -> dict[str, Any]:
+    """Step ``step`` of both trainers (eager first on odd steps) and what the compiled one compiled."""
+    row: dict[str, Any] = {"step": step}
+    for kind in KINDS if step % 2 else reversed(KINDS):
+        t0 = time.perf_counter()
+        m = trainers[kind].train_step(step)
+        trainers[kind].step = step
+        row[kind] = {"loss": m["loss"], "step_s": m["step_time_s"], "wall_s": time.perf_counter() - t0}
+        if kind == "compiled":
+            row["compile"] = {"label": f"step {step}", "step": step, **watch.take()}
+    return row
 
 
 def _data(cfg, raw: dict, mesh: DomainMesh, grid: list[int] | None):
@@ -113,6 +119,7 @@ def summarize_mesh(ranks: list[dict], warmup: int) -> dict[str, Any]:
         "recompiles": [s["recompile_list"] for s in per_rank],
         "compile": per_rank[0],
         "rank_breaks": [s["breaks"] for s in per_rank],
+        "warnings": sorted({w for r in ranks for w in r["warnings"]}),
     }
 
 
@@ -150,4 +157,5 @@ def format_compile_bench(result: dict[str, Any]) -> str:
         places = r["compile"]["break_places"]
         lines.append(f"\n{mesh}: {len(places)} graph-break places (rank 0)")
         lines += [f"  {p['place']} — {p['reason']} (compiled {p['compiled']}x)" for p in places]
+        lines += [f"  warning: {w}" for w in r["warnings"]]
     return "\n".join(lines)
