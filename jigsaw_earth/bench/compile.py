@@ -130,11 +130,19 @@ def run_compile_bench(
     warmup: int,
     backend: str = "inductor",
     grid: list[int] | None = None,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    """Every mesh in turn (its ranks spawned, one thread each): ``{"LATxLON": summarize_mesh}``."""
+    """Every mesh in turn (its ranks spawned, one thread each, on ``device``: ``cuda`` gives each
+    rank a GPU): ``{"LATxLON": summarize_mesh}``."""
     out = {}
     for lat, lon in meshes:
-        ranks = spawn(MeshShape(1, lat, lon), compile_worker, raw, steps, backend, grid)
+        shape = MeshShape(1, lat, lon)
+        if shape.world_size == 1:  # in this process, on the device asked for
+            ranks = [
+                compile_worker(DomainMesh(shape, device=torch.device(device)), raw, steps, backend, grid)
+            ]
+        else:
+            ranks = spawn(shape, compile_worker, raw, steps, backend, grid, device=device)
         out[f"{lat}x{lon}"] = summarize_mesh(ranks, warmup)
     return out
 

@@ -36,6 +36,7 @@ def add_compile_parser(kinds: argparse._SubParsersAction) -> None:
         help="torch.compile backend: inductor (training.compile's), aot_eager or eager (Dynamo's graphs, "
         "breaks and recompiles without generating code: quick)",
     )
+    c.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="the ranks' device (default cpu)")
     c.add_argument("--set", action="append", metavar="KEY=VALUE", help="config override")
     c.add_argument("--grid", metavar="NLATxNLON", help="random in-memory data on this grid, not the store's")
     c.add_argument("--json", type=Path, metavar="PATH", help="write the results as JSON")
@@ -59,9 +60,9 @@ def run_bench_compile(args: argparse.Namespace) -> int:
             raise ValueError(f"--meshes {args.meshes!r}: write LATxLON meshes (e.g. 2x2), got {m.describe()}")
     cfg = load_config(args.inputs[0], list(args.set or []))
     grid = list(parse_grid(args.grid)) if args.grid else None
-    meta = metadata(args.argv, "cpu", cfg.training.precision, 1)
+    meta = metadata(args.argv, args.device, cfg.training.precision, 1)
     shapes = [(m.lat, m.lon) for m in meshes]
-    result = run_compile_bench(to_dict(cfg), shapes, args.steps, args.warmup, args.backend, grid)
+    result = run_compile_bench(to_dict(cfg), shapes, args.steps, args.warmup, args.backend, grid, args.device)
     meta["load_average_end"] = list(os.getloadavg())
     print(f"\n{cfg.model.name} {cfg.model.preset}, backend {args.backend}\n{format_compile_bench(result)}")
     if args.json:
