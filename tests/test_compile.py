@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import json
 import warnings
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from jigsaw_earth.bench.compile import compile_worker, summarize_mesh
 from jigsaw_earth.models import build_model
 from jigsaw_earth.models import run as run_module
 from jigsaw_earth.models.run import compile_model
 
+from jigsaw_earth.bench.compile import compile_worker, summarize_mesh
+from jigsaw_earth.cli import main
 from jigsaw_earth.config import parse_config
 from jigsaw_earth.config.parse import to_dict
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
@@ -28,12 +30,15 @@ from jigsaw_earth.layers import init_model, local_domain
 
 from .train_helpers import tiny_config, tiny_data
 
-# the demo's WeatherMixer at one block, and the UNet (halos, weight rings, group norms)
+DEMO = Path(__file__).resolve().parents[1] / "configs" / "demo.yaml"
+
+# the demo's WeatherMixer at one block, and the UNet (halos, weight rings, group norms; zeros
+# beyond the poles: across them needs an even number of longitudes at every level)
 MODELS = {
     "weathermixer": {"name": "weathermixer", "preset": "tiny", "overrides": {"patch": 2, "depth": 1}},
-    "unet": {"name": "unet", "preset": "tiny"},
+    "unet": {"name": "unet", "preset": "tiny", "overrides": {"lat_mode": "zeros"}},
 }
-GRID = [16, 34]  # 8 × 17 tokens: uneven tiles on 1 × 2
+GRID = [16, 34]  # 17 and 9 | 8 columns on 1 × 2: uneven tiles
 
 
 def _raw(model: dict[str, Any]) -> dict:
@@ -107,3 +112,31 @@ def test_compile_report_needs_compile() -> None:
     raw["logging"]["compile_report"] = True
     with pytest.raises(ValueError, match=r"logging.compile_report=true .* set training.compile=true"):
         parse_config(raw).check()
+
+
+def test_bench_compile_command_on_one_rank(tmp_path, capsys) -> None:
+    """``bench compile``: the table and the JSON (one rank, in this process; Dynamo only)."""
+    out = tmp_path / "compile.json"
+    args = ["bench", "compile", str(DEMO), "--meshes", "1x1", "--steps", "3", "--warmup", "1",
+            "--backend", "eager", "--grid", "16x32", "--set", "model.overrides={patch: 2, depth: 1}",
+            "--json", str(out)]  # fmt: skip
+    threads = torch.get_num_threads()
+    assert main(args) == 0
+    assert torch.get_num_threads() == threads
+    got = json.loads(out.read_text())["result"]["1x1"]
+    assert got["max_loss_diff"] <= 1e-6 and got["compile"]["breaks"] == 0 and got["timed_steps"] == 2, got
+    assert "compiled ms" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "bad, said",
+    [
+        (["--steps", "1"], "--steps 1"),
+        (["--steps", "3", "--warmup", "3"], "--warmup 3"),
+        (["--meshes", "2x1x2"], "LATxLON"),
+        (["--meshes", "2y2"], "mesh"),
+    ],
+)
+def test_bench_compile_refuses(bad: list[str], said: str, capsys) -> None:
+    assert main(["bench", "compile", str(DEMO), *bad]) != 0
+    assert said in capsys.readouterr().err

@@ -137,10 +137,13 @@ def run_compile_bench(
     out = {}
     for lat, lon in meshes:
         shape = MeshShape(1, lat, lon)
-        if shape.world_size == 1:  # in this process, on the device asked for
-            ranks = [
-                compile_worker(DomainMesh(shape, device=torch.device(device)), raw, steps, backend, grid)
-            ]
+        if shape.world_size == 1:  # in this process, on the device asked for; its threads kept
+            threads = torch.get_num_threads()
+            try:
+                mesh = DomainMesh(shape, device=torch.device(device))
+                ranks = [compile_worker(mesh, raw, steps, backend, grid)]
+            finally:
+                torch.set_num_threads(threads)
         else:
             ranks = spawn(shape, compile_worker, raw, steps, backend, grid, device=device)
         out[f"{lat}x{lon}"] = summarize_mesh(ranks, warmup)

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 
 _ROOT = Path(__file__).resolve().parents[2]  # the checkout: jigsaw_earth/, models/, data/
 _ADDRESS = re.compile(r" at 0x[0-9a-f]+")
+# a frame Dynamo leaves to eager because it starts at a graph break: no failure
+_SKIPPED = ("Unsupported", "SkipFrame", "StepUnsupported")
 
 
 def _dynamo_utils() -> Any:
@@ -92,9 +94,13 @@ class CompileWatch:
             "recompiles": [
                 {"frame": _frame(m), "reason": " ".join(m.recompile_reason.split())}
                 for m in new
-                if m.recompile_reason
+                if getattr(m, "recompile_reason", None)
             ],
-            "failed": [{"frame": _frame(m), "reason": str(m.fail_reason)[:300]} for m in new if m.fail_type],
+            "failed": [
+                {"frame": _frame(m), "reason": str(m.fail_reason)[:300]}
+                for m in new
+                if m.fail_type and m.fail_type not in _SKIPPED
+            ],
         }
         self._metrics, self._breaks, self._graphs = len(metrics), len(reasons), graphs
         return record
@@ -151,12 +157,21 @@ class CompileLog:
     def __init__(self, run_dir: Path, rank: int):
         self.path = Path(run_dir) / f"compile-report-rank{rank}.json"
         self.rank = rank
-        self.watch = CompileWatch()
         self.records: list[dict[str, Any]] = []
+        try:
+            self.watch: CompileWatch | None = CompileWatch()
+        except (ImportError, AttributeError) as err:  # the records are torch's private ones
+            self.watch = None
+            if rank == 0:
+                log.warning(
+                    "logging.compile_report: this torch has no Dynamo records to read (%s); no report", err
+                )
 
     def note(self, label: str, step: int | None) -> dict[str, Any]:
         """Record what compiled since the last note (``step``: the training step, None for a
         validation); rank 0 logs a line when anything did."""
+        if self.watch is None:
+            return {}
         record = {"label": label, "step": step, **self.watch.take()}
         self.records.append(record)
         if self.rank == 0 and (record["frames"] or record["recompiles"] or record["failed"]):
@@ -165,6 +180,8 @@ class CompileLog:
 
     def write(self) -> dict[str, Any]:
         """Write this rank's records and their summary; rank 0 logs the summary line."""
+        if self.watch is None:
+            return {}
         summary = summarize(self.records)
         self.path.write_text(json.dumps({"summary": summary, "records": self.records}, indent=1))
         if self.rank == 0:
