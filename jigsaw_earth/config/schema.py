@@ -193,7 +193,8 @@ class TrainingConfig(Section):
     )
     compile: bool = doc(
         "torch.compile the model (inductor): norms, activations, dropout masks and casts fuse around the "
-        "matrix products; the first steps compile (minutes for large models); exchanges stay graph breaks",
+        "matrix products; the first steps compile (minutes for large models); on a mesh each exchange is "
+        "one graph break (docs/layers.md)",
         False,
     )
     nan_policy: Literal["stop", "skip"] = doc(
