@@ -28,12 +28,14 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 import uuid
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "FOLDER_MARKER",
     "IN_PROGRESS",
     "MARKER",
     "PNG_SOURCE",
@@ -47,6 +49,7 @@ __all__ = [
     "kind_of",
     "png_of_ours",
     "read_marker",
+    "replace_output",
     "run_dir_of",
     "store_of",
     "text_with",
@@ -69,14 +72,16 @@ PNG_SOURCE = "jigsaw-earth"
 Recognise = Callable[[Path], bool]
 
 MARKER = "jigsaw_earth"
+FOLDER_MARKER = "jigsaw_earth.json"  # a folder of files (predict --format grib2|netcdf): its marker
 IN_PROGRESS = ".in-progress"
 _TMP = ".tmp-"
 
 
 def read_marker(path: str | Path) -> dict[str, Any] | None:
-    """The ``jigsaw_earth`` root attribute of a local Zarr store (v2 or v3), or ``None``."""
+    """The ``jigsaw_earth`` root attribute of a local Zarr store (v2 or v3) or the ``jigsaw_earth`` entry of
+    a folder's ``FOLDER_MARKER`` file, or ``None``."""
     path = Path(path)
-    for name, key in (("zarr.json", "attributes"), (".zattrs", None)):
+    for name, key in (("zarr.json", "attributes"), (".zattrs", None), (FOLDER_MARKER, None)):
         meta = path / name
         if not meta.is_file():
             continue
@@ -122,6 +127,18 @@ def unfinished_reason(path: str | Path) -> str | None:
 def unique_tmp(dst: Path, token: str | None = None) -> Path:
     """``DST.tmp-<token>`` beside ``dst``; ``token`` defaults to a fresh random one."""
     return dst.with_name(f"{dst.name}{_TMP}{token or uuid.uuid4().hex[:12]}")
+
+
+def replace_output(new: Path, dst: Path) -> None:
+    """Move the finished output ``new`` to ``dst``; an earlier ``dst`` is moved aside first and removed
+    after (the caller has checked, just before, that it may be replaced: ``check_output``)."""
+    if dst.exists():
+        old = unique_tmp(dst)
+        dst.rename(old)
+        new.rename(dst)
+        shutil.rmtree(old, ignore_errors=True)
+    else:
+        new.rename(dst)
 
 
 def in_progress_path(dst: str | Path) -> Path:
@@ -253,8 +270,8 @@ def check_file_output(
         )
     if out.exists() and not recognise(out):
         raise ValueError(
-            f"{option} {text} exists and is not a {what} written by jigsaw-earth; nothing was "
-            f"written or deleted. Choose another {option} or remove it yourself"
+            f"{option} {text} exists and is not an earlier {what}: a file of yours, or an output of "
+            f"another kind; nothing was written or deleted. Choose another {option} or remove it yourself"
         )
     return out
 
@@ -300,9 +317,10 @@ def check_run_dir(
             continue
         rel = _relation(out, Path(other).expanduser().resolve())
         if rel is not None:
+            beside = Path(other).expanduser().resolve().parent / "runs" / "my-run"  # outside every store
             raise ValueError(
                 f"run.dir {text} {rel} the {label} {other}; nothing was written. Choose a run.dir "
-                f"beside the stores, e.g. {Path(text).expanduser().parent / 'runs' / 'my-run'}"
+                f"beside the stores, e.g. {beside}"
             )
     store = store_of(out)
     if store is not None:

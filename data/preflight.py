@@ -5,7 +5,8 @@ One function, called by ``jigsaw-earth config validate`` (when the store is reac
 problem found (an empty list when the store fits the config); each names the config key to
 change and the value that would work:
 
-- variables (``data.upper_air``, ``data.surface``, ``data.static``) and ``data.levels`` exist;
+- variables (``data.upper_air``, ``data.surface``, ``data.static``) and ``data.levels`` exist,
+  and their values are on disk (``integrity.missing_files``: a deleted array folder reads as NaN);
 - statistics cover them on the store's grid;
 - the time axis is regular, ``data.step_hours`` is a multiple of its step, the periods hold
   enough samples, and gaps are refused unless ``data.allow_gaps``;
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from .batch import VariableSpec
+from .integrity import missing_files, read_values
 from .store import StoreView
 from .times import TimeAxis, period_mask, sample_index
 
@@ -83,6 +85,21 @@ def _check_variables(view: StoreView, d: Any) -> list[str]:
                 f"data.levels has {missing} hPa, not in store {view.path!r} (levels {sorted(have) or 'none'})"
                 + (f"; set data.levels: {_yaml_list(keep)}" if have else "; set data.upper_air: []")
             )
+    return problems
+
+
+def _check_files(view: StoreView, d: Any) -> list[str]:
+    """The values of every configured variable are on disk (``integrity.missing_files``)."""
+    problems = []
+    for key, names, upper in (("data.upper_air", d.upper_air, True), ("data.surface", d.surface, False),
+                              ("data.static", d.static, False)):  # fmt: skip
+        for v in names:
+            try:
+                why = missing_files(view, view.resolve(v, upper_air=upper))
+            except ValueError:
+                continue  # not in the store: _check_variables names it
+            if why is not None:
+                problems.append(f"{key} {v!r}: {why}; or drop {v!r} from {key}")
     return problems
 
 
@@ -204,8 +221,7 @@ def store_nans(cfg: Any, store: str | None = None, scan: str = "auto") -> tuple[
             da = da.isel({ldim: [int(np.argmin(np.abs(levels - lev))) for lev in d.levels]})
         if tdim in da.dims:
             da = da.isel({tdim: idx})
-        values = np.asarray(da.values, dtype=np.float64)
-        bad = np.isnan(values)
+        bad = np.isnan(read_values(view, view.resolve(v, upper_air=upper), da))
         if not bad.any():
             continue
         key = "data.upper_air" if upper else ("data.static" if v in d.static else "data.surface")
@@ -238,6 +254,7 @@ def store_preflight(cfg: Any, store: str | None = None) -> list[str]:
         return [f"data.store {path!r}: {err}"]
     problems = _check_variables(view, d)
     problems += _check_times(view, cfg)
+    problems += _check_files(view, d)
     if problems:
         return problems  # statistics and climatology checks assume the variables exist
     try:

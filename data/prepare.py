@@ -1,4 +1,4 @@
-"""``data prepare``: any WB2-layout Zarr store or folder of netCDF files → the training layout.
+"""``data prepare``: any WB2-layout Zarr store, or netCDF or GRIB files (``grib.py``) → the training layout.
 
 The output uses WB2 names, dims ``(time, [level], latitude, longitude)``, latitude descending,
 levels ascending in hPa, float32, and the tile-friendly chunking of ``ChunkLayout`` (Zarr v3
@@ -24,6 +24,7 @@ import dask
 import numpy as np
 import xarray as xr
 
+from .grib import GRIB_SUFFIXES, GribMessages, is_grib
 from .outputs import check_output
 from .stats import TqdmCallback, compute_statistics, write_statistics
 from .store import (
@@ -50,7 +51,8 @@ STATIC = STATIC_VARIABLES
 def _netcdf_files(text: str) -> list[Path]:
     local = Path(text)
     if local.is_dir() and not any((local / m).exists() for m in ("zarr.json", ".zgroup")):
-        files = sorted(f for pattern in ("*.nc", "*.nc4", "*.grib", "*.grib2") for f in local.glob(pattern))
+        patterns = ("*.nc", "*.nc4", *(f"*{s}" for s in GRIB_SUFFIXES))
+        files = sorted(f for pattern in patterns for f in local.glob(pattern))
         if not files:
             raise FileNotFoundError(f"{text} is neither a Zarr store nor a folder of *.nc / *.grib files")
         return files
@@ -70,23 +72,10 @@ def _netcdf_files(text: str) -> list[Path]:
 
 
 def _open_file(path: Path) -> xr.Dataset:
-    """One netCDF (or GRIB, with the optional cfgrib) file, lazily; one clear message if unreadable."""
-    grib = path.suffix in (".grib", ".grib2", ".grb")
-    if grib:
-        try:
-            import cfgrib  # noqa: F401
-        except ImportError:
-            raise ValueError(
-                f"{path} is GRIB: install the optional reader (`pip install "
-                f"'jigsaw-earth[grib]'`, i.e. cfgrib) or convert it to netCDF"
-            ) from None
+    """One netCDF file, lazily; one clear message if unreadable."""
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            if grib:  # no .idx files written beside the user's data
-                return xr.open_dataset(
-                    path, chunks={}, engine="cfgrib", decode_timedelta=False, backend_kwargs={"indexpath": ""}
-                )
             return xr.open_dataset(path, chunks={}, engine="netcdf4", decode_timedelta=False)
     except Exception as err:  # netCDF4/HDF5 raise OSError, RuntimeError, ValueError...
         raise ValueError(
@@ -101,38 +90,52 @@ def open_source(
 ) -> StoreView:
     """A Zarr store (path or URL), a netCDF/GRIB file, or a folder / glob of them, lazily with dask.
 
-    Each file is mapped to canonical names first (``store.canonical_dataset``, the one naming
-    table ``store.ALIASES``), then the files are merged: the CDS pressure-level + single-level
-    pair (both holding ``z``) becomes geopotential + geopotential_at_surface.
+    Each netCDF file is mapped to canonical names first (``store.canonical_dataset``, the one naming
+    table ``store.ALIASES``), the messages of all GRIB files together (``grib.GribMessages``: mixed
+    level types, any split over files), then the parts are merged: the CDS pressure-level +
+    single-level pair (both holding ``z``) becomes geopotential + geopotential_at_surface. A GRIB
+    source's view keeps its messages (``StoreView.messages``) to name what a selection lacks.
     """
     text = str(src)
     files = _netcdf_files(text) if "://" not in text else []
     if files:
-        parts = [canonical_dataset(_open_file(f), str(f), names, time_units) for f in files]
+        gribs = [f for f in files if is_grib(f)]
+        messages = GribMessages(gribs, names) if gribs else None
+        parts = [canonical_dataset(_open_file(f), str(f), names, time_units) for f in files if not is_grib(f)]
+        if messages is not None:
+            parts.append(canonical_dataset(messages.dataset(), messages.where))
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             try:
-                ds = xr.combine_by_coords(
-                    parts,
-                    data_vars="minimal",
-                    coords="minimal",
-                    compat="override",
-                    join="outer",
-                    combine_attrs="drop_conflicts",
+                ds = (
+                    parts[0]
+                    if len(parts) == 1
+                    else xr.combine_by_coords(
+                        parts,
+                        data_vars="minimal",
+                        coords="minimal",
+                        compat="override",
+                        join="outer",
+                        combine_attrs="drop_conflicts",
+                    )
                 )
             except ValueError as err:
                 raise ValueError(
                     f"cannot combine the files of {text!r}: {err}. Files must share one grid "
                     f"and differ in time or in variables"
                 ) from None
-        return StoreView.from_dataset(ds, text)
+        view = StoreView.from_dataset(ds, text)
+        view.messages = messages
+        return view
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ds = xr.open_zarr(open_store(text), chunks={}, consolidated=None)
     return StoreView.from_dataset(ds, text, names=names, time_units=time_units)
 
 
-def _canonical(view: StoreView, name: str, canonical: str, levels: list[int] | None) -> xr.DataArray:
+def _canonical(
+    view: StoreView, name: str, canonical: str, levels: list[int] | None, static: bool = False
+) -> xr.DataArray:
     da = view.dataset[name]
     rename = {v: k for k, v in view.coord_names.items() if v in da.dims and v != k}
     da = da.rename(rename)
@@ -147,6 +150,9 @@ def _canonical(view: StoreView, name: str, canonical: str, levels: list[int] | N
                 )
             da = da.sel(level=list(levels))
         da = da.sortby("level")
+    if view.messages is not None:  # a GRIB source: every selected level at every time, or say what lacks
+        at = view.messages.times()[:1] if static else None  # a static field: its first time is kept
+        view.messages.require(canonical, da["level"].values.tolist() if "level" in da.dims else None, at)
     da = da.isel(latitude=view.lat_storage, longitude=view.lon_storage)
     order = [d for d in ("time", "level", "latitude", "longitude") if d in da.dims]
     extra = [d for d in da.dims if d not in order]
@@ -397,7 +403,7 @@ def prepare_store(
                     opts.step_hours or opts.resample_hours,
                 )
     for v in st:
-        da = _canonical(view, view.resolve(v, False), v, None)
+        da = _canonical(view, view.resolve(v, False), v, None, static=True)
         fields[v] = da.isel(time=0, drop=True) if "time" in da.dims else da
     ds = _shape_time(xr.Dataset(fields), opts, repr(view.path))
     filled = ""

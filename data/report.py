@@ -22,6 +22,7 @@ from jigsaw_earth.distributed.mesh import MeshShape
 from jigsaw_earth.distributed.tiles import TileGrid
 
 from .batch import VariableSpec
+from .integrity import missing_files, read_values
 from .reader import TileReader
 from .store import StoreView
 from .times import TimeAxis, sample_index
@@ -54,23 +55,16 @@ def inspect_store(path: str, names: dict[str, str] | None = None, nan_scan: str 
             "chunks": list(arr.chunks),
             "shards": list(arr.shards) if getattr(arr, "shards", None) else None,
         }
+        why = missing_files(view, v)
+        if why is not None:  # its values would read as NaN: not a NaN count, a broken store
+            raise ValueError(f"store {str(path)!r}: {why}")
         if nan_scan != "none":
             sample = (
                 da
                 if nan_scan == "full" or "time" not in da.dims
                 else da.isel({view.coord_names["time"]: np.unique(np.linspace(0, len(t) - 1, 5).astype(int))})
             )
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")
-                try:
-                    entry["nans"] = int(np.isnan(np.asarray(sample.values, dtype=np.float64)).sum())
-                except (ValueError, RuntimeError, OSError) as err:  # a damaged or truncated chunk
-                    reason = (str(err).strip().splitlines() or [type(err).__name__])[0]
-                    raise ValueError(
-                        f"store {str(path)!r}: variable {v!r} cannot be read ({reason}); a chunk is "
-                        f"damaged or truncated — re-write the store (data prepare / data synth --overwrite) "
-                        f"or restore it from a copy"
-                    ) from None
+            entry["nans"] = int(np.isnan(read_values(view, v, sample)).sum())  # a damaged chunk: named
         variables.append(entry)
     lat_raw = np.asarray(ds[view.coord_names["latitude"]].values)
     info = view.group.attrs.get("jigsaw_earth") if view.group is not None else None

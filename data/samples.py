@@ -216,7 +216,9 @@ class TrainData:
         x, y = self.source.batch(np.asarray(inits), targets, self.mean, self.std, out, check_nan=slot is None)
         if slot is not None:
             self._buffers[slot] = (x, y)
-        times = self.times[inits]
+        return self._make_batch(x, y, self.times[inits], self.times[targets])
+
+    def _make_batch(self, x: np.ndarray, y: np.ndarray, times: np.ndarray, target_times: np.ndarray) -> Batch:
         return Batch(
             inputs=torch.from_numpy(x),
             targets=torch.from_numpy(y),
@@ -225,10 +227,19 @@ class TrainData:
             channels=self.channels,
             static_channels=list(self.source.static_channels),
             times=times,
-            target_times=self.times[targets],
+            target_times=target_times,
             tile=self.tile,
             halo=Halo(),
         )
+
+    def batch_of(self, fields: np.ndarray, times: np.ndarray) -> Batch:
+        """A forecast's batch from initial states read elsewhere (``predict --init``): ``fields`` ``(B, C,
+        h, w)`` of this rank's tile in physical units at ``times``, normalised as a store's are; no
+        targets."""
+        x = ((np.asarray(fields, np.float32) - self.mean) / self.std).astype(np.float32, copy=False)
+        y = np.empty((len(x), 0, *x.shape[1:]), np.float32)
+        times = np.asarray(times, "datetime64[ns]")
+        return self._make_batch(np.ascontiguousarray(x), y, times, np.empty((len(x), 0), times.dtype))
 
     def _read_train_batch(self, step: int) -> Batch:
         idx = self.global_indices(step)

@@ -37,6 +37,7 @@ __all__ = [
     "CountingStore",
     "StoreView",
     "canonical_dataset",
+    "canonical_name",
     "open_dataset",
     "open_store",
 ]
@@ -82,7 +83,7 @@ ALIASES: dict[str, tuple[str, ...]] = {
     "2m_temperature": ("t2m", "2t", "tas"),
     "10m_u_component_of_wind": ("u10", "10u", "uas"),
     "10m_v_component_of_wind": ("v10", "10v", "vas"),
-    "mean_sea_level_pressure": ("msl", "psl"),
+    "mean_sea_level_pressure": ("msl", "psl", "prmsl"),  # prmsl: NCEP's GRIB shortName
     "total_precipitation_6hr": ("tp6h", "tp_6hr"),
     "total_precipitation": ("tp",),
     "land_sea_mask": ("lsm", "sftlf"),
@@ -205,6 +206,7 @@ class StoreView:
     times: np.ndarray
     levels: np.ndarray | None
     names: dict[str, str] = field(default_factory=dict)
+    messages: Any = None  # a GRIB source's ``grib.GribMessages``: what each variable holds, for errors
 
     @classmethod
     def open(
@@ -348,7 +350,8 @@ class StoreView:
         for v in self.available():
             dims = self.dataset[v].dims
             parts.append(f"{v}{'[level]' if level in dims else ''}")
-        return ", ".join(parts) or "no data variables"
+        found = ", ".join(parts) or "no data variables"
+        return found if self.messages is None else f"{found}, from {self.messages.describe()}"
 
     def level_indices(self, canonical: str, wanted: tuple[int, ...]) -> np.ndarray:
         """Storage indices of the wanted levels (hPa), in the order asked."""
@@ -393,8 +396,9 @@ class StoreView:
         return cache[store_name]
 
 
-def _canonical_name(var: str, upper: bool, mapping: dict[str, str]) -> str | None:
-    """The canonical name a store variable maps to (user mapping, then the naming table)."""
+def canonical_name(var: str, upper: bool, mapping: dict[str, str]) -> str | None:
+    """The canonical name a store variable (upper-air: with levels) maps to: the user's mapping, then
+    the naming table; None when neither names it."""
     for canonical, store_name in mapping.items():
         if store_name == var and canonical not in COORDS:
             return canonical
@@ -420,7 +424,7 @@ def canonical_dataset(
         ds = ds.assign_coords(level=np.rint(view.levels).astype(np.int64))
     rename: dict[str, str] = {}
     for var in map(str, ds.data_vars):
-        canonical = _canonical_name(var, "level" in ds[var].dims, mapping)
+        canonical = canonical_name(var, "level" in ds[var].dims, mapping)
         if canonical is None or canonical == var:
             continue
         if canonical in rename.values() or canonical in ds.data_vars:

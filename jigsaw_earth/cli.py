@@ -25,6 +25,7 @@ COMMANDS = {
     "plot": "jigsaw_earth.commands.plot",
     "predict": "jigsaw_earth.commands.predict",
     "selftest": "jigsaw_earth.commands.selftest",
+    "launch": "jigsaw_earth.commands.launch",
 }
 
 # One line per command for ``--help``; a command's module (and its heavy imports) is loaded only
@@ -41,6 +42,7 @@ SUMMARIES = {
     "plot": "scorecard and map PNGs of a score file",
     "predict": "sharded inference: forecasts written by all ranks into one WB2-layout Zarr",
     "selftest": "is this machine ready? versions, GEMM rate, a tiny run on the device against the CPU",
+    "launch": "N ranks of a command on this node, exiting with their status (75 after a stop signal)",
 }
 
 

@@ -85,7 +85,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "predict-scores-user-json",
         lambda w, t: PS(w, _text(t / "mine.json", '{"lr": 1}').with_suffix("")),
-        ["--scores", "mine.json exists and is not a score file", "remove it yourself"],
+        ["--scores", "mine.json exists and is not an earlier score file", "remove it yourself"],
     ),
     (
         "predict-scores-in-checkpoints",
@@ -110,7 +110,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "score-out-user-csv",
         lambda w, t: SC(w, "--out", str(_text(t / "x.csv", "a,b\n1,2\n").with_suffix(""))),
-        ["--out", "x.csv exists and is not a score table"],
+        ["--out", "x.csv exists and is not an earlier score table"],
     ),
     (
         "score-plot-inside-truth",
@@ -125,7 +125,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "score-plot-user-png",
         lambda w, t: SC(w, "--out", str(t / "s"), "--plot", str(_user_png(t, "scorecard-global.png"))),
-        ["--plot", "scorecard-global.png exists and is not a picture written by jigsaw-earth"],
+        ["--plot", "scorecard-global.png exists and is not an earlier picture", "a file of yours"],
     ),
     (
         "score-plot-is-file",
@@ -140,7 +140,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "plot-out-user-map",
         lambda w, t: ["plot", str(w["scores"]), "--out", str(_user_png(t, "map-temperature.png"))],
-        ["--out", "map-temperature.png exists and is not a picture"],
+        ["--out", "map-temperature.png exists and is not an earlier picture"],
     ),
     (
         "plot-out-run-config",
@@ -155,7 +155,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "validate-json-user-file",
         lambda w, t: ["validate", "--op", "halo", "--mesh", "1x1", "--json", str(w["mine"] / "notes.txt")],
-        ["--json", "notes.txt exists and is not a JSON file written by jigsaw-earth"],
+        ["--json", "notes.txt exists and is not an earlier JSON output of this command"],
     ),
     (
         "validate-json-inside-store",
@@ -199,7 +199,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
             "--json",
             str(w["scores"]),
         ],
-        ["--json", "scores.json exists and is not a JSON file written by jigsaw-earth"],
+        ["--json", "scores.json exists and is not an earlier JSON output of this command", "another kind"],
     ),
     (
         "model-summary-json-user-file",
@@ -217,7 +217,7 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
             "--json",
             str(w["mine"] / "notes.txt"),
         ],
-        ["--json", "notes.txt exists and is not a JSON file"],
+        ["--json", "notes.txt exists and is not an earlier JSON output"],
     ),
     (
         "inspect-json-inside-store",
@@ -232,12 +232,12 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     (
         "config-schema-out-user-file",
         lambda w, t: ["config", "schema", "--out", str(w["mine"] / "notes.txt")],
-        ["--out", "notes.txt exists and is not a JSON file"],
+        ["--out", "notes.txt exists and is not an earlier JSON output"],
     ),
     (
         "bench-report-out-user-file",
         lambda w, t: ["bench", "report", str(w["scores"]), "--out", str(w["mine"] / "notes.txt")],
-        ["--out", "notes.txt exists and is not a bench report"],
+        ["--out", "notes.txt exists and is not an earlier bench report"],
     ),
     (
         "bench-json-inside-store",

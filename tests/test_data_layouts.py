@@ -399,8 +399,8 @@ def write_grib(path, values: np.ndarray, short_name: str, times: np.ndarray, lev
                 eccodes.codes_release(h)
 
 
-def test_grib_through_cfgrib(tmp_path):
-    pytest.importorskip("cfgrib")
+def test_grib_through_eccodes(tmp_path):
+    pytest.importorskip("eccodes")
     folder = tmp_path / "grib"
     folder.mkdir()
     times = hours("2020-01-01", np.arange(4) * 6)

@@ -275,9 +275,14 @@ def test_frozen_blocks_stay_bit_identical_and_the_records_name_the_parent(
     meta = json.loads((latest_checkpoint(cfg.run.dir) / "meta.json").read_text())
     assert meta["state"]["init_from"]["sha256"] == sha
     assert meta["state"]["run_record"]["channels"]["state"] == child.data.channels
-    # a resume continues from the run's own checkpoint and keeps the lineage (init_from is not read
-    # again); the blocks may be unfrozen then: they train from a fresh optimizer state
-    more = trainer(config(tmp_path / "child", data=CHILD, training={"init_from": "/gone", "steps": 7}))
+    # a resume continues from the run's own checkpoint and keeps the lineage (the parent is not read
+    # again), and a run keeps its parent: another init_from is refused, naming the recorded one
+    with pytest.raises(ValueError, match=r"was fine-tuned from .*step_000000004.*a run keeps its parent"):
+        trainer(config(tmp_path / "child", data=CHILD, training={"init_from": "/gone", "steps": 7}))
+    # the blocks may be unfrozen then: they train from a fresh optimizer state
+    more = trainer(
+        config(tmp_path / "child", data=CHILD, training={"init_from": str(parent.run_dir), "steps": 7})
+    )
     assert more.step == 6 and more.lineage["sha256"] == sha and not more.frozen
     more.fit()
     assert not torch.equal(

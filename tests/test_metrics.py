@@ -274,7 +274,10 @@ def test_score_store_end_to_end(tmp_path, capsys):
     )  # fmt: skip
     assert code == 0
     pngs = sorted(p.name for p in (tmp_path / "png").glob("*.png"))
-    assert pngs == ["map-2m_temperature.png", "map-geopotential.png", "scorecard-global.png"]
+    assert pngs == [
+        "map-2m_temperature.png", "map-geopotential.png", "scorecard-global.png",
+        "significance-climatology.png", "significance-persistence.png",
+    ]  # fmt: skip
     assert all((tmp_path / "png" / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in pngs)
     assert main(["plot", str(tmp_path / "scores.json"), "--out", str(tmp_path / "again")]) == 0
     assert sorted(p.name for p in (tmp_path / "again").glob("*.png")) == pngs

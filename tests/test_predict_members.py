@@ -33,7 +33,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def _same_scores(mine: dict[tuple, float], theirs: dict[tuple, float]) -> None:
     assert mine.keys() == theirs.keys()
-    assert {k[1] for k in mine} == {"rmse", "bias", "acc", *ENSEMBLE_METRICS}
+    assert {k[1] for k in mine} == {"rmse", "mse", "bias", "acc", *ENSEMBLE_METRICS}
     for key, value in theirs.items():
         assert math.isclose(mine[key], value, rel_tol=1e-6, abs_tol=1e-9), (key, mine[key], value)
 

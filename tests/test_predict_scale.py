@@ -22,7 +22,8 @@ from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.spawn import spawn
 from jigsaw_earth.inference.predict import run_prediction
 from jigsaw_earth.inference.scoring import ScoreRequest
-from jigsaw_earth.metrics.evaluate import evaluate
+from jigsaw_earth.metrics.evaluate import evaluate, evaluate_statistics
+from jigsaw_earth.metrics.statistics import Statistics
 from jigsaw_earth.training import run_training
 
 UPPER, LEVELS, SURFACE = (
@@ -94,7 +95,7 @@ def _keyed(rows: list[dict]) -> dict[tuple, float]:
 
 def _assert_same_scores(mine: dict[tuple, float], theirs: dict[tuple, float]) -> None:
     assert mine.keys() == theirs.keys()
-    assert {k[1] for k in mine} == {"rmse", "bias", "acc"}
+    assert {k[1] for k in mine} == {"rmse", "mse", "bias", "acc"}
     assert {k[0] for k in mine} == {"forecast", "persistence", "climatology"}
     assert len({k[2] for k in mine}) > 5, "several regions"
     for key, value in theirs.items():
@@ -166,6 +167,8 @@ def test_predict_score_equals_score_of_the_written_store(
     store = tmp_path / "fc.zarr"
     result = run_prediction(cfg, store, steps=3, score=ScoreRequest(regions=("all",)), **PERIOD)
     _assert_same_scores(_keyed(result.rows), _score_rows(store, tmp))
+    _assert_same_statistics(result.statistics, store, tmp)
+    assert all(np.isfinite(r["se"]) for r in result.rows if r["metric"] == "rmse"), "intervals (ar2)"
     if kind == "wb2":
         assert xr.open_zarr(store).sizes["latitude"] == 13
 
@@ -178,6 +181,43 @@ def test_score_only_writes_nothing(runs: dict[str, Path], tmp_path: Path) -> Non
     assert result.path is None and {r["variable"] for r in result.rows} == {"geopotential"}
     assert {(r["level"], r["lead_hours"], r["region"]) for r in result.rows} == {(500, 12.0, "global")}
     assert sorted(p.name for p in runs["demo"].iterdir()) == before and not list(tmp_path.iterdir())
+
+
+def _assert_same_statistics(stats, store: Path, tmp: Path) -> None:
+    """``predict --score``'s per-init statistics equal ``score``'s of the written store (1e-6)."""
+    fc = xr.open_zarr(store, chunks=None)
+    truth = xr.open_zarr(tmp / "data.zarr", chunks=None)
+    clim = xr.open_zarr(climatology_path(tmp / "data.zarr"), chunks=None)
+    want = evaluate_statistics(fc, truth, clim, regions=["all"]).ds
+    np.testing.assert_array_equal(stats.times, want.time.values)
+    assert sorted(stats.ds.field.values) == sorted(want.field.values)
+    assert sorted(stats.ds.region.values) == sorted(want.region.values)
+    want = want.sel(field=stats.ds.field, region=stats.ds.region)  # the same cells, in predict's order
+    assert sorted(stats.ds.data_vars) == sorted(want.data_vars)
+    for name in want.data_vars:
+        np.testing.assert_allclose(
+            stats.ds[name].values, want[name].values, rtol=1e-6, atol=1e-9, err_msg=name
+        )
+
+
+def _score_on_data_axis(mesh: DomainMesh, raw: dict, store: str) -> str:
+    """Each rank writes the statistics it holds (a file per rank); returns its path."""
+    score = ScoreRequest(regions=("all",))
+    result = run_prediction(parse_config(raw), store, steps=2, score=score, mesh=mesh, start="2020-01-11",
+                            end="2020-01-13T12", max_inits=5)  # fmt: skip
+    return str(result.statistics.write(Path(store).with_name(f"rank-{mesh.rank}-stats.nc")))
+
+
+def test_predict_score_statistics_over_two_data_replicas(runs: dict[str, Path], tmp_path: Path) -> None:
+    """Two data replicas forecast 3 and 2 of 5 inits; every rank holds every init's statistics, each
+    where ``score`` of the written store has it."""
+    raw = _config(runs["demo"], (1, 1))
+    raw["mesh"]["data"] = 2
+    store = tmp_path / "fc.zarr"
+    per_rank = [Statistics.read(p) for p in spawn(MeshShape(2, 1, 1), _score_on_data_axis, raw, str(store))]
+    assert len(per_rank) == 2 and per_rank[0].times.size == 5
+    for stats in per_rank:
+        _assert_same_statistics(stats, store, runs["demo"])
 
 
 def _score_on_mesh(mesh: DomainMesh, cases: list[tuple[dict, str]]) -> list[list[dict]]:

@@ -268,4 +268,9 @@ def test_score_command_prints_writes_and_plots_the_ensemble(tmp_path, capsys) ->
     got = _table(scores["scores"])
     assert _check(got, fc.rename({"realization": "number"}), truth, ["global"]) == 3 * 2 * len(METRICS)
     pngs = sorted(p.name for p in (tmp_path / "png").glob("*.png"))
-    assert pngs == ["map-2m_temperature.png", "map-geopotential.png", "scorecard-global.png"]
+    assert pngs == [
+        "map-2m_temperature.png", "map-geopotential.png", "scorecard-global.png",
+        "significance-climatology.png", "significance-persistence.png",
+    ]  # fmt: skip
+    crps = [c for c in scores["comparisons"] if c["metric"] == "crps"]
+    assert not crps, "CRPS is compared only with another ensemble (the baselines have no members)"

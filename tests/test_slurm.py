@@ -266,7 +266,7 @@ def test_predict_signalled_requeues_and_matches_uninterrupted(predict_jobs: dict
         term.tail()
     )
     assert sorted(p.name for p in term.dir.iterdir() if not p.name.startswith("slurm-")) == [
-        "fc.csv", "fc.json", "fc.zarr"
+        "fc-stats.nc", "fc.csv", "fc.json", "fc.zarr"
     ], "nothing but the outputs is left"  # fmt: skip
     mine, theirs = _files(term.dir / "fc.zarr"), _files(plain.dir / "fc.zarr")
     assert mine.keys() == theirs.keys() and [k for k in mine if mine[k] != theirs[k]] == []

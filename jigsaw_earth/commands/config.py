@@ -59,7 +59,8 @@ def run_validate(args: argparse.Namespace) -> int:
 
     for warning in check_learnable(cfg):  # errors raise; warnings are printed
         print(f"warning: {warning}", file=sys.stderr)
-    note = _preflight(cfg, args.config)
+    _check_freeze(cfg)  # a pattern that matches no module: train's refusal
+    note = _preflight(cfg, args.config, args.overrides)
     if not args.quiet:
         print(yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip())
     store = args.store or cfg.data.store
@@ -94,39 +95,73 @@ def run_validate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _preflight(cfg: TrainConfig, config_file: str | None = None) -> str:
+def _preflight(cfg: TrainConfig, config_file: str | None = None, overrides: list[str] | None = None) -> str:
     """The run-directory checks of ``train``, without creating anything; returns a summary."""
     from ..training.preflight import preflight_run_dir
-    from ..training.rundir import check_place, claim_run_dir
+    from ..training.rundir import check_place, claim_run_dir, finished_step
 
     run_dir = Path(cfg.run.dir)
-    check_place(cfg, config_file)
+    check_place(cfg, config_file, overrides or ())
     size = _checkpoint_estimate(cfg)
     preflight_run_dir(run_dir, size, cfg.checkpoint.keep, create=False)
     claim_run_dir(cfg)  # refuses a run.dir holding another run's checkpoints (changes nothing)
+    done = finished_step(cfg)
+    finished = "" if done is None else (
+        f"; it holds this run, finished at step {done} (train changes nothing; raise training.steps to "
+        f"continue it)")  # fmt: skip
     if size is None:
-        return f"run.dir {run_dir} writable (space not checked: the store's grid is unknown)"
+        return f"run.dir {run_dir} writable (space not checked: the store's grid is unknown){finished}"
     keep = cfg.checkpoint.keep
-    return f"run.dir {run_dir} writable with room for {keep} + 1 checkpoints of {size / 2**20:.1f} MiB"
+    return (f"run.dir {run_dir} writable with room for {keep} + 1 checkpoints of {size / 2**20:.1f} MiB"
+            f"{finished}")  # fmt: skip
+
+
+def _store_grid(cfg: TrainConfig) -> tuple[int, int] | None:
+    from ..data.store import StoreView
+
+    try:
+        return StoreView.open(cfg.data.store).grid_shape
+    except Exception:  # the data checks report an unreadable store
+        return None
+
+
+def _model_args(cfg: TrainConfig) -> tuple[int, int, int]:
+    """(state, static, time) channels of the config's model (as ``data/sources.py`` counts them)."""
+    d = cfg.data
+    n_state = len(d.upper_air) * len(d.levels) + len(d.surface)
+    n_static = len(d.static) + 4 + cfg.model.noise_channels  # + geometry channels (data/sources.py)
+    return n_state, n_static, 4
 
 
 def _checkpoint_estimate(cfg: TrainConfig) -> int | None:
     """Checkpoint bytes of the config's model on the store's grid (``None`` if the store is unreadable)."""
-    from ..data.store import StoreView
     from ..distributed.mesh import MeshShape
     from ..models.summary import summarize
 
-    try:
-        grid = StoreView.open(cfg.data.store).grid_shape
-    except Exception:  # the data checks report an unreadable store
+    grid = _store_grid(cfg)
+    if grid is None:
         return None
-    d = cfg.data
-    n_state = len(d.upper_air) * len(d.levels) + len(d.surface)
-    n_static = len(d.static) + 4 + cfg.model.noise_channels  # + geometry channels (data/sources.py)
     m = cfg.model
     shape = MeshShape(1, cfg.mesh.lat, cfg.mesh.lon)
-    s = summarize(m.name, shape, grid, n_state, n_static, 4, preset=m.preset, **m.overrides)
+    s = summarize(m.name, shape, grid, *_model_args(cfg), preset=m.preset, **m.overrides)
     return s.checkpoint_bytes
+
+
+def _check_freeze(cfg: TrainConfig) -> None:
+    """``training.freeze`` against the config's model (one rank's, built on the meta device): the
+    refusal ``train`` gives. Skipped when the store's grid is unknown."""
+    if not cfg.training.freeze:
+        return
+    from ..distributed.mesh import MeshShape
+    from ..models.summary import rank_models
+    from ..training.finetune import frozen_parameters
+
+    grid = _store_grid(cfg)
+    if grid is None:
+        return
+    m = cfg.model
+    model = rank_models(m.name, MeshShape(1, 1, 1), grid, *_model_args(cfg), m.preset, **m.overrides)[0]
+    frozen_parameters(model, cfg.training.freeze)
 
 
 def run_schema(args: argparse.Namespace) -> int:

@@ -21,7 +21,8 @@ def check_json(path: Path | None, option: str, *keys: str, protected: tuple = ()
     its list) has ``keys``; call it before the command's work."""
     if path is None:
         return None
-    return check_file_output(path, option, "JSON file", json_with_keys(*keys), protected=protected)
+    what = f"JSON output of this command (keys {', '.join(keys)})"
+    return check_file_output(path, option, what, json_with_keys(*keys), protected=protected)
 
 
 def _atomic(path: Path, text: str) -> None:

@@ -1,4 +1,5 @@
-"""``jigsaw-earth plot``: pictures of an existing score file (``PREFIX.json`` from ``score``)."""
+"""``jigsaw-earth plot``: pictures of an existing score file (``PREFIX.json`` from ``score``): the
+scorecards with their intervals, a significance card per comparison, and the maps."""
 
 from __future__ import annotations
 
@@ -26,9 +27,12 @@ def run(args: argparse.Namespace) -> int:
 
     rows, info = read_scores(args.scores)
     regions = [r.get("region", "global") for r in rows]
-    check_plot_dir(args.out, regions, [r["variable"] for r in rows], "--out", _stores(args.scores, info))
+    comparisons = info.pop("comparisons", None) or []
+    against = [c["against"] for c in comparisons]
+    check_plot_dir(args.out, regions, [r["variable"] for r in rows], "--out", _stores(args.scores, info),
+                   against=against)  # fmt: skip
     baselines = read_baselines(args.baselines or info.get("baselines"))
-    for path in plot_all(rows, info, baselines, args.out):
+    for path in plot_all(rows, info, baselines, args.out, comparisons=comparisons):
         print(f"wrote {path}")
     why = maps_unavailable(info)
     if why is not None:

@@ -1,5 +1,7 @@
-"""``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store; ``--members N``
-writes an ensemble (a ``number`` dimension) of a stochastic model.
+"""``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store (``--format
+grib2|netcdf``: a folder of GRIB 2 or CF netCDF files); ``--members N`` writes an ensemble (a
+``number`` dimension) of a stochastic model; ``--init SOURCE`` starts from an analysis (GRIB, netCDF,
+Zarr) instead of ``data.store``.
 
 Exit codes: 0 done; 2 a bad config, input or filesystem fault (one line names it and the fix); 75
 stopped on SIGTERM, SIGUSR1 or Ctrl-C before a batch, with every earlier batch recorded in
@@ -13,6 +15,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -34,10 +37,42 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "config", nargs="?", help="the run's YAML config (e.g. configs/demo.yaml or RUN_DIR/config.yaml)"
     )
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
-    p.add_argument("--out", help="forecast store to write (WB2 forecast layout); optional with --score")
+    p.add_argument(
+        "--out",
+        help="forecast store (WB2 forecast layout) or, with --format grib2|netcdf, a folder; optional with "
+        "--score",
+    )
+    p.add_argument(
+        "--format",
+        choices=("zarr", "grib2", "netcdf"),
+        default="zarr",
+        help="zarr: one store (default); grib2 or netcdf: a folder of files (--template)",
+    )
+    p.add_argument(
+        "--template",
+        metavar="NAME",
+        help="file names of --format grib2|netcdf from {date} {time} {step} [{number}] (default "
+        "{date}{time}_{step:03d}.grib2, {date}{time}.nc)",
+    )
+    p.add_argument(
+        "--init",
+        metavar="SOURCE",
+        help="forecast from this analysis (GRIB file or folder as IFS open data, GFS or the CDS publish "
+        "them; netCDF; Zarr) instead of data.store's inits; on the model's grid",
+    )
+    p.add_argument(
+        "--time", nargs="+", metavar="T", help="with --init: only these of its times, e.g. 2024-01-01T00"
+    )
     p.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
-    p.add_argument("--start", help="first initialisation time (default: data.val_period[0])")
-    p.add_argument("--end", help="last initialisation time (default: data.val_period[1])")
+    p.add_argument(
+        "--first-init", "--start", dest="start", metavar="TIME",
+        help="first initialisation time (default: data.val_period[0]); --first-init works under torchrun, "
+        "which takes --start for its own --start-method",
+    )  # fmt: skip
+    p.add_argument(
+        "--last-init", "--end", dest="end", metavar="TIME",
+        help="last initialisation time (default: data.val_period[1])",
+    )  # fmt: skip
     p.add_argument("--steps", type=int, help="steps of data.step_hours (default 4, or the last lead)")
     p.add_argument("--variables", nargs="+", metavar="NAME", help="write/score only these variables")
     p.add_argument("--levels", nargs="+", metavar="HPA", help="only these levels, e.g. 500 850 or 500,850")
@@ -71,7 +106,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--truth", metavar="ERA5.zarr", help="verifying analysis (default data.store)")
     g.add_argument("--climatology", metavar="CLIM.zarr", help="for ACC (default: the run's climatology)")
     g.add_argument("--regions", nargs="+", metavar="NAME", help="WB2 regions or 'all' (default global)")
-    g.add_argument("--scores", metavar="PREFIX", help="also write the scores to PREFIX.json and PREFIX.csv")
+    g.add_argument(
+        "--scores", metavar="PREFIX", help="also write the scores to PREFIX.json, .csv and PREFIX-stats.nc"
+    )
     u = p.add_argument_group("unfinished forecasts (a stopped predict resumes with the same command)")
     u.add_argument(
         "--unfinished", nargs="*", metavar="DIR", help="list predict's unfinished forecasts in DIR (or .)"
@@ -82,14 +119,53 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(run=run)
 
 
-def _check_period(start: str, end: str) -> None:
-    for option, text in (("--start", start), ("--end", end)):
+def _spelled(argv: Sequence[str], long: str, short: str) -> str:
+    """The spelling of an option the command line used (``--first-init`` or ``--start``)."""
+    return long if any(a == long or a.startswith(f"{long}=") for a in argv) else short
+
+
+def _check_period(start: str, end: str, argv: Sequence[str] = ()) -> None:
+    first, last = _spelled(argv, "--first-init", "--start"), _spelled(argv, "--last-init", "--end")
+    for option, text in ((first, start), (last, end)):
         try:
             np.datetime64(text, "h")
         except ValueError:
             raise ValueError(f"{option} {text!r} is not a date; write YYYY-MM-DD or YYYY-MM-DDTHH") from None
     if np.datetime64(start, "h") > np.datetime64(end, "h"):
-        raise ValueError(f"--start {start} is after --end {end}; swap them")
+        raise ValueError(f"{first} {start} is after {last} {end}; swap them")
+
+
+READ_BACK = {
+    "zarr": "open it with xarray.open_zarr({path!r})",
+    "grib2": "read its files with ecCodes (grib_ls {path}/*.grib2) or xarray.open_dataset(FILE, "
+    "engine='cfgrib', backend_kwargs={{'indexpath': ''}}) (--template: other names)",
+    "netcdf": "open its files with xarray.open_mfdataset({path!r} + '/*.nc')",
+}
+
+
+def _init_period(args: argparse.Namespace, cfg: TrainConfig) -> tuple[str, str]:
+    """``--start``/``--end`` (default ``data.val_period``) select data.store's inits; ``--init`` its own."""
+    argv = getattr(args, "argv", [])
+    if args.init is not None:
+        first, last = _spelled(argv, "--first-init", "--start"), _spelled(argv, "--last-init", "--end")
+        given = [o for o, v in ((first, args.start), (last, args.end), ("--max-inits", args.max_inits),
+                                ("--every-hours", args.every_hours != 12)) if v]  # fmt: skip
+        if given:
+            raise ValueError(
+                f"{given[0]} selects inits of data.store; with --init choose its times with --time"
+            )
+        return "", ""
+    if args.time:
+        raise ValueError(
+            "--time chooses the times of an --init analysis; add --init SOURCE (or use --first-init and "
+            "--last-init)"
+        )
+    period = cfg.data.val_period or ["", ""]
+    start, end = args.start or period[0], args.end or period[-1]
+    if not start or not end:
+        raise ValueError("give --start and --end (the config has no data.val_period to default to)")
+    _check_period(start, end, argv)
+    return start, end
 
 
 def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
@@ -115,7 +191,8 @@ def _stores(args: argparse.Namespace, cfg: TrainConfig) -> tuple[tuple[str, str 
     d = cfg.data
     return (("--out store", args.out), ("--truth store", args.truth), ("truth/training store data.store",
             d.store), ("--climatology store", args.climatology),
-            ("climatology", d.climatology or default_climatology_path(d.store)))  # fmt: skip
+            ("climatology", d.climatology or default_climatology_path(d.store)),
+            ("--init source", args.init))  # fmt: skip
 
 
 def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> None:
@@ -134,10 +211,13 @@ def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> N
             read_baselines,
             write_scores,
         )
+        from ..metrics.significance import IntervalOptions
 
         period = init_period(result.init_times)
         resolution = grid_resolution(result.n_lon)
-        print(format_scorecard(result.rows, read_baselines(None), resolution, period, members=result.members))
+        interval = IntervalOptions().info(int(result.init_times.size))  # TileScorer.finish's default
+        print(format_scorecard(result.rows, read_baselines(None), resolution, period, members=result.members,
+                               interval=interval))  # fmt: skip
         if args.scores:
             from ..inference.scoring import score_stores
 
@@ -147,16 +227,40 @@ def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> N
             info = {"forecast": None if result.path is None else str(Path(result.path).resolve()),
                     "truth": truth, "climatology": climatology, "baselines": None,
                     "resolution": resolution, "inits": [*times, int(result.init_times.size)],
-                    "members": result.members}  # fmt: skip
-            for path in write_scores(result.rows, Path(args.scores), info, "--scores", _stores(args, cfg)):
+                    "members": result.members, "interval": interval}  # fmt: skip
+            result.statistics.ds.attrs.update({k: v for k, v in info.items() if k in ("forecast", "truth",
+                                               "climatology", "resolution") and v})  # fmt: skip
+            for path in write_scores(result.rows, Path(args.scores), info, "--scores", _stores(args, cfg),
+                                     statistics=result.statistics):  # fmt: skip
                 print(f"wrote {path}")
     if result.path is not None:
-        print(f"wrote {result.path}; open it with xarray.open_zarr({str(result.path)!r})")
+        print(f"wrote {result.path}; {READ_BACK[args.format].format(path=str(result.path))}")
+
+
+#: predict's options that make a forecast (dest, as written): not taken with --unfinished
+_FORECAST_OPTIONS = (("config", "CONFIG"), ("overrides", "KEY=VALUE"), ("out", "--out"),
+                     ("checkpoint", "--checkpoint"), ("start", "--first-init/--start"),
+                     ("end", "--last-init/--end"), ("steps", "--steps"), ("variables", "--variables"),
+                     ("levels", "--levels"), ("lead_hours", "--lead-hours"), ("lead_every", "--lead-every"),
+                     ("batch_size", "--batch-size"), ("overwrite", "--overwrite"), ("members", "--members"),
+                     ("seed", "--seed"), ("score", "--score"), ("scores", "--scores"), ("init", "--init"),
+                     ("time", "--time"), ("template", "--template"))  # fmt: skip
 
 
 def _unfinished(args: argparse.Namespace) -> int:
     from ..inference.unfinished import find_unfinished, remove_unfinished
 
+    given = [name for dest, name in _FORECAST_OPTIONS if getattr(args, dest, None)]
+    if given:
+        option = "--unfinished" if args.unfinished is not None else "--remove-unfinished"
+        raise ValueError(
+            f"{option} lists or removes unfinished forecasts and takes no {given[0]}; nothing was run. "
+            f"Run it on its own (jigsaw-earth predict {option} ...), and the forecast without it"
+        )
+    for folder in args.unfinished or []:
+        if not Path(folder).is_dir():
+            what = "is not a folder" if Path(folder).exists() else "does not exist"
+            raise ValueError(f"--unfinished {folder}: {what}; give the folder that holds the forecasts")
     for path in args.remove_unfinished or []:
         print(f"removed {remove_unfinished(path).text()}")
     folders = args.unfinished or (["."] if args.unfinished is not None else [])  # --unfinished alone: .
@@ -183,11 +287,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError("give the run's config (predict CONFIG --out STORE ...), or --unfinished [DIR]")
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
-    period = cfg.data.val_period or ["", ""]
-    start, end = args.start or period[0], args.end or period[-1]
-    if not start or not end:
-        raise ValueError("give --start and --end (the config has no data.val_period to default to)")
-    _check_period(start, end)
+    start, end = _init_period(args, cfg)
     if args.seed is not None and args.members is None:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
     if args.first_member and args.members is None:
@@ -222,6 +322,10 @@ def run(args: argparse.Namespace) -> int:
             seed=args.seed,
             scores=args.scores,
             first_member=args.first_member,
+            init=args.init,
+            init_times=[t for item in args.time for t in item.split(",") if t] if args.time else None,
+            fmt=args.format,
+            template=args.template,
         )
     except Stopped as err:
         if rank == 0:

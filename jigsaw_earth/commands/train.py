@@ -4,8 +4,11 @@ Runs as a plain single process, under ``torchrun --nproc-per-node N -m jigsaw_ea
 or under Slurm ``srun`` (see ``configs/slurm/train.sbatch``). The mesh comes from the config and
 must multiply to the world size.
 
-Exit codes: 0 done; 1 diverged (non-finite loss) or a peer never arrived; 2 a bad config, input
-or filesystem fault (one line names it and the fix; nothing of the run is lost); 75 stopped on
+A run already at ``training.steps`` is left as it is: ``train`` says so, prints its recorded
+validation and exits 0 (raise ``training.steps`` to continue it).
+
+Exit codes: 0 done (or already done); 1 diverged (non-finite loss) or a peer never arrived; 2 a bad
+config, input or filesystem fault (one line names it and the fix; nothing of the run is lost); 75 stopped on
 SIGTERM/SIGUSR1 after saving a checkpoint (rerun to resume); 130 Ctrl-C.
 """
 
@@ -43,13 +46,13 @@ def run(args: argparse.Namespace) -> int:
     from ..launch import world_size_from_env
     from ..signals import Preempted
     from ..training import NonFiniteLossError, run_training
-    from ..training.rundir import check_place
+    from ..training.rundir import RunFinished, check_place
 
     overrides = list(args.overrides)
     if args.peak_tflops is not None:
         overrides.append(f"logging.peak_tflops={args.peak_tflops}")
     cfg = load_config(args.config, overrides, world_size=world_size_from_env())
-    check_place(cfg, args.config)  # never in a store, never over files a run did not write
+    check_place(cfg, args.config, overrides)  # never in a store, never over files a run did not write
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
@@ -59,6 +62,13 @@ def run(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"jigsaw-earth train: {err}", file=sys.stderr)
         return err.exit_code
+    except RunFinished as done:
+        if rank == 0:
+            print(f"jigsaw-earth train: {done}")
+            table = done.run_dir / "validation.txt"
+            if table.is_file():
+                print(f"validation at step {done.step} ({table}):\n{table.read_text().rstrip()}")
+        return 0
     except NonFiniteLossError as err:
         print(f"jigsaw-earth train: error: {err}", file=sys.stderr)
         return 1
@@ -66,10 +76,13 @@ def run(args: argparse.Namespace) -> int:
         print(f"jigsaw-earth train: error: {err}", file=sys.stderr)
         return 1
     if rank == 0:
+        rate = summary["samples_per_s"]
+        rate = "" if rate is None else f", {rate:.2f} samples/s"
+        loss = summary["final_loss"]
         print(
             f"trained {summary['steps']} steps on mesh {summary['mesh']} "
-            f"({summary['steps_this_run']} this run, {summary['train_wall_s']:.1f} s, "
-            f"{summary['samples_per_s']:.2f} samples/s); final loss {summary['final_loss']:.6f}"
+            f"({summary['steps_this_run']} this run, {summary['train_wall_s']:.1f} s{rate}); "
+            f"final loss {'not recorded' if loss is None else f'{loss:.6f}'}"
         )
         print(f"validation at step {summary['steps']} ({int(summary['validation']['n_inits'])} inits, RMSE):")
         print(summary["table"])

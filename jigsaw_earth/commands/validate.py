@@ -2,7 +2,8 @@
 
 For every mesh it spawns ``lat × lon`` gloo ranks, runs every registered op sharded and serially
 on several global sizes, and prints one row per case: the sharded and the serial float32 result's
-relative errors against the float64 serial reference, and the judge's figure (the sharded error
+errors against the float64 serial reference, relative to its scale (``validation.registry.Record``),
+and the judge's figure (the sharded error
 over what it allows, ``validation.registry``; a case passes at ≤ 1 with exact bytes). Exit
 status 1 on any failure.
 """

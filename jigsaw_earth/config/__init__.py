@@ -9,7 +9,7 @@ import yaml
 from pydantic import ValidationError
 
 from .errors import one_line
-from .parse import apply_overrides, describe, load_yaml, to_dict
+from .parse import apply_overrides, describe, load_yaml, to_dict, yaml_problem
 from .schema import TrainConfig
 
 __all__ = ["TrainConfig", "describe", "load_config", "parse_config", "to_dict"]
@@ -36,8 +36,7 @@ def load_config(
     try:
         raw = load_yaml(path.read_text()) or {}
     except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())  # one line: PyYAML's message spans several
-        raise ValueError(f"config {str(path)!r} is not valid YAML: {detail}") from None
+        raise ValueError(f"config {str(path)!r} is not valid YAML: {yaml_problem(err)}") from None
     except UnicodeDecodeError:
         raise ValueError(f"config {str(path)!r} is not a UTF-8 text file; pass a YAML config") from None
     cfg = parse_config(raw, overrides)

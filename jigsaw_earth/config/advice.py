@@ -1,4 +1,4 @@
-"""Configs that parse but cannot learn what they ask for: the loss and the ensemble together.
+"""Configs that parse but cannot learn what they ask for: the loss and the ensemble, and a freeze.
 
 ``learning_problems(cfg)`` returns ``(errors, warnings)``, each one line with the fix. ``train``
 refuses the errors before anything is written (``Trainer``) and logs the warnings;
@@ -11,7 +11,9 @@ refuses the errors before anything is written (``Trainer``) and logs the warning
   nothing and the members do not spread — refused;
 * noise channels with one member and ``mse``: the model learns to ignore its noise — a warning;
 * ``loss.alpha`` set for a kind other than ``almost_fair_crps``, or ``loss.mse_weight`` for
-  ``mse``: ignored — a warning.
+  ``mse``: ignored — a warning;
+* ``training.freeze`` without ``training.init_from``: the frozen parameters keep their random
+  initialisation and never train — a warning.
 """
 
 from __future__ import annotations
@@ -61,6 +63,13 @@ def learning_problems(cfg: TrainConfig) -> tuple[list[str], list[str]]:
         warnings.append(
             f"config loss.mse_weight={loss.mse_weight} is ignored for loss.kind='mse' (it adds the MSE to "
             f"a CRPS loss); drop it"
+        )
+    freeze, init_from = cfg.training.freeze, cfg.training.init_from
+    if freeze and not init_from:
+        warnings.append(
+            f"config training.freeze={freeze} without training.init_from: the frozen parameters keep their "
+            f"random initialisation and never train; set training.init_from to a trained run to fine-tune "
+            f"it, or drop training.freeze"
         )
     return errors, warnings
 

@@ -22,7 +22,7 @@ from pydantic_core import PydanticUndefined
 
 from .base import bare_type
 
-__all__ = ["UniqueKeyLoader", "apply_overrides", "describe", "load_yaml", "to_dict"]
+__all__ = ["UniqueKeyLoader", "apply_overrides", "describe", "load_yaml", "to_dict", "yaml_problem"]
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -67,6 +67,20 @@ def load_yaml(text: str) -> Any:
     return yaml.load(text, Loader=UniqueKeyLoader)  # a SafeLoader subclass
 
 
+def yaml_problem(err: yaml.YAMLError) -> str:
+    """PyYAML's error on one line; a value starting with ``*`` or ``&`` (a YAML alias or anchor, as
+    in a freeze pattern ``*norm*``) gets the fix: quote it."""
+    context = str(getattr(err, "context", "") or "")
+    if "alias" in context or "anchor" in context:
+        mark = getattr(err, "context_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        return (
+            f"a value starting with * or & is read as a YAML alias or anchor{where}: quote it, e.g. "
+            "training.freeze='[\"*norm*\"]' on the command line, freeze: ['*norm*'] in a file"
+        )
+    return " ".join(str(err).split())  # one line: PyYAML's message spans several
+
+
 def to_dict(obj: Any) -> Any:
     """Plain (YAML/JSON-ready) form of a parsed config."""
     if isinstance(obj, BaseModel):
@@ -87,7 +101,9 @@ def apply_overrides(raw: dict[str, Any], overrides: list[str]) -> dict[str, Any]
         try:
             value = load_yaml(text) if text.strip() else None
         except yaml.YAMLError as err:
-            raise ValueError(f"override {item!r}: cannot read value {text!r} as YAML ({err})") from None
+            raise ValueError(
+                f"override {item!r}: cannot read value {text!r} as YAML ({yaml_problem(err)})"
+            ) from None
         *parents, last = key.split(".")
         node = raw
         for depth, part in enumerate(parents):

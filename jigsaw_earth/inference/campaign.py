@@ -61,11 +61,14 @@ def _existing_parent(path: Path) -> Path:
     return path
 
 
-def check_room(out: str | Path, layout: ForecastLayout) -> str:
-    """Refuse an ``--out`` whose filesystem cannot hold the store; returns the estimate's line."""
-    need = store_bytes(layout)
+def check_room(out: str | Path, layout: ForecastLayout, fmt: str = "zarr") -> str:
+    """Refuse an ``--out`` whose filesystem cannot hold the store; returns the estimate's line. GRIB 2
+    and netCDF files are made from the in-progress store, so both are there at the end (at most twice
+    the store: neither file format is larger than float32)."""
+    need = store_bytes(layout) * (1 if fmt == "zarr" else 2)
     free = shutil.disk_usage(_existing_parent(Path(out))).free
-    line = f"forecast store {out}: {describe(layout)} (float32, uncompressed), {_size(free)} free there"
+    both = "" if fmt == "zarr" else f"; with the {fmt} files made from it, up to {_size(need)}"
+    line = f"forecast store {out}: {describe(layout)} (float32, uncompressed){both}, {_size(free)} free there"
     if need > free:
         raise ValueError(
             f"--out {out} needs about {_size(need)} ({describe(layout)}, float32) but its filesystem has "

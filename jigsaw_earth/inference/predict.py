@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -42,13 +42,17 @@ from ..distributed.rank0 import on_rank0
 from ..launch import setup_mesh
 from ..models.run import build_run_model, model_step
 from .campaign import StepLog, check_room, lock_output
-from .forecast_store import KIND, ForecastLayout, ForecastWriter
+from .forecast_store import KIND, ForecastLayout
+from .formats import check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
 from .progress import Progress, forecast_request
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, training_forward_rate
+
+if TYPE_CHECKING:
+    from ..data.analysis import Analysis
 
 __all__ = ["Prediction", "run_prediction", "select_inits"]
 
@@ -74,10 +78,10 @@ def select_inits(
     return idx
 
 
-def _layout(data: TrainData, inits: np.ndarray, selection: Selection, members: int | None,
+def _layout(data: TrainData, init_times: np.ndarray, selection: Selection, members: int | None,
             first_member: int = 0) -> ForecastLayout:  # fmt: skip
     layout = ForecastLayout(
-        init_times=np.asarray(data.times)[inits],
+        init_times=np.asarray(init_times),
         leads=selection.leads,
         upper_air=selection.upper_air,
         levels=selection.levels,
@@ -115,7 +119,8 @@ class Prediction:
     """What ``run_prediction`` did: the store written (or None), ``score``'s rows (or None), the
     init times, model steps, longitudes of the grid, the forecast rate (model steps × inits ×
     members per second of the rollout, all replicas together), the batch (inits per forward), the
-    training forward's rate, and the ensemble size (None: deterministic)."""
+    training forward's rate, the ensemble size (None: deterministic) and the scores' per-init
+    statistics."""
 
     path: Path | None
     rows: list[dict[str, Any]] | None
@@ -126,6 +131,7 @@ class Prediction:
     batch_size: int
     training_steps_per_s: float  # the training forward (autograd on, training batch), same mesh
     members: int | None = None
+    statistics: Any = None  # the per-init statistics of ``rows`` (``metrics.statistics.Statistics``)
 
 
 @torch.no_grad()
@@ -151,15 +157,21 @@ def run_prediction(
     seed: int | None = None,
     scores: str | Path | None = None,
     first_member: int = 0,
+    init: str | Path | None = None,
+    init_times: list[str] | None = None,
+    fmt: str = "zarr",
+    template: str | None = None,
 ) -> Prediction:
-    """Forecast from every selected init; write the selected variables, levels and leads to ``out``
-    and/or score them (``score``) as the rollout runs (collective). ``mesh``: run on this existing
-    mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one. ``members``: an
-    ensemble of that many members (a ``number`` dimension; None: deterministic, no dimension), their
-    noise drawn with ``seed`` (default ``run.seed``), numbered from ``first_member`` (further members
-    of the same ensemble). ``scores``: the prefix the scores are written to, which names a score-only
-    run's in-progress folder (``PREFIX.in-progress``); a stop signal raises ``progress.Stopped`` after
-    recording what is done."""
+    """Forecast from every selected init (``init``: from the initial states of that analysis, at
+    ``init_times`` or all of its times, instead of the store's inits in ``start`` … ``end``); write the
+    selected variables, levels and leads to ``out`` and/or score them (``score``) as the rollout runs
+    (collective). ``mesh``: run on this existing mesh (of ``cfg.mesh``'s shape; it stays up) instead
+    of forming and ending one. ``members``: an ensemble of that many members (a ``number`` dimension;
+    None: deterministic, no dimension), their noise drawn with ``seed`` (default ``run.seed``),
+    numbered from ``first_member`` (further members of the same ensemble). ``scores``: the prefix the
+    scores are written to, which names a score-only run's in-progress folder (``PREFIX.in-progress``);
+    a stop signal raises ``progress.Stopped`` after recording what is done. ``fmt``: ``zarr`` (one
+    store), ``grib2`` or ``netcdf`` (a folder of files named by ``template``, ``formats.py``)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
     if members is not None:
         check(cfg, members, cfg.mesh.ensemble, first_member)
@@ -178,6 +190,8 @@ def run_prediction(
     progress = Progress.for_output(out, scores)
     ckpt = find_checkpoint(cfg, progress.checkpoint(checkpoint))
     protected = protected_paths(cfg, ckpt)
+    if init is not None:
+        protected += (("--init source", init),)
     if score is not None:
         protected += (("--truth store", score.truth), ("--climatology", score.climatology))
     run_dir = (("run directory run.dir", cfg.run.dir),)
@@ -185,6 +199,11 @@ def run_prediction(
         check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
     progress.check(protected, run_dir)
     check_against_checkpoint(cfg, ckpt)
+    analysis = None
+    if init is not None:  # checked against the model's grid, variables and levels before any model is built
+        from ..data.analysis import open_analysis
+
+        analysis = open_analysis(init, cfg.data, init_times)
     own = mesh is None
     if mesh is not None and mesh.shape != cfg.mesh.shape:
         raise ValueError(f"mesh {mesh.shape} differs from the config's mesh {cfg.mesh.shape}")
@@ -195,7 +214,8 @@ def run_prediction(
             lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
             ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member)
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
-                            progress.batch_size(batch_size), overwrite, score, ens, progress)  # fmt: skip
+                            progress.batch_size(batch_size), overwrite, score, ens, progress, analysis, fmt,
+                            template)  # fmt: skip
         finally:
             if lock is not None:
                 lock.release()
@@ -229,7 +249,8 @@ def _batch_shares(scorer: TileScorer) -> dict[str, torch.Tensor]:
 def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
-    score: ScoreRequest | None, ens: Members | None, progress: Progress,
+    score: ScoreRequest | None, ens: Members | None, progress: Progress, analysis: Analysis | None = None,
+    fmt: str = "zarr", template: str | None = None,
 ) -> Prediction:  # fmt: skip
     from ..data.sources import build_data
 
@@ -237,11 +258,16 @@ def _predict(
     dev = mesh.device
     set_precision(cfg.training.precision)
     steps = selection.steps
-    inits = select_inits(data, start, end, steps, every_hours, max_inits)
+    if analysis is None:
+        inits = select_inits(data, start, end, steps, every_hours, max_inits)
+        init_times = np.asarray(data.times)[inits]
+    else:
+        init_times = inits = analysis.times
     total = None if ens is None else ens.total
-    layout = _layout(data, inits, selection, total, 0 if ens is None else ens.first)
+    layout = _layout(data, init_times, selection, total, 0 if ens is None else ens.first)
+    check_format(fmt, template, layout)
     if out is not None:  # the size of what will be written, refused before any forecast if it cannot fit
-        line = on_rank0(mesh, lambda: check_room(out, layout))
+        line = on_rank0(mesh, lambda: check_room(out, layout, fmt))
         if line:
             log.info("%s", line)
     scorer = None
@@ -261,7 +287,8 @@ def _predict(
     if batch_size is None:
         batch_size = max(1, auto_batch(model, data, max(1, len(mine)) * per_init, 2 if bf16 else 4, mesh)
                          // per_init)  # fmt: skip
-    request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size, score)
+    request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size, score,
+                               None if analysis is None else analysis.path)  # fmt: skip
     writer = None
 
     def write(chunk: np.ndarray, lead_index: int, host: torch.Tensor, wait: Any) -> None:
@@ -281,7 +308,7 @@ def _predict(
     def read(positions: np.ndarray) -> tuple[Batch, torch.Tensor]:
         """Inputs of the inits at ``positions`` and their time features at every lead, in page-locked
         memory on a GPU (copied while the model runs)."""
-        batch = data._batch(inits[positions], 0)
+        batch = data._batch(inits[positions], 0) if analysis is None else analysis.batch(data, positions)
         times = torch.stack([data.step_time_features(batch, lead) for lead in range(steps)])
         return batch.pin_memory() if dev.type == "cuda" else batch, pin(times, dev)
 
@@ -289,8 +316,8 @@ def _predict(
     try:
         progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
         if out is not None:
-            writer = ForecastWriter(out, layout, data.grid, mesh.rank, overwrite=overwrite,
-                                    protected=protected, resume=not progress.fresh)  # fmt: skip
+            writer = open_writer(fmt, out, layout, data.grid, mesh.rank, template, overwrite=overwrite,
+                                 protected=protected, resume=not progress.fresh)  # fmt: skip
         progress.begin(scorer)  # the scores of batches an earlier run recorded
         chunks = progress.remaining([mine[k : k + batch_size] for k in range(0, len(mine), batch_size)])
         ahead = pipe.read(partial(read, chunks[0])) if chunks else None  # inputs only
@@ -342,4 +369,4 @@ def _predict(
                  "training forward on this mesh: %.2f steps/s%s", len(inits), steps, ckpt, step, batch_size,
                  rate, train_rate, f"; wrote {path}" if path else "")  # fmt: skip
     return Prediction(path, rows, layout.init_times, steps, data.grid.n_lon, rate, batch_size, train_rate,
-                      total)  # fmt: skip
+                      total, None if scorer is None else scorer.stats)  # fmt: skip

@@ -44,7 +44,21 @@ import torch.distributed as dist
 
 from ..data.outputs import MARKER, check_output, in_progress_path, read_marker
 from ..signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals
-from .unfinished import FORMAT, KIND, PROGRESS, REQUEST, Lock, batches_done, find_unfinished, read_request
+from .unfinished import (
+    FORMAT,
+    KIND,
+    PROGRESS,
+    REQUEST,
+    Lock,
+    batches_done,
+    describe,
+    find_unfinished,
+    foreign_files,
+    foreign_text,
+    mark_folder,
+    read_request,
+    record_arrays,
+)
 
 __all__ = ["EXIT_STOPPED", "PredictSignals", "Progress", "Stopped", "forecast_request"]
 
@@ -79,8 +93,10 @@ def _where(path: str | Path) -> str:
 
 
 def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarray, selection: Any,
-                     members: Any, mesh: Any, batch_size: int, score: Any) -> dict[str, Any]:  # fmt: skip
-    """What decides a forecast's numbers: a resume must ask for exactly this (JSON values)."""
+                     members: Any, mesh: Any, batch_size: int, score: Any,
+                     init: str | None = None) -> dict[str, Any]:  # fmt: skip
+    """What decides a forecast's numbers: a resume must ask for exactly this (JSON values); ``init``:
+    the analysis the initial states come from (``--init``; None: ``data.store``)."""
     times = [str(t) for t in np.asarray(init_times).astype("datetime64[h]")]
     hours = [int(h) for h in selection.leads / np.timedelta64(1, "h")]
     scoring = None
@@ -93,6 +109,7 @@ def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarr
         CHECKPOINT: str(Path(checkpoint).resolve()),
         "checkpoint step": step,
         "data.store": _where(cfg.data.store),
+        "initial conditions (--init)": None if init is None else _where(init),
         "initialisation times (--start, --end, --every-hours, --max-inits)": times,
         "variables (--variables)": [*selection.upper_air, *selection.surface],
         "levels (--levels)": list(selection.levels),
@@ -166,7 +183,15 @@ class Progress:
         """Before any work: the in-progress folder is predict's own, or new and where ``--out`` may be
         (never the truth store, the checkpoints, ...; ``data.outputs.check_output``)."""
         self._checked = (protected, may_hold_outputs)
-        if self.folder is None or (self.folder / PROGRESS).is_dir():  # predict's, checked when it was made
+        if self.folder is None:
+            return
+        if (self.folder / PROGRESS).is_dir() and describe(self.folder) is not None:  # predict's (its mark)
+            foreign = foreign_files(self.folder)
+            if foreign:
+                raise ValueError(
+                    f"the in-progress folder {foreign_text(self.folder, foreign)}; nothing was deleted. Move "
+                    f"your files out of it and run again"
+                )
             return
         if (read_marker(self.folder) or {}).get("complete") is True:
             raise ValueError(
@@ -232,9 +257,10 @@ class Progress:
                 first = min(batches_done(folder, world), self.total)
                 log.info("resuming %s: %d of %d batches recorded; starting at batch %d", folder, first,
                          self.total, first + 1)  # fmt: skip
-            else:  # new, or its creation was cut short: start it (again)
+            else:  # new, or its creation was cut short: start it (again), marked as predict's
                 first = 0
                 self._clear(folder)
+                mark_folder(folder)
             for item in find_unfinished(folder.parent, besides=folder):
                 log.warning("%s; remove it: jigsaw-earth predict --remove-unfinished %s", item.text(),
                             item.path)  # fmt: skip
@@ -263,6 +289,7 @@ class Progress:
             if scores_only:  # no store: the marker alone
                 group = zarr.open_group(self.folder, mode="a", zarr_format=3)
                 group.attrs[MARKER] = {"kind": KIND, "complete": False}
+            record_arrays(self.folder)  # what predict's writer made: the only arrays it may hold
             info = {"format": FORMAT, "request": self.request, "batches": self.total,
                     "batch_size": self.batch, "inits": sum(self.sizes), "world": self.world,
                     "scores_only": scores_only, "created": time.time()}  # fmt: skip

@@ -4,7 +4,8 @@ Every rank reads its tile of the truth (valid times, and init times for persiste
 climatology, and adds its tile's shares of WB2's weighted sums (``MetricAccumulator`` with
 ``TileRegions``: the region plan ``score`` uses) for the forecast, persistence and climatology.
 ``finish`` reduces them once over the mesh (domain: exact per-init global means; data: the inits
-of every replica) and returns ``score``'s table rows — equal to ``score`` of the written store.
+of every replica) into the per-init statistics ``score`` keeps (``metrics.statistics``) and returns
+``score``'s table rows with their intervals — equal to ``score`` of the written store.
 No field is ever gathered. An ensemble forecast (``members``) is scored as ``score`` scores a store
 with a member dimension: RMSE, bias and ACC of the ensemble mean and WB2's ensemble metrics; each
 rank's ``update`` gets every member of its tile. ``last_batch`` and ``restore`` carry the shares over
@@ -28,10 +29,12 @@ from ..data.reader import TileReader
 from ..data.samples import TrainData
 from ..data.sources import TileClimatology
 from ..data.store import StoreView
+from ..distributed.comm import all_reduce_
 from ..distributed.halo import Halo
 from ..metrics.accumulator import MetricAccumulator
-from ..metrics.ensemble import ENSEMBLE_METRICS
-from ..metrics.scorecard import UNITLESS
+from ..metrics.ensemble import POINTWISE
+from ..metrics.significance import IntervalOptions, score_rows
+from ..metrics.statistics import Statistics, field_name
 from ..metrics.tile_regions import TileRegions
 from ..metrics.units import unit_of
 from .selection import Selection
@@ -89,7 +92,9 @@ class TileScorer:
     def __init__(self, request: ScoreRequest, cfg: Any, data: TrainData, selection: Selection,
                  init_times: np.ndarray, members: int | None = None):  # fmt: skip
         d = cfg.data
-        self.selection, self.data = selection, data
+        self.selection, self.data, self.members = selection, data, members
+        self.init_times = np.asarray(init_times)
+        self.stats: Statistics | None = None
         truth, clim_path = score_stores(request, cfg)
         self.view = StoreView.open(truth)
         check_same_grid(data.source.view, self.view.lat, self.view.lon, f"--truth {truth!r}")
@@ -157,25 +162,41 @@ class TileScorer:
             for m, acc in self.accs.items():
                 acc.add(shares[m])
 
-    def finish(self) -> list[dict[str, Any]]:
-        """Collective: the scores as ``score``'s table rows (one per model, metric, region, variable,
-        level, lead), on every rank."""
-        results = {m: acc.compute() for m, acc in self.accs.items()}
-        sel, rows = self.selection, []
-        hours = sel.leads / np.timedelta64(1, "h")
+    def statistics(self) -> Statistics:
+        """Collective: the per-init statistics of every model (``metrics.statistics``), the same on every
+        rank: each replica's per-init sums reduced over the domain (exact global means), placed at its
+        inits' positions and summed over the data axis (each init is one replica's)."""
+        mesh, sel = self.data.mesh, self.selection
+        data = mesh.axis("data")
+        mine = np.arange(len(self.init_times))[data.index :: data.size]  # predict's inits of this replica
         fields = [(v, lev) for v in sel.upper_air for lev in sel.levels] + [(v, None) for v in sel.surface]
-        for var, lev in fields:
-            c = sel.channels.index(var if lev is None else f"{var}@{lev}")
-            unit = unit_of(var, dict(self.view.dataset[self.view.resolve(var, lev is not None)].attrs))
-            for m, res in results.items():
-                for metric in ("rmse", "bias", "acc", *ENSEMBLE_METRICS):
-                    if metric not in res:
-                        continue
-                    for r, region in enumerate(self.regions.names):
-                        for li, h in enumerate(hours):
-                            rows.append({
-                                "model": m, "metric": metric, "region": region, "variable": var,
-                                "level": lev, "lead_hours": float(h), "value": float(res[metric][li, c, r]),
-                                "unit": "1" if metric in UNITLESS else unit,
-                            })  # fmt: skip
-        return rows
+        chans = [sel.channels.index(field_name(v, lev)) for v, lev in fields]
+        values = {}
+        for m, acc in self.accs.items():
+            local = acc.per_sample()  # (inits of this replica, L, V, R, k)
+            if local.shape[0] != mine.size:
+                raise RuntimeError(f"scored {local.shape[0]} inits on this replica, expected {mine.size}")
+            every = local.new_zeros((len(self.init_times), *local.shape[1:]))
+            every[torch.as_tensor(mine, device=every.device)] = local
+            if data.group is not None:
+                all_reduce_(every, data, op="metrics")
+            arr = every.cpu().numpy()[:, :, chans]  # (time, lead, field, region, k)
+            names = (
+                "se",
+                "e",
+                *(("fo", "ff", "oo") if self.clim is not None and m != "climatology" else ()),
+                *(POINTWISE if acc.members is not None else ()),
+            )  # ``MetricAccumulator.shares``' order
+            values[m] = {q: arr[..., i] for i, q in enumerate(names)}
+        attrs = [dict(self.view.dataset[self.view.resolve(v, lev is not None)].attrs) for v, lev in fields]
+        units = [unit_of(v, a) for (v, _), a in zip(fields, attrs)]
+        hours = sel.leads / np.timedelta64(1, "h")
+        return Statistics.build(values, self.init_times, hours, fields, self.regions.names, units,
+                                members=self.members)  # fmt: skip
+
+    def finish(self, interval: IntervalOptions | None = None) -> list[dict[str, Any]]:
+        """Collective: the scores as ``score``'s table rows (one per model, metric, region, variable,
+        level, lead), on every rank, with their intervals by ``interval`` (None: the default, ``ar2`` at
+        95 %); the statistics they come from stay in ``self.stats``."""
+        self.stats = self.statistics()
+        return score_rows(self.stats, interval or IntervalOptions())

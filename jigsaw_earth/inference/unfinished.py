@@ -7,9 +7,20 @@ no arrays for a score-only run) with ``_progress/`` beside the arrays (``progres
 each rank's batches done, their score shares) and ``_progress/lock``: the host, process and Slurm job
 that writes it. A lock is stale when its process is gone from this host, or when its Slurm job is this
 one (``sbatch --requeue`` keeps the job id); a stale lock is taken over, a live one refuses a second
-predict. ``find_unfinished`` lists predict's own unfinished folders (``*.in-progress`` holding
-``_progress``, and ``*.tmp-*`` forecast stores of earlier versions) and nothing else;
-``remove_unfinished`` deletes only those, and none that a live process holds.
+predict.
+
+What predict wrote is provable: when predict starts a folder it writes ``_progress/folder.json``
+(``mark_folder``), and once its store's template is written it records there the arrays it made
+(``record_arrays``). ``foreign_files`` lists every file of a folder that predict's files do not
+account for: ``_progress`` holds only the lock, the request, the folder mark, ``rank-R.json`` and
+``scores/rank-R/batch-B.pt`` (and their ``.part`` while written); the store only its ``zarr.json``
+and, in each recorded array's folder, its ``zarr.json`` and chunk files ``c/I/J/…``; ``_output`` (the
+files of ``predict --format grib2|netcdf`` while they are written, ``formats.py``) only the files
+recorded in the mark before they are written (``record_outputs``) and the folder's marker file.
+``find_unfinished`` lists predict's own unfinished folders (``*.in-progress`` holding ``_progress``
+with predict's mark or request, and ``*.tmp-*`` forecast stores of earlier versions) and nothing
+else; ``remove_unfinished`` deletes only those, none that a live process holds, and none holding a
+file predict did not write (it is named).
 """
 
 from __future__ import annotations
@@ -17,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import time
@@ -24,17 +36,37 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data.outputs import IN_PROGRESS, kind_of, read_marker
+from ..data.outputs import FOLDER_MARKER, IN_PROGRESS, kind_of, read_marker
 from ..locks import pid_alive, start_time
 
-__all__ = ["PROGRESS", "Lock", "Unfinished", "describe", "find_unfinished", "remove_unfinished"]
+__all__ = [
+    "OUTPUT",
+    "PROGRESS",
+    "Lock",
+    "Unfinished",
+    "describe",
+    "find_unfinished",
+    "foreign_files",
+    "foreign_text",
+    "mark_folder",
+    "record_arrays",
+    "record_outputs",
+    "remove_unfinished",
+]
 
 log = logging.getLogger(__name__)
 
 PROGRESS = "_progress"  # inside the in-progress folder: what a resume needs
+OUTPUT = "_output"  # inside it too: predict --format grib2|netcdf's files until every rank wrote its own
 REQUEST = "request.json"
+MARK = "folder.json"  # predict made this folder (and, once written, the arrays of its store)
 FORMAT = "jigsaw-earth predict progress"
 KIND = "forecast"
+#: what predict writes in ``_progress`` (``progress.py``), each possibly with ``.part`` while written
+_PROGRESS_FILES = re.compile(
+    r"(lock|request\.json|folder\.json|rank-\d+\.json|scores/rank-\d+/batch-\d+\.pt)(\.part)?"
+)
+_CHUNK_KEY = re.compile(r"c(/\d+)*")
 
 
 def holder_is_live(info: dict[str, Any]) -> bool:
@@ -163,8 +195,89 @@ def batches_done(folder: Path, world: int) -> int:
     return min(done) if len(done) >= world else 0
 
 
+def _read_json(path: Path) -> dict[str, Any] | None:
+    try:
+        info = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return info if isinstance(info, dict) else None
+
+
+def _mark(folder: Path) -> dict[str, Any] | None:
+    """``_progress/folder.json`` of a folder predict made (None: it has none)."""
+    info = _read_json(folder / PROGRESS / MARK)
+    return info if info is not None and info.get("format") == FORMAT else None
+
+
+def mark_folder(folder: Path) -> None:
+    """Rank 0, when predict starts ``folder``: write the mark that proves predict made it."""
+    info = {"format": FORMAT, "created": time.time(), "host": socket.gethostname(), "pid": os.getpid()}
+    _write(folder / PROGRESS / MARK, info)
+
+
+def record_arrays(folder: Path) -> None:
+    """Rank 0, once the store's template is written in the folder predict started: record its arrays
+    (the folders holding an array's ``zarr.json``) in the mark."""
+    info = _mark(folder) or {"format": FORMAT, "created": time.time()}
+    arrays = [p.parent.name for p in folder.glob("*/zarr.json") if p.parent.name != PROGRESS]
+    _write(folder / PROGRESS / MARK, {**info, "arrays": sorted(arrays)})
+
+
+def record_outputs(folder: Path, names: list[str]) -> None:
+    """Rank 0, before the files of ``--format grib2|netcdf`` are written into ``folder/OUTPUT``: record
+    their names in the mark, so those and no others are predict's."""
+    info = _mark(folder) or {"format": FORMAT, "created": time.time()}
+    _write(folder / PROGRESS / MARK, {**info, "outputs": sorted(names)})
+
+
+def _write(path: Path, info: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".part")
+    tmp.write_text(json.dumps(info, indent=1))
+    os.replace(tmp, path)
+
+
+def _is_array(folder: Path) -> bool:
+    return (_read_json(folder / "zarr.json") or {}).get("node_type") == "array"
+
+
+def foreign_files(folder: str | Path) -> list[str]:
+    """Files and links under ``folder`` (relative paths) that predict did not write: anything but
+    its progress files, the store's ``zarr.json`` and the recorded arrays' metadata and chunks (an
+    earlier version's ``*.tmp-*`` store, or a folder cut short before its arrays were recorded:
+    the folders holding an array's ``zarr.json``)."""
+    folder = Path(folder)
+    recorded = (_mark(folder) or {}).get("arrays")
+    arrays = set(recorded) if isinstance(recorded, list) else None
+    outputs = [str(n) for n in (_mark(folder) or {}).get("outputs") or []] + [FOLDER_MARKER]
+    written = {f"{OUTPUT}/{n}{part}" for n in outputs for part in ("", ".part")}
+    foreign = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_dir() and not path.is_symlink():
+            continue
+        parts = path.relative_to(folder).parts
+        rel = "/".join(parts)
+        if parts[0] == PROGRESS:
+            ok = not path.is_symlink() and _PROGRESS_FILES.fullmatch("/".join(parts[1:])) is not None
+        elif parts[0] == OUTPUT:
+            ok = not path.is_symlink() and rel in written
+        elif len(parts) == 1:
+            ok = rel == "zarr.json" and not path.is_symlink()
+        else:
+            known = parts[0] in arrays if arrays is not None else _is_array(folder / parts[0])
+            inner = "/".join(parts[1:])
+            ok = (
+                known
+                and not path.is_symlink()
+                and (inner == "zarr.json" or _CHUNK_KEY.fullmatch(inner) is not None)
+            )
+        if not ok:
+            foreign.append(rel)
+    return foreign
+
+
 def describe(path: str | Path) -> Unfinished | None:
-    """What ``path`` is if it is predict's unfinished forecast; None for anything else."""
+    """What ``path`` is if it is predict's unfinished forecast; None for anything else (an
+    ``*.in-progress`` folder is predict's when its ``_progress`` holds predict's mark or request)."""
     path = Path(path)
     if not path.is_dir() or path.is_symlink():
         return None
@@ -175,7 +288,10 @@ def describe(path: str | Path) -> Unfinished | None:
         return None
     if (path / "zarr.json").exists() and kind_of(path) != KIND:
         return None
-    info = read_request(path) or {}
+    request = read_request(path)
+    if _mark(path) is None and request is None:
+        return None  # a folder predict did not make
+    info = request or {}
     holder = Lock(path).read()
     holder = holder if holder is not None and holder_is_live(holder) else None
     stamps = [p.stat().st_mtime for p in (path / PROGRESS).glob("rank-*.json")]
@@ -200,15 +316,30 @@ def find_unfinished(folder: str | Path, *, besides: Path | None = None) -> list[
     return found
 
 
+def foreign_text(path: Path, foreign: list[str]) -> str:
+    more = f" (and {len(foreign) - 1} more)" if len(foreign) > 1 else ""
+    return f"{path} holds {path / foreign[0]}{more}, which predict did not write"
+
+
 def remove_unfinished(path: str | Path) -> Unfinished:
-    """Delete predict's unfinished forecast ``path``; ``ValueError`` for anything else or one in use."""
+    """Delete predict's unfinished forecast ``path``; ``ValueError`` for anything else, one in use,
+    or one holding a file predict did not write."""
     item = describe(path)
     if item is None:
+        foreign = foreign_files(path) if Path(path).is_dir() and not Path(path).is_symlink() else []
+        held = f"; it holds {Path(path) / foreign[0]}, which predict did not write" if foreign else ""
         raise ValueError(
-            f"{path} is not an unfinished forecast of predict (an OUT.in-progress folder holding "
-            f"{PROGRESS}/, or a forecast store named *.tmp-*); nothing was deleted"
+            f"{path} is not an unfinished forecast of predict (an OUT.in-progress folder whose "
+            f"{PROGRESS}/ holds predict's {MARK} or {REQUEST}, or a forecast store named *.tmp-*){held}; "
+            f"nothing was deleted"
         )
     if item.holder is not None:
         raise ValueError(f"{path} is being written by {_holder_text(item.holder)}; nothing was deleted")
+    foreign = foreign_files(item.path)
+    if foreign:
+        raise ValueError(
+            f"{foreign_text(item.path, foreign)}; nothing was deleted. Move your files out of it and run "
+            f"--remove-unfinished again, or remove the folder yourself"
+        )
     shutil.rmtree(item.path)
     return item

@@ -142,6 +142,15 @@ class MetricAccumulator:
         return torch.stack(parts, dim=-1)  # (B, L, V[, R], k)
 
     @torch.no_grad()
+    def per_sample(self) -> torch.Tensor:
+        """The global weighted means of this replica's samples, in the order added: ``(N, L, V[, R],
+        k)`` with ``k`` as ``shares`` (``statistics.STATS``' order). Collective over the domain axis."""
+        if not self._parts:
+            raise ValueError("MetricAccumulator.per_sample() called before any update()")
+        device = self.device or self._parts[0].device
+        return _all_reduce(torch.cat([p.to(device) for p in self._parts]), self.domain)
+
+    @torch.no_grad()
     def compute(self) -> dict[str, torch.Tensor]:
         """``{"rmse", "mse", "bias"[, "acc"]}`` as ``(L, V)`` float64 tensors and ``"count"``; for an
         ensemble also ``ensemble.ENSEMBLE_METRICS``.

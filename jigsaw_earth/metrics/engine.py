@@ -3,7 +3,8 @@
 The forecast is read in blocks of initialisation times (whole time chunks); the truth one field
 per needed time (valid times, and init times for persistence) and the climatology one field per
 (dayofyear, hour), each kept in memory while later blocks still need it, so no field is read twice.
-Per block, in float64: MSE, bias and the ACC terms per (init, lead, [level]) as WB2 defines them,
+Per block, in float64: MSE, bias and the ACC terms per (init, lead, [level]) as WB2 defines them
+(the per-init statistics of ``statistics.STATS``),
 for the forecast and the persistence and climatology baselines, and every region (latitude weights
 of the global grid restricted to the region). A forecast with a member dimension (``number``, after
 the lead) is an ensemble: its MSE, bias and ACC are the ensemble mean's, and it adds WB2's
@@ -179,9 +180,11 @@ def score_variable(
     model: str,
     bar: tqdm | None = None,
 ) -> dict[tuple[str, str, str], np.ndarray]:
-    """Per-init scores ``{(model, quantity, region): (time, lead, [level])}`` of one variable;
-    quantities ``se`` (MSE), ``e`` (mean error) and ``acc``, and for an ensemble ``model`` also the
-    ``ensemble.POINTWISE`` terms. ``fc`` is (time, lead, [number], [level], lat, lon) with time
+    """Per-init statistics ``{(model, quantity, region): (time, lead, [level])}`` of one variable:
+    the region's weighted means of the error² (``se``), the error (``e``), and with a climatology of
+    the anomalies' product and squares (``fo``, ``ff``, ``oo``: per-init ACC = fo/√(ff·oo)), and for an
+    ensemble ``model`` also the ``ensemble.POINTWISE`` terms (``statistics.STATS``).
+    ``fc`` is (time, lead, [number], [level], lat, lon) with time
     ascending; ``truth`` (time, [level], lat, lon) and ``clim`` (hour, dayofyear, [level], lat, lon)
     are on the forecast's levels, their grids matched to ``grid``."""
     init, lead = fc["time"].values, fc["prediction_timedelta"].values
@@ -204,7 +207,7 @@ def score_variable(
     out = {
         (m, q, p.name): np.full((init.size, lead.size, *extra), np.nan)
         for m in models
-        for q in ("se", "e", *(("acc",) if clim is not None and m != "climatology" else ()),
+        for q in ("se", "e", *(("fo", "ff", "oo") if clim is not None and m != "climatology" else ()),
                   *(POINTWISE if ens and m == model else ()))
         for p in plans
     }  # fmt: skip
@@ -254,9 +257,11 @@ def score_variable(
                     out[(m, "e", name)][sl] = v
                 if c is not None and m != "climatology":
                     fa = pred - c
-                    fo, ff = _spatial_means(fa * oa, plans), _spatial_means(fa * fa, plans)
-                    for name in fo:
-                        out[(m, "acc", name)][sl] = fo[name] / np.sqrt(ff[name] * oa2[name])
+                    for q, x in (("fo", fa * oa), ("ff", fa * fa)):
+                        for name, v in _spatial_means(x, plans).items():
+                            out[(m, q, name)][sl] = v
+                    for name, v in oa2.items():
+                        out[(m, "oo", name)][sl] = v
             if members is not None:
                 for q, x in pointwise(members, torch.from_numpy(o), 2).items():
                     for name, v in _spatial_means(x.numpy(), plans).items():

@@ -21,13 +21,22 @@ from tqdm.auto import tqdm
 
 from ..data.store import ALIASES, SURFACE_VARIABLES, UPPER_AIR_VARIABLES
 from .engine import MEMBER, block_size, plan_regions, score_variable
-from .ensemble import POINTWISE, time_means
 from .grid import ForecastGrid
 from .regions import get_regions
-from .scorecard import UNITLESS
+from .significance import IntervalOptions, score_rows
+from .statistics import Statistics
 from .units import unit_of
 
-__all__ = ["DIM_ALIASES", "VAR_ALIASES", "check_members", "check_times", "evaluate", "members", "normalise"]
+__all__ = [
+    "DIM_ALIASES",
+    "VAR_ALIASES",
+    "check_members",
+    "check_times",
+    "evaluate",
+    "evaluate_statistics",
+    "members",
+    "normalise",
+]
 
 SPACE = ("latitude", "longitude")
 
@@ -194,53 +203,42 @@ def _variables(
     return kept
 
 
-def _metrics(scores: dict[tuple[str, str, str], np.ndarray]) -> dict[tuple[str, str, str], np.ndarray]:
-    """Time means per (model, metric, region): RMSE = sqrt of the mean MSE, bias, ACC, and for an
-    ensemble ``ensemble.time_means`` (after the ensemble mean's RMSE)."""
-    means = {key: per_init.mean(axis=0) for key, per_init in scores.items()}  # skipna=False
-    out = {}
-    for (model, quantity, region), value in means.items():
-        if quantity in POINTWISE[1:]:
-            continue
-        if quantity == POINTWISE[0]:  # the ensemble's terms, once
-            terms = {q: means[(model, q, region)] for q in POINTWISE}
-            for metric, v in time_means(terms, means[(model, "se", region)]).items():
-                out[(model, metric, region)] = v
-            continue
-        metric = {"se": "rmse", "e": "bias", "acc": "acc"}[quantity]
-        out[(model, metric, region)] = np.sqrt(value) if metric == "rmse" else value
-    return out
-
-
-def _rows(
-    scores: dict[tuple[str, str, str], np.ndarray], fc: xr.DataArray, unit: str
-) -> list[dict[str, Any]]:
-    """Time means (``_metrics``) as long-table rows."""
-    levels = fc["level"].values if "level" in fc.dims else [None]
-    hours = fc["prediction_timedelta"].values / np.timedelta64(1, "h")
-    rows = []
-    for (model, metric, region), value in _metrics(scores).items():
-        for li, h in enumerate(hours):
-            for ki, lev in enumerate(levels):
-                v = value[li] if lev is None else value[li, ki]
-                if metric == "spread_skill" and h <= 0:
-                    v = np.nan  # WB2 leaves lead 0 out of the ratio
-                rows.append(
-                    {
-                        "model": model,
-                        "metric": metric,
-                        "region": region,
-                        "variable": str(fc.name),
-                        "level": None if lev is None else int(lev),
-                        "lead_hours": float(h),
-                        "value": float(v),
-                        "unit": "1" if metric in UNITLESS else unit,
-                    }
-                )
-    return rows
+def _collect(
+    per_variable: list[tuple[xr.DataArray, str, dict[tuple[str, str, str], np.ndarray]]], regions: list[str]
+) -> tuple[dict[str, dict[str, np.ndarray]], list[tuple[str, int | None]], list[str]]:
+    """The engine's per-variable statistics as ``{model: {stat: (time, lead, field, region)}}``, the
+    fields (variable, level) and their units."""
+    values: dict[str, dict[str, list[np.ndarray]]] = {}
+    fields, units = [], []
+    for fc, unit, scores in per_variable:
+        levels = list(fc["level"].values) if "level" in fc.dims else [None]
+        fields += [(str(fc.name), None if lev is None else int(lev)) for lev in levels]
+        units += [unit] * len(levels)
+        keys = dict.fromkeys((m, q) for m, q, _ in scores)
+        for m, q in keys:
+            per_region = [scores[(m, q, r)] for r in regions]  # (time, lead[, level]) each
+            a = np.stack(per_region, axis=-1)
+            a = a[:, :, None] if "level" not in fc.dims else a  # (time, lead, field, region)
+            values.setdefault(m, {}).setdefault(q, []).append(a)
+    joined = {m: {q: np.concatenate(parts, axis=2) for q, parts in qs.items()} for m, qs in values.items()}
+    return joined, fields, units
 
 
 def evaluate(
+    forecast: xr.Dataset,
+    truth: xr.Dataset,
+    climatology: xr.Dataset | None = None,
+    *,
+    interval: IntervalOptions | None = None,
+    **options: Any,
+) -> list[dict[str, Any]]:
+    """``score_rows`` of ``evaluate_statistics`` (same arguments): RMSE, bias (and ACC with a
+    climatology) per region, variable, level and lead as table rows, with their intervals by
+    ``interval`` (None: none)."""
+    return score_rows(evaluate_statistics(forecast, truth, climatology, **options), interval)
+
+
+def evaluate_statistics(
     forecast: xr.Dataset,
     truth: xr.Dataset,
     climatology: xr.Dataset | None = None,
@@ -250,9 +248,10 @@ def evaluate(
     model: str = "forecast",
     regions: Sequence[str] | None = None,
     progress: bool = False,
-) -> list[dict[str, Any]]:
-    """RMSE, bias (and ACC with a climatology) per region, variable, level and lead, as table rows;
-    for an ensemble forecast (a ``number`` dimension) those of its mean and WB2's ensemble metrics.
+) -> Statistics:
+    """The per-init statistics (``statistics.Statistics``) of RMSE, bias (and ACC with a climatology)
+    per region, variable, level and lead; for an ensemble forecast (a ``number`` dimension) those of
+    its mean and WB2's ensemble terms.
 
     With ``baselines`` the persistence (and climatology) forecasts are scored on the same inits.
     ``regions``: names from ``REGIONS`` or ``["all"]`` (default: global). Every chunk of the three
@@ -280,7 +279,7 @@ def evaluate(
         check_times(truth["time"].values, "truth times")
     grid = ForecastGrid.match(forecast, truth)
     plans = plan_regions(get_regions(regions), grid, truth)
-    rows: list[dict[str, Any]] = []
+    per_variable = []
     blocks = {n: block_size(forecast[n]) for n in names}
     total = sum(-(-forecast.sizes["time"] // b) for b in blocks.values())
     with tqdm(total=total, desc="score", unit="block", disable=not progress, leave=False) as bar:
@@ -295,11 +294,14 @@ def evaluate(
                 clim = _levels(fc, climatology[name], "climatology")
                 clim = clim.transpose("hour", "dayofyear", *[d for d in clim.dims if d == "level"], *SPACE)
             scores = score_variable(fc, obs, clim, grid, plans, baselines=baselines, model=model, bar=bar)
-            unit = unit_of(name, fc.attrs, truth[name].attrs)
-            rows += _rows(scores, fc, unit)
+            per_variable.append((fc, unit_of(name, fc.attrs, truth[name].attrs), scores))
     log.info(
         "scored %d variables × %d inits × %d leads%s in %d region(s)",
         len(names), forecast.sizes["time"], forecast.sizes["prediction_timedelta"],
         "" if n_members is None else f" × {n_members} members", len(plans),
     )  # fmt: skip
-    return rows
+    regions_scored = [p.name for p in plans]
+    values, fields, units = _collect(per_variable, regions_scored)
+    hours = forecast["prediction_timedelta"].values / np.timedelta64(1, "h")
+    return Statistics.build(values, forecast["time"].values, hours, fields, regions_scored, units,
+                            members=n_members)  # fmt: skip

@@ -21,6 +21,7 @@ from ..data.store import open_dataset
 from .engine import MEMBER
 from .evaluate import normalise
 from .scorecard import published_for
+from .significance_card import card_name, plot_significance
 
 __all__ = [
     "check_plot_dir",
@@ -71,20 +72,28 @@ def _title(ax, text: str, fontsize: float = 10) -> None:
     ax.set_title(textwrap.fill(text, TITLE_CHARS, break_on_hyphens=False), fontsize=fontsize)
 
 
-def plot_files(regions: list[str], variables: list[str]) -> list[str]:
-    """The PNG names ``plot_all`` may write: a scorecard per region, a map per variable."""
-    return [f"scorecard-{r}.png" for r in dict.fromkeys(regions)] + [
-        f"map-{v}.png" for v in dict.fromkeys(variables)
-    ]
+def plot_files(regions: list[str], variables: list[str], against: list[str] = ()) -> list[str]:
+    """The PNG names ``plot_all`` may write: a scorecard per region, a map per variable, a
+    significance card per comparison."""
+    return (
+        [f"scorecard-{r}.png" for r in dict.fromkeys(regions)]
+        + [f"map-{v}.png" for v in dict.fromkeys(variables)]
+        + [card_name(a) for a in dict.fromkeys(against)]
+    )
 
 
 def check_plot_dir(
-    out_dir: str | os.PathLike, regions: list[str], variables: list[str], option: str, protected: tuple = ()
+    out_dir: str | os.PathLike,
+    regions: list[str],
+    variables: list[str],
+    option: str,
+    protected: tuple = (),
+    against: list[str] = (),
 ) -> Path:
     """``out_dir`` may receive the pictures of ``regions`` and ``variables``
     (``data.outputs.check_dir_output``): not in a store or a run's records, and every PNG of the
     same name already there is one jigsaw-earth drew."""
-    files = dict.fromkeys(plot_files(regions, variables), png_of_ours)
+    files = dict.fromkeys(plot_files(regions, variables, against), png_of_ours)
     return check_dir_output(out_dir, option, files, protected=protected, what="picture")
 
 
@@ -126,11 +135,14 @@ def scorecard_figure(
     """The scorecard figure of ``region`` (a matplotlib ``Figure``, laid out, not saved)."""
     plt = _pyplot()
     series: dict[tuple, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
+    bands: dict[tuple, dict[float, tuple[float, float]]] = defaultdict(dict)  # the intervals, shaded
     units: dict[tuple, str] = {}
     for r in rows:
         key = (r.get("region", "global"), r["variable"], r["level"], r["metric"])
         series[key][r["model"]].append((r["lead_hours"] / 24, r["value"]))
         units[key] = r.get("unit", "")
+        if r.get("lower") is not None and r.get("upper") is not None:
+            bands[(*key, r["model"])][r["lead_hours"] / 24] = (float(r["lower"]), float(r["upper"]))
     fields = _headline(list(dict.fromkeys(k[1:3] for k in series if k[0] == region)))
     ensemble = any(k[0] == region and k[3] == "crps" for k in series)
     n_col = 3 if ensemble else 2
@@ -150,6 +162,11 @@ def scorecard_figure(
                     style = {**style, "linestyle": "--", "lw": 1.2, "color": colors.get(model)}
                 (line,) = ax.plot(x, y, marker="o", ms=3, label=model + suffix, **style)
                 colors.setdefault(model, line.get_color())
+                band = bands.get((region, var, lev, metric, model))
+                if band and not np.isnan([b for pair in band.values() for b in pair]).all():
+                    days = sorted(band)
+                    lo, hi = zip(*(band[d] for d in days))
+                    ax.fill_between(days, lo, hi, color=line.get_color(), alpha=0.2, lw=0)
             ax.set_xlabel("lead (days)")
             ax.grid(alpha=0.3)
         unit = units.get((region, var, lev, "rmse"), "")
@@ -306,9 +323,13 @@ def plot_all(
     info: dict[str, Any],
     baselines: list[dict[str, Any]],
     out_dir: str | os.PathLike,
+    comparisons: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
-    """Scorecards, and maps when the forecast and truth stores named in ``info`` can be opened."""
+    """Scorecards (intervals shaded), a significance card per comparison (``info["interval"]`` says
+    how they were made), and maps when the forecast and truth stores named in ``info`` can be opened."""
     paths = plot_scorecard(rows, baselines, info.get("resolution", "?"), out_dir)
+    if comparisons and info.get("interval"):
+        paths += plot_significance(comparisons, info["interval"], out_dir)
     why = maps_unavailable(info)
     if why is None:
         variables = list(dict.fromkeys(r["variable"] for r in rows))

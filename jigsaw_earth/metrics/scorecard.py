@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 import textwrap
 from collections import defaultdict
@@ -31,6 +32,8 @@ __all__ = [
 WIDTH = 100
 BASELINES = "baselines_rmse.csv"  # package data of jigsaw_earth.metrics
 FIELDS = ["model", "metric", "region", "variable", "level", "lead_hours", "value", "unit"]
+FIELDS += ["se", "lower", "upper"]
+REQUIRED = FIELDS[:8]  # a score file's rows have at least these (intervals: se, lower, upper)
 _RESOLUTIONS = {1440: "0.25deg", 240: "1.5deg", 64: "5.625deg"}
 UNITLESS = ("acc", "spread_skill")  # every other metric is in the variable's unit
 # the ensemble table's columns: metric -> header (``ensemble.ENSEMBLE_METRICS``)
@@ -99,6 +102,27 @@ def _fmt(v: float | None, metric: str = "rmse") -> str:
     return f"{v:.4f}" if metric in UNITLESS else f"{v:.4g}"
 
 
+def _half(row: dict[str, Any] | None) -> float | None:
+    """Half the width of a row's interval (None: no interval)."""
+    if row is None or row.get("lower") is None or row.get("upper") is None:
+        return None
+    half = (float(row["upper"]) - float(row["lower"])) / 2
+    return None if math.isnan(half) else half
+
+
+def _cell(row: dict[str, Any] | None, metric: str) -> str:
+    """``value±h``, h half the interval's width to 2 significant digits and the value to as many
+    decimals, at most 5 significant digits of the value (the value alone without an interval)."""
+    if row is None:
+        return ""
+    half, value = _half(row), row["value"]
+    if half is None or half <= 0 or math.isnan(value) or value == 0:
+        return _fmt(value, metric) + ("" if half is None else f"±{half:.2g}")
+    decimals = max(0, min(1 - math.floor(math.log10(half)), 4 - math.floor(math.log10(abs(value)))))
+    shown = f"{half:.{decimals}f}"
+    return f"{value:.{decimals}f}±" + (shown if float(shown) > 0 else f"{half:.0e}")
+
+
 def _published_lines(pub: list[dict[str, Any]], unit: str, period: str) -> list[str]:
     by_lead: dict[str, list[str]] = defaultdict(list)
     for b in pub:
@@ -118,12 +142,13 @@ def _published_lines(pub: list[dict[str, Any]], unit: str, period: str) -> list[
     return lines
 
 
-def _ensemble_lines(values: dict[float, dict[tuple[str, str], float]], model: str) -> list[str]:
+def _ensemble_lines(values: dict[float, dict[tuple[str, str], dict]], model: str) -> list[str]:
     """The ensemble table of one block: a line per lead with ``ENSEMBLE_COLUMNS`` of ``model``."""
     heads = list(ENSEMBLE_COLUMNS.values())
-    out = ["  lead  " + " ".join(h.rjust(13) for h in heads)]
+    w = 17 if any(_half(r) is not None for v in values.values() for r in v.values()) else 13
+    out = ["  lead  " + " ".join(h.rjust(w) for h in heads)]
     for hours in sorted(values):
-        cells = [_fmt(values[hours].get((m, model)), m).rjust(13) for m in ENSEMBLE_COLUMNS]
+        cells = [_cell(values[hours].get((m, model)), m).rjust(w) for m in ENSEMBLE_COLUMNS]
         out.append(f"{hours:>5g} h " + " ".join(cells))
     return out
 
@@ -134,24 +159,28 @@ def format_scorecard(
     resolution: str,
     period: str = "?",
     members: int | None = None,
+    interval: dict[str, Any] | None = None,
 ) -> str:
     """Text tables (at most 100 columns): per region and variable, one line per lead with RMSE and
     ACC of every model and the forecast's bias; the published RMSEs under the global tables. For an
     ensemble (``members``, or rows with ensemble metrics) a second table per block has WB2's
-    ensemble metrics, and RMSE, ACC and bias are the ensemble mean's."""
-    table: dict[tuple, dict[tuple[str, str], float]] = defaultdict(dict)
+    ensemble metrics, and RMSE, ACC and bias are the ensemble mean's. With intervals (rows with
+    ``lower`` and ``upper``) each score is printed ``value±h``, h half the width of its interval
+    (``interval``: the method, confidence and inits)."""
+    table: dict[tuple, dict[tuple[str, str], dict[str, Any]]] = defaultdict(dict)
     units: dict[tuple, str] = {}
     models: list[str] = []
     for r in rows:
         key = (r.get("region", "global"), r["variable"], r["level"])
-        table[(*key, r["lead_hours"])][(r["metric"], r["model"])] = r["value"]
+        table[(*key, r["lead_hours"])][(r["metric"], r["model"])] = r
         if r["metric"] not in UNITLESS:
             units[key] = r.get("unit", "")
         if r["model"] not in models:
             models.append(r["model"])
     cols = [(m, mod) for m in ("rmse", "acc") for mod in models if any((m, mod) in v for v in table.values())]
     cols += [("bias", models[0])] if models else []
-    width = max(9, *(min(len(mod), 11) for _, mod in cols)) if cols else 9
+    with_interval = any(_half(r) is not None for r in rows)
+    width = max(14 if with_interval else 9, *(min(len(mod), 11) for _, mod in cols)) if cols else 9
     group_names = {"rmse": "RMSE", "acc": "ACC", "bias": "bias"}
     ensemble = [m for m in models if any(("crps", m) in v for v in table.values())]
     head = (
@@ -164,6 +193,11 @@ def format_scorecard(
             f" {ensemble[0]} is {size}: its RMSE, ACC and bias are the ensemble mean's (WB2's "
             f"ensemble_mean_rmse); CRPS = skill − spread/2 (fair estimator), ens. stddev = sqrt of "
             f"the mean member variance (ddof 1), spread/skill = ens. stddev / RMSE, as WB2."
+        )
+    if with_interval and interval:
+        head += (
+            f" ±: half the width of the {interval['confidence']:.0%} interval ({interval['method']}, "
+            f"{interval['inits']} inits)."
         )
     out = textwrap.wrap(head, WIDTH)
     blocks = sorted({k[:3] for k in table}, key=lambda k: (k[0] != "global", k[0], k[1], k[2] or 0))
@@ -178,7 +212,7 @@ def format_scorecard(
         leads = sorted(k[3] for k in table if k[:3] == (region, var, lev))
         for hours in leads:
             vals = table[(region, var, lev, hours)]
-            out.append(f"{hours:>5g} h " + " ".join(_fmt(vals.get(c), c[0]).rjust(width) for c in cols))
+            out.append(f"{hours:>5g} h " + " ".join(_cell(vals.get(c), c[0]).rjust(width) for c in cols))
         for model in ensemble:
             values = {k[3]: v for k, v in table.items() if k[:3] == (region, var, lev)}
             out += [" " * 8 + f"ensemble ({model})", *_ensemble_lines(values, model)]
@@ -193,24 +227,33 @@ def format_scorecard(
 def _score_csv(path: Path) -> bool:
     try:
         with open(path, newline="") as f:
-            return f.readline().strip() == ",".join(FIELDS)
+            return f.readline().strip() in (",".join(FIELDS), ",".join(REQUIRED))
     except (OSError, UnicodeDecodeError):
         return False
 
 
 def check_scores_output(
     prefix: str | os.PathLike, option: str, protected: tuple[tuple[str, Any], ...] = ()
-) -> tuple[Path, Path]:
-    """``PREFIX.json`` and ``PREFIX.csv``, checked as outputs (``data.outputs.check_file_output``:
-    never a run's record, never inside a store or ``protected``, never over a file other than
-    an earlier score file)."""
+) -> tuple[Path, Path, Path]:
+    """``PREFIX.json``, ``PREFIX.csv`` and ``PREFIX-stats.nc``, checked as outputs
+    (``data.outputs.check_file_output``: never a run's record, never inside a store or ``protected``,
+    never over a file other than an earlier score file, table or statistics file)."""
     from ..data.outputs import check_file_output, json_with_keys
+    from .statistics import Statistics, stats_path
 
     prefix = Path(prefix)
+    if prefix.name in ("", ".", "..") or prefix.is_dir():
+        raise ValueError(
+            f"{option} {str(prefix)!r} is a folder; {option} takes a PREFIX: PREFIX.json, PREFIX.csv and "
+            f"PREFIX-stats.nc are written, e.g. {option} {prefix / 'scores'}"
+        )
     js, cs = prefix.with_name(prefix.name + ".json"), prefix.with_name(prefix.name + ".csv")
+    st = stats_path(prefix)
     check_file_output(js, option, "score file (PREFIX.json)", json_with_keys("scores"), protected=protected)
     check_file_output(cs, option, "score table (PREFIX.csv)", _score_csv, protected=protected)
-    return js, cs
+    what = "statistics file (PREFIX-stats.nc)"
+    check_file_output(st, option, what, Statistics.recognise, protected=protected)
+    return js, cs, st
 
 
 def write_scores(
@@ -219,13 +262,17 @@ def write_scores(
     info: dict[str, Any],
     option: str = "--out",
     protected: tuple[tuple[str, Any], ...] = (),
+    statistics: Any = None,
+    comparisons: list[dict[str, Any]] | None = None,
 ) -> list[Path]:
-    """``PREFIX.json`` (rows + run info) and ``PREFIX.csv`` (rows), each whole or not at all;
-    checked first (``check_scores_output``)."""
-    js, cs = check_scores_output(prefix, option, protected)
+    """``PREFIX.json`` (rows, ``comparisons`` + run info), ``PREFIX.csv`` (rows) and, given the
+    per-init ``statistics``, ``PREFIX-stats.nc``, each whole or not at all; checked first
+    (``check_scores_output``)."""
+    js, cs, st = check_scores_output(prefix, option, protected)
     js.parent.mkdir(parents=True, exist_ok=True)
     tmp = js.with_name(js.name + ".tmp")
-    tmp.write_text(json.dumps({**info, "scores": rows}, indent=1))
+    extra = {} if comparisons is None else {"comparisons": comparisons}
+    tmp.write_text(json.dumps({**info, "scores": rows, **extra}, indent=1))
     tmp.replace(js)
     tmp = cs.with_name(cs.name + ".tmp")
     with open(tmp, "w", newline="") as f:
@@ -233,7 +280,10 @@ def write_scores(
         writer.writeheader()
         writer.writerows(rows)
     tmp.replace(cs)
-    return [js, cs]
+    written = [js, cs]
+    if statistics is not None:
+        written.append(statistics.write(st))
+    return written
 
 
 def read_scores(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str, Any]]:
@@ -254,9 +304,9 @@ def read_scores(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str
         raise ValueError(f"{path} has no 'scores' list: is it a PREFIX.json from `jigsaw-earth score`?")
     rows = data.pop("scores")
     for k, row in enumerate(rows):
-        missing = [f for f in FIELDS if not isinstance(row, dict) or f not in row]
+        missing = [f for f in REQUIRED if not isinstance(row, dict) or f not in row]
         if missing:
-            raise ValueError(f"score file {path}: row {k} lacks {missing} (every row needs {FIELDS}); {fix}")
+            raise ValueError(f"score file {path}: row {k} lacks {missing} (rows need {REQUIRED}); {fix}")
     for key in ("forecast", "truth", "climatology"):
         value = data.get(key)
         if isinstance(value, str) and "://" not in value and not Path(value).is_absolute():

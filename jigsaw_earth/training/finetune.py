@@ -1,13 +1,14 @@
 """Fine-tuning: start a run from another run's weights and train only part of the model.
 
-``training.init_from`` (a checkpoint, or a run directory: its newest checkpoint) gives a new run
-the parent's weights at its first start, with a fresh optimizer, step and schedule; the config's
-data, mesh, schedule and loss may differ. Channels are matched by name (``variable@level``,
-static fields, time features): the model's ``channel_dims`` hook names the tensors indexed by
-them, and ``checkpoint.transfer`` keeps the kept channels' weights, drops the removed ones and
-starts the added ones at zero (weights from new inputs and to new outputs) or at the model's own
-initialisation (a norm's scale and shift). A parent of another model (name, or any tensor of
-another shape) or another grid is refused, naming what differs.
+``training.init_from`` (a checkpoint; or a run directory, its checkpoints folder or that folder's
+``latest``: the newest checkpoint) gives a new run the parent's weights at its first start, with a
+fresh optimizer, step and schedule; the config's data, mesh, schedule and loss may differ.
+Channels are matched by name (``variable@level``, static fields, time features): the model's
+``channel_dims`` hook names the tensors indexed by them, and ``checkpoint.transfer`` keeps the kept
+channels' weights, drops the removed ones and starts the added ones at zero (weights from new
+inputs and to new outputs) or at the model's own initialisation (a norm's scale and shift). A
+parent of another model (name, or any tensor of another shape) or another grid is refused, naming
+what differs.
 
 ``training.freeze`` (module patterns) turns off ``requires_grad`` of the parameters under the
 matching modules before the optimizer is built: they get no gradient and no optimizer state, and
@@ -50,6 +51,7 @@ from ..layers.channels import ModelChannels
 __all__ = [
     "ParentPlan",
     "apply_freeze",
+    "frozen_parameters",
     "init_from_parent",
     "load_parent",
     "model_channels",
@@ -63,15 +65,11 @@ log = logging.getLogger(__name__)
 
 
 # ------------------------------------------------------------------------------------ freeze
-def apply_freeze(model: nn.Module, patterns: list[str]) -> list[str]:
-    """Freeze the parameters of every module whose path matches a pattern (fnmatch: ``blocks``,
-    ``blocks.*``, ``*norm*``; a parameter's own path matches too). Returns the frozen paths.
-
-    A pattern that matches nothing is an error naming the model's top-level modules, as is
-    freezing everything.
-    """
-    if not patterns:
-        return []
+def frozen_parameters(model: nn.Module, patterns: list[str]) -> set[str]:
+    """The parameter paths ``training.freeze`` selects (fnmatch: ``blocks``, ``blocks.*``,
+    ``*norm*``; a module's path or a parameter's own). A pattern that matches nothing is an error
+    naming the model's top-level modules, as is freezing everything. Nothing is changed (``config
+    validate`` checks the patterns on a model built on the meta device)."""
     modules = [name for name, _ in model.named_modules() if name]
     params = dict(model.named_parameters())
     frozen: set[str] = set()
@@ -95,6 +93,15 @@ def apply_freeze(model: nn.Module, patterns: list[str]) -> list[str]:
         raise ValueError(
             f"training.freeze={patterns} freezes every parameter; leave some of the model to train"
         )
+    return frozen
+
+
+def apply_freeze(model: nn.Module, patterns: list[str]) -> list[str]:
+    """Freeze the parameters ``frozen_parameters`` selects; returns their sorted paths."""
+    if not patterns:
+        return []
+    params = dict(model.named_parameters())
+    frozen = frozen_parameters(model, patterns)
     for name in frozen:
         params[name].requires_grad_(False)
     n_all = sum(_global_numel(p) for p in params.values())
@@ -188,16 +195,21 @@ def parent_record(ckpt: Path) -> dict[str, Any]:
 
 
 def resolve_parent(init_from: str, run_dir: str | Path | None = None) -> Path:
-    """The checkpoint ``training.init_from`` names: itself, or a run directory's newest one."""
+    """The checkpoint ``training.init_from`` names: itself, a run directory's newest one, or the
+    newest of a checkpoints folder (``RUN/checkpoints``) or its ``latest`` file."""
     path = Path(init_from)
+    if path.name == "latest" and path.is_file():  # RUN/checkpoints/latest: the checkpoint it names
+        path = path.parent / path.read_text().strip()
     if (path / "meta.json").is_file():
         ckpt = path
     elif path.is_dir():
-        found = latest_checkpoint(path)
+        # a run directory, or its checkpoints folder (step_N folders and ``latest``)
+        holds = path.parent if (path / "latest").is_file() or any(path.glob("step_*")) else path
+        found = latest_checkpoint(holds)
         if found is None:
             raise ValueError(
                 f"training.init_from={init_from!r} is a directory without a complete checkpoint; name a "
-                "run directory that holds checkpoints/step_N, or a step_N folder"
+                "run directory that holds checkpoints/step_N, its checkpoints folder, or a step_N folder"
             )
         ckpt = found
     else:

@@ -17,7 +17,8 @@ resumed run continues with exactly the losses the uninterrupted run would have h
 Before the first step the run directory is claimed (``rundir.py``: a start that would discard
 or shadow another run's checkpoints refuses) and checked (``preflight.py``: writable, room for
 ``keep + 1`` checkpoints); only then are ``config.yaml`` and the ``history.jsonl`` entry written.
-``SIGTERM``/``SIGUSR1`` checkpoint at the next step boundary and stop (``signals.py``).
+``SIGTERM``/``SIGUSR1`` checkpoint at the next step boundary and stop (``signals.py``). A finished
+run (``rundir.finished_step``) raises ``RunFinished`` before anything is read or written.
 """
 
 from __future__ import annotations
@@ -61,9 +62,19 @@ from .monitor import Monitor, memory_mb
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
 from .preflight import model_checkpoint_bytes, preflight_run_dir
 from .profile import profiled
-from .rundir import claim_run_dir, config_hash, lock_run_dir, record_start, resumes
+from .rundir import (
+    RunFinished,
+    claim_run_dir,
+    config_hash,
+    finished_message,
+    finished_step,
+    lock_run_dir,
+    record_start,
+    recorded_loss,
+    resumes,
+)
 
-__all__ = ["NonFiniteLossError", "Preempted", "Trainer", "config_hash"]
+__all__ = ["NonFiniteLossError", "Preempted", "RunFinished", "Trainer", "config_hash"]
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +106,18 @@ class Trainer:
             set_transport(None)  # the mesh may have connected shared memory (init_mesh's default)
         # nothing is written to run.dir before these checks pass (collective: rank 0 decides)
         moved = on_rank0(mesh, lambda: claim_run_dir(cfg, new_run))
+        box = [on_rank0(mesh, lambda: finished_step(cfg, new_run))]  # a finished run: nothing to do
         if mesh.is_distributed and torch.distributed.is_initialized():
-            torch.distributed.barrier()  # no rank reads checkpoints while rank 0 moves a run aside
+            # no rank reads checkpoints while rank 0 moves a run aside; every rank learns rank 0's verdict
+            dist.broadcast_object_list(box, src=0, device=mesh.device if mesh.device.type == "cuda" else None)
+        if box[0] is not None:
+            raise RunFinished(finished_message(cfg, box[0]), self.run_dir, box[0])
+        if cfg.training.precision == "tf32" and mesh.device.type != "cuda" and mesh.rank == 0:
+            log.warning(
+                "training.precision=tf32 on %s: TF32 is a mode of CUDA's tensor cores, so this run computes "
+                "in plain fp32; set training.precision=fp32 (or bf16 for autocast)",
+                mesh.device.type,
+            )
         if data is None:
             from ..data.sources import build_data
 
@@ -418,8 +439,11 @@ class Trainer:
                 "steps": self.step,
                 "steps_this_run": done,
                 "train_wall_s": wall,
-                "samples_per_s": done * cfg.training.batch_size / wall if done else float("nan"),
-                "final_loss": self.history[-1]["loss"] if self.history else float("nan"),
+                "samples_per_s": done * cfg.training.batch_size / wall if done else None,
+                # no step this start (stopped between its last checkpoint and its summary): the recorded loss
+                "final_loss": self.history[-1]["loss"]
+                if self.history
+                else recorded_loss(self.run_dir, self.step),
                 "skipped_steps": self.skipped,
                 "step_breakdown": breakdown,
                 "validation": result,

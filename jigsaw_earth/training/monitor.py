@@ -54,7 +54,7 @@ class Monitor:
         self._last = time.perf_counter()
         if not self.enabled:
             return
-        truncate_metrics(run_dir / "metrics.jsonl", start_step)
+        truncate_metrics(run_dir / "metrics.jsonl", start_step, final=start_step >= cfg.training.steps)
         self.jsonl = (run_dir / "metrics.jsonl").open("a")
         if cfg.logging.progress and sys.stderr.isatty():
             self.bar = tqdm(total=cfg.training.steps, initial=start_step, desc="train", dynamic_ncols=True)

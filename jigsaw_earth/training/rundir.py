@@ -7,7 +7,14 @@ continues the run in ``run.dir``, starts a new one there, or must refuse:
   the old one) or shadow them (``latest`` and pruning would mix two runs): refused;
 * ``resume=auto`` with a newest checkpoint beyond ``training.steps`` (a shorter new run), or one
   written with another model/data/loss/batch configuration: refused;
-* ``resume=PATH`` from outside this run directory while it holds checkpoints: refused.
+* ``resume=PATH`` from outside this run directory while it holds checkpoints: refused;
+* a ``training.init_from`` other than the one the run started from (or one naming this run):
+  refused, naming the recorded parent.
+
+What a continuing start must agree with, and when a run is finished (the trainer then raises
+``RunFinished`` before anything is read or written), is ``continuity.py``'s. A config file that is
+another run directory's ``config.yaml`` (a run moved or copied) is refused unless ``run.dir``
+names that directory (``check_config_home``).
 
 A live run holds ``RUN_DIR/run.lock`` (``locks.PathLock``: pid, host, start time and command line)
 from its preflight to its end: a second start on the same directory — ``--new-run`` included —
@@ -20,12 +27,12 @@ returned) and starts fresh. ``record_start`` then writes ``config.yaml`` and app
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,22 +44,37 @@ from ..config.schema import TrainConfig
 from ..data.outputs import check_run_dir
 from ..data.preflight import default_climatology_path
 from ..locks import LockHeld, PathLock, describe_holder
+from .continuity import (
+    HISTORY_FILE,
+    RunFinished,
+    config_hash,
+    finished_message,
+    finished_step,
+    lineage_conflict,
+    resume_differences,
+    resumes,
+    step_of,
+)
 
 __all__ = [
     "HISTORY_FILE",
     "LOCK_FILE",
     "RunDirError",
+    "RunFinished",
+    "check_config_home",
     "check_place",
     "claim_run_dir",
     "config_hash",
+    "finished_message",
+    "finished_step",
     "lock_run_dir",
     "record_start",
+    "recorded_loss",
     "resumes",
     "truncate_metrics",
 ]
 
 log = logging.getLogger(__name__)
-HISTORY_FILE = "history.jsonl"
 LOCK_FILE = "run.lock"
 _LOCK_FIX = "wait for it to finish, stop it, or choose another run.dir"
 _RUN_FILES = ("checkpoints", "metrics.jsonl", "config.yaml", HISTORY_FILE, "summary.json")
@@ -62,72 +84,35 @@ class RunDirError(ValueError):
     """This start would discard or shadow the checkpoints of another run."""
 
 
-_LATER_KEYS = (
-    ("model", "noise_channels", 0),
-    ("loss", "kind", "mse"),
-    ("loss", "alpha", 0.95),
-    ("loss", "mse_weight", 0.0),
-)
-
-
-#: how the data are read, not which: changing them (as the step line's data-wait warning advises)
-#: must not stop a run from resuming
-_READING_KEYS = ("prefetch", "read_threads")
-
-
-def config_hash(cfg: TrainConfig, reading: bool = False) -> str:
-    """Hash of what must not change across a resume (model, data, loss, global batch).
-    ``reading``: include the reading keys, as runs started before they were left out did."""
-    key = {k: to_dict(getattr(cfg, k)) for k in ("model", "data", "loss")}
-    if not reading:
-        for name in _READING_KEYS:
-            key["data"].pop(name, None)
-    key["batch_size"] = cfg.training.batch_size
-    if cfg.training.members != 1:
-        key["members"] = cfg.training.members
-    # keys added for ensembles count only when set, so runs started before them still resume
-    for section, name, default in _LATER_KEYS:
-        if key[section].get(name) == default:
-            del key[section][name]
-    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def resumes(saved_hash: str | None, cfg: TrainConfig) -> bool:
-    """Whether a checkpoint written under ``saved_hash`` may be resumed with ``cfg`` (no hash: old
-    checkpoints; the hash with the reading keys: runs started before they were left out)."""
-    return saved_hash in (None, config_hash(cfg), config_hash(cfg, reading=True))
-
-
-def _step_of(path: Path) -> int:
-    return int(path.name.split("_")[-1])
-
-
 def _conflict(cfg: TrainConfig, run_dir: Path) -> str | None:
     """Why this start would lose or shadow checkpoints in ``run_dir`` (``None``: it would not)."""
     found = list_checkpoints(run_dir)
     if not found:
         return None
     newest = latest_checkpoint(run_dir) or found[-1]
-    held = f"run.dir {str(run_dir)!r} holds checkpoints of an earlier run up to step {_step_of(newest)}"
+    held = f"run.dir {str(run_dir)!r} holds checkpoints of an earlier run up to step {step_of(newest)}"
     mode, steps = cfg.checkpoint.resume, cfg.training.steps
     if mode == "never":
         return f"{held}; checkpoint.resume=never would overwrite or shadow them"
     if mode == "auto":
-        if _step_of(newest) > steps:
+        if step_of(newest) > steps:
             return (
                 f"{held}, beyond training.steps={steps}; a shorter run here would prune its own checkpoints "
-                f"(set training.steps >= {_step_of(newest)} to continue that run)"
+                f"(set training.steps >= {step_of(newest)} to continue that run)"
             )
-        if not resumes(read_meta(newest)["state"].get("config_hash"), cfg):
+        saved = read_meta(newest)["state"].get("config_hash")
+        if not resumes(saved, cfg):
+            differs = resume_differences(run_dir, saved, cfg)
+            what = f": {'; '.join(differs)}" if differs else ""
             return (
-                f"{held}, written with another model/data/loss/batch configuration "
+                f"{held}, written with another model/data/loss/batch configuration{what} "
                 f"(see {run_dir}/config.yaml), so this config cannot resume it"
             )
-        return None
+        return lineage_conflict(cfg, run_dir, newest)
     source = Path(mode).resolve()
     if source.parent != (run_dir / "checkpoints").resolve():
         return f"{held}; checkpoint.resume={mode} starts another run from outside it"
-    return None
+    return lineage_conflict(cfg, run_dir, source)
 
 
 def _aside_name(run_dir: Path) -> Path:
@@ -179,17 +164,51 @@ def _refuse_if_held(run_dir: Path) -> None:
         )
 
 
-def check_place(cfg: TrainConfig, config_file: str | Path | None = None) -> None:
+def check_place(
+    cfg: TrainConfig, config_file: str | Path | None = None, overrides: Sequence[str] = ()
+) -> None:
     """``run.dir`` is a place for a run (``data.outputs.check_run_dir``): not in or around the data
     or climatology store, and no file a run writes that another hand put there (``config_file``,
-    the config being trained, may be its ``config.yaml``); and no live run holds it."""
+    the config being trained, may be its ``config.yaml``); no live run holds it; and the config
+    file is not another run directory's ``config.yaml`` (``check_config_home``)."""
     d = cfg.data
     stores = (
         ("data store data.store", d.store),
         ("climatology", d.climatology or default_climatology_path(d.store)),
     )
+    check_config_home(cfg, config_file, overrides)
     check_run_dir(cfg.run.dir, stores, config_file)
     _refuse_if_held(Path(cfg.run.dir))  # at once, before the mesh and the model are built
+
+
+def check_config_home(
+    cfg: TrainConfig, config_file: str | Path | None, overrides: Sequence[str] = ()
+) -> None:
+    """Refuse a config file that is the ``config.yaml`` of a run directory other than ``run.dir``
+    (the run was moved or copied: training would start over at the old place), unless ``run.dir``
+    is given on the command line (``overrides``)."""
+    if config_file is None:
+        return
+    path = Path(config_file).expanduser().resolve()
+    home = path.parent
+    if path.name != "config.yaml" or not _is_run(home):
+        return
+    if any(item.partition("=")[0].strip() == "run.dir" for item in overrides):
+        return
+    where = Path(cfg.run.dir).expanduser().resolve()
+    if home == where:
+        return
+    relative = "" if Path(cfg.run.dir).is_absolute() else f" (from {Path.cwd()})"
+    raise RunDirError(
+        f"{config_file} is the config.yaml of the run in {home}, but its run.dir {cfg.run.dir!r} is "
+        f"{where}{relative}: the run directory was moved or copied, or run.dir is relative to another "
+        f"working directory. Nothing was changed. Pass run.dir={home} to continue the run there, or "
+        f"run.dir=NEW_DIR to start a new run from this config"
+    )
+
+
+def _is_run(path: Path) -> bool:
+    return (path / HISTORY_FILE).is_file() or (path / "checkpoints" / "latest").is_file()
 
 
 def lock_run_dir(cfg: TrainConfig) -> PathLock:
@@ -241,18 +260,23 @@ def record_start(
         f.write(json.dumps(entry) + "\n")
 
 
-def truncate_metrics(path: Path, step: int) -> int:
-    """Drop rows of ``metrics.jsonl`` past ``step`` (a resume repeats them); returns rows dropped."""
-    if not path.is_file():
-        return 0
+def _rows(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.is_file() else []
+
+
+def truncate_metrics(path: Path, step: int, final: bool = False) -> int:
+    """Drop rows of ``metrics.jsonl`` past ``step`` (a resume repeats them), and with ``final`` (a
+    run at its last step, whose final validation runs again) its validation rows at ``step``;
+    returns rows dropped."""
     kept, dropped = [], 0
-    for line in path.read_text().splitlines():
+    for line in _rows(path):
         try:
-            row_step = json.loads(line).get("step", 0)
+            row = json.loads(line)
+            row_step = row.get("step", 0)
         except (json.JSONDecodeError, AttributeError):
             dropped += 1  # a line cut by a crash
             continue
-        if row_step > step:
+        if row_step > step or (final and row_step == step and row.get("kind") == "val"):
             dropped += 1
         else:
             kept.append(line)
@@ -260,3 +284,15 @@ def truncate_metrics(path: Path, step: int) -> int:
         _write_atomic(path, "".join(x + "\n" for x in kept))
         log.info("metrics.jsonl: dropped %d rows past the resumed step %d", dropped, step)
     return dropped
+
+
+def recorded_loss(run_dir: Path, step: int) -> float | None:
+    """The training loss ``metrics.jsonl`` records for ``step`` (None: not logged)."""
+    for line in reversed(_rows(run_dir / "metrics.jsonl")):
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue
+        if isinstance(row, dict) and row.get("kind") == "train" and row.get("step") == step:
+            return row.get("loss")
+    return None

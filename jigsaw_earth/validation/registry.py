@@ -25,8 +25,12 @@ when the serial float32 result is exact (copies, exchanges, tiny tensors): 16 ul
 terms. A true gradient of ~0 (terms cancelling) is judged by the serial noise, not by dividing
 by ~0.
 
-Reduced-precision cases (bf16 autocast) carry a ``tolerance``: their relative error
+Reduced-precision cases (bf16 autocast) carry a ``tolerance``: each tensor's relative error
 ``sharded / max|ref64|`` must be at most it (the dtype's resolution times a few).
+
+The figures a record reports (``error_*``, ``max_rel_error``) are relative to the reference's
+scale: the largest error of the case's tensors over their largest reference value, never a tensor's
+error over its own near-zero reference (a gradient that cancels to ~1e-17 would read as 1e8).
 """
 
 from __future__ import annotations
@@ -82,10 +86,13 @@ _CHECKS: dict[str, Check] = {}
 class Record:
     """One case of one op on one mesh.
 
-    ``error_*``: the sharded result's max |got − ref64| / max |ref64| (forward: outputs and
-    initial parameters; backward: input and parameter gradients); ``serial_error_*``: the same
-    for the serial float32 result; ``judge_*``: the worst tensor's sharded error over what the
-    judge allows (passes at ≤ 1). ``tolerance`` is set for reduced-precision cases only.
+    ``error_*``: the sharded result's error relative to the reference's scale: the largest
+    |got − ref64| of any compared tensor over the largest |ref64| of them (forward: outputs and
+    initial parameters; backward: input and parameter gradients), so a tensor whose true value is
+    ~0 is not divided by ~0; ``serial_error_*``: the same for the serial float32 result;
+    ``max_rel_error``: the larger of the two ``error_*``; ``judge_*``: the worst tensor's sharded
+    error over what the judge allows (passes at ≤ 1). ``tolerance`` is set for reduced-precision
+    cases only.
     """
 
     op: str
@@ -192,6 +199,13 @@ def _rel(error: float, magnitude: float) -> float:
     return error / magnitude if magnitude > 0 else (0.0 if error == 0 else float("inf"))
 
 
+def _scaled(diffs: list[Diff], error: Callable[[Diff], float]) -> float:
+    """The largest ``error`` of ``diffs`` over the largest reference magnitude among them."""
+    if not diffs:
+        return 0.0
+    return _rel(max(error(d) for d in diffs), max(d.magnitude for d in diffs))
+
+
 def measure(
     record: Record,
     forward: list[Diff],
@@ -207,10 +221,10 @@ def measure(
             raise TypeError(f"measure takes Diff values from compare(), got {type(d).__name__}: {d!r}")
     diffs = _world_max([*forward, *backward])
     fwd, bwd = diffs[: len(forward)], diffs[len(forward) :]
-    record.error_forward = max((_rel(d.sharded, d.magnitude) for d in fwd), default=0.0)
-    record.error_backward = max((_rel(d.sharded, d.magnitude) for d in bwd), default=0.0)
-    record.serial_error_forward = max((_rel(d.serial, d.magnitude) for d in fwd), default=0.0)
-    record.serial_error_backward = max((_rel(d.serial, d.magnitude) for d in bwd), default=0.0)
+    record.error_forward = _scaled(fwd, lambda d: d.sharded)
+    record.error_backward = _scaled(bwd, lambda d: d.sharded)
+    record.serial_error_forward = _scaled(fwd, lambda d: d.serial)
+    record.serial_error_backward = _scaled(bwd, lambda d: d.serial)
     record.judge_forward = max((judge(d, record.tolerance) for d in fwd), default=0.0)
     record.judge_backward = max((judge(d, record.tolerance) for d in bwd), default=0.0)
     record.max_rel_error = max(record.error_forward, record.error_backward)

@@ -1,0 +1,58 @@
+"""netCDF-4 files of a forecast, following the CF conventions (``predict --format netcdf``).
+
+Each file is a slice of the forecast store (inits × leads × [members]) with its dimensions and units as
+WB2 writes them: ``time`` (``forecast_reference_time``, hours since 1970), ``prediction_timedelta``
+(``forecast_period``, hours), ``valid_time`` (``time``: the two added) as an auxiliary coordinate,
+``level`` (``air_pressure``, hPa, positive down), ``latitude``/``longitude`` in degrees north/east, and
+every variable with its CF ``standard_name``, ``long_name`` and ``units``. Values are the float32
+forecast, compressed losslessly (zlib level 1 with shuffle): xarray reads them back equal to the
+Zarr store's.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import numpy as np
+import xarray as xr
+
+from ..data.outputs import MARKER
+
+__all__ = ["cf_dataset", "write_netcdf"]
+
+
+def cf_dataset(ds: xr.Dataset) -> xr.Dataset:
+    """The forecast store's (slice's) dataset with CF attributes and encodings for netCDF."""
+    out = ds.copy()
+    out.attrs = {k: v for k, v in ds.attrs.items() if k != MARKER}
+    out.attrs.update(Conventions="CF-1.8", title="jigsaw-earth forecast", source="jigsaw-earth predict")
+    valid = out["time"] + out["prediction_timedelta"]
+    out = out.assign_coords(valid_time=valid.assign_attrs(standard_name="time", long_name="valid time"))
+    if "level" in out.coords:
+        out["level"].attrs.update(positive="down", axis="Z")
+    out["latitude"].attrs["axis"], out["longitude"].attrs["axis"] = "Y", "X"
+    for name in out.variables:
+        out[name].encoding = {}
+    for name in ("time", "valid_time"):
+        out[name].encoding = {"units": "hours since 1970-01-01", "calendar": "proleptic_gregorian",
+                              "dtype": "int64", "_FillValue": None}  # fmt: skip
+    out["prediction_timedelta"].encoding = {"units": "hours", "dtype": "int64", "_FillValue": None}
+    for name in out.coords:
+        out[name].encoding.setdefault("_FillValue", None)
+    for name, var in out.data_vars.items():
+        chunks = tuple(
+            1 if d in ("time", "prediction_timedelta", "number") else n for d, n in var.sizes.items()
+        )
+        out[name].encoding = {"zlib": True, "complevel": 1, "shuffle": True, "chunksizes": chunks,
+                              "dtype": np.float32, "_FillValue": np.float32(np.nan)}  # fmt: skip
+    return out
+
+
+def write_netcdf(path: Path, ds: xr.Dataset) -> None:
+    """Write ``ds`` (a lazy slice of the forecast store: read chunk by chunk) to ``path`` atomically."""
+    part = path.with_name(path.name + ".part")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cf_dataset(ds).to_netcdf(part, engine="netcdf4", format="NETCDF4")
+    part.replace(path)
