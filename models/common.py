@@ -8,11 +8,14 @@ Grids are equiangular: row ``i`` of ``n_lat`` rows lies at ``90 − 180·i/(n_la
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
 
 from .. import sphere
+from ..distributed.comm import arm_for_compile
 from ..layers.base import Domain
 from ..layers.channels import ChannelDims, ModelChannels, prefixed
 from ..layers.norm import prefetch_affine, release_affine
@@ -144,6 +147,11 @@ class Forecaster(nn.Module):
 
     input_layer = "embed"
     output_layer = "recover"
+
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``nn.Module.compile`` with every exchange a graph break (``comm.arm_for_compile``)."""
+        arm_for_compile()
+        super().compile(*args, **kwargs)
 
     def forward_stage(self, path: str) -> int:
         """Where the module at ``path`` runs in the forward, for ordering: modules registered in

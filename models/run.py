@@ -24,6 +24,7 @@ from torch import nn
 from ..config.schema import TrainConfig
 from ..data.samples import TrainData
 from ..data.times import N_TIME_FEATURES
+from ..distributed.comm import arm_for_compile
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, init_model
 
@@ -59,16 +60,8 @@ def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.M
 
 def compile_model(model: nn.Module, backend: str = "inductor") -> None:
     """``torch.compile`` the model in place (parameters, state dict and checkpoints stay the eager
-    model's). Every exchange is a graph break (``distributed.comm.run_exchange``); with Dynamo's
-    nested graph breaks (set here, process-wide, where this torch has them) a break inside a layer
-    resumes tracing in that layer, so the graphs run from one exchange to the next instead of
-    splitting every enclosing module's forward at the call that led to it (docs/layers.md)."""
-    config = torch._dynamo.config
-    if hasattr(config, "nested_graph_breaks"):
-        config.nested_graph_breaks = True
-    # a layer's code is one frame for all its instances (each shape and geometry a compiled
-    # variant): room for a deep model's before Dynamo would leave the frame uncompiled
-    config.recompile_limit = max(config.recompile_limit, 64)
+    model's), every exchange a graph break (``distributed.comm.arm_for_compile``)."""
+    arm_for_compile()
     model.compile(backend=backend)
 
 

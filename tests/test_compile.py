@@ -10,6 +10,8 @@ forward/backward split, no code generation: seconds, where inductor takes minute
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -140,3 +142,20 @@ def test_bench_compile_command_on_one_rank(tmp_path, capsys) -> None:
 def test_bench_compile_refuses(bad: list[str], said: str, capsys) -> None:
     assert main(["bench", "compile", str(DEMO), *bad]) != 0
     assert said in capsys.readouterr().err
+
+
+def test_dynamo_is_loaded_only_to_compile() -> None:
+    """Importing the commands, the trainer and predict leaves Dynamo unloaded (about a second more
+    of every process's start); ``Forecaster.compile`` arms the exchanges like ``compile_model``."""
+    code = (
+        "import sys, jigsaw_earth.cli, jigsaw_earth.training.loop, jigsaw_earth.inference.predict\n"
+        "print('torch._dynamo' in sys.modules)\n"
+        "from jigsaw_earth.distributed import comm\n"
+        "from jigsaw_earth.models import build_model\n"
+        "from jigsaw_earth.layers import local_domain\n"
+        "build_model('weathermixer', local_domain(16, 32), 3, 2, 4, 'tiny').compile(backend='eager')\n"
+        "print(bool(comm._EAGER))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == ["False", "True"], out.stdout

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sphere import col_sources, row_sources
-from .comm import exchange, run_exchange
+from .comm import constant_when_compiled, exchange, run_exchange
 from .mesh import Axis
 from .tiles import TileGrid
 
@@ -369,16 +369,17 @@ def _check_windows(grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, l
     _check_modes(grid, lat_mode, lon_mode, overhang)
 
 
-@torch.compiler.assume_constant_result
+@constant_when_compiled
 def _route(
     grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, lon_mode: str, me: int
 ) -> tuple | None:
     """How this rank gets its window, after checking the windows: ``None`` when messages move
     (the exchange), else ``(view, blocks, zeros)``: the slices of the tile that are the whole
     window (a view, no copy) or None, and the blocks of its own tile and the zero padding that
-    make it. A pure function of its arguments: ``torch.compile`` calls it once while tracing and
-    keeps the answer (the plan's caches are never traced), so a window without messages (one
-    rank, or a halo along an axis the mesh does not split) stays inside the compiled graph."""
+    make it. A pure function of its arguments (``constant_when_compiled``): ``torch.compile``
+    calls it once while tracing and keeps the answer (the plan's caches are never traced), so a
+    window without messages (one rank, or a halo along an axis the mesh does not split) stays
+    inside the compiled graph."""
     _check_windows(grid, windows, lat_mode, lon_mode)
     recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
     if send or any(k != me for k in recv):

@@ -49,7 +49,6 @@ def gather_affine(
     return (next(parts) if weight is not None else None), (next(parts) if bias is not None else None)
 
 
-@torch.compiler.disable(reason="the norms' affine all-gather: an exchange, run eagerly between graphs")
 def prefetch_affine(model: nn.Module) -> tuple[_AffineNorm, ...]:
     """Gather the affine weights and biases of every sharded norm of ``model`` in ONE all-gather
     (per domain axis) for one forward, instead of one per norm and use: one rendezvous of the ranks
@@ -61,7 +60,12 @@ def prefetch_affine(model: nn.Module) -> tuple[_AffineNorm, ...]:
     forward ends. A norm used after that (a recompute under activation checkpointing) gathers its
     own. No context manager: under ``torch.compile`` the forward between the two calls is compiled
     around its exchanges (one around them would make Dynamo skip it); a forward that raises leaves
-    the norms holding values of their current parameters until the next forward replaces them."""
+    the norms holding values of their current parameters until the next forward replaces them.
+    An exchange, run through ``run_exchange`` (eagerly under ``torch.compile``)."""
+    return run_exchange(_hold_affine, model)
+
+
+def _hold_affine(model: nn.Module) -> tuple[_AffineNorm, ...]:
     groups: dict[tuple[int, ...], list[_AffineNorm]] = {}
     for m in model.modules():
         if isinstance(m, _AffineNorm) and m.weight is not None and m.domain.size > 1:

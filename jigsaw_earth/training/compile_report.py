@@ -47,6 +47,10 @@ def _short(filename: str) -> str:
         return filename
 
 
+def _ours(filename: str) -> bool:
+    return not _short(filename).startswith("/") and "site-packages" not in filename
+
+
 def _reason(text: str) -> str:
     """The one-line cause of a graph break from Dynamo's message (the disable reason when the
     break is a ``torch.compiler.disable``d call)."""
@@ -62,8 +66,15 @@ def _reason(text: str) -> str:
 
 def _place(stack: list) -> str:
     """``file:line in function`` of the innermost frame of the project's code in a break's user
-    stack (the call that broke the graph), with the frame that called it."""
-    ours = [f for f in stack if not _short(f.filename).startswith("/") and "site-packages" not in f.filename]
+    stack (the call that broke the graph; ``comm.run_exchange``, which every exchange goes
+    through, left out), with the frame that called it."""
+    ours = [
+        f
+        for f in stack
+        if not _short(f.filename).startswith("/")
+        and "site-packages" not in f.filename
+        and f.name != "run_exchange"
+    ]
     frames = ours[-2:] if ours else stack[-1:]
     return " ← ".join(f"{_short(f.filename)}:{f.lineno} in {f.name}" for f in reversed(frames))
 
