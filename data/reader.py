@@ -35,7 +35,7 @@ from .chunks import ChunkFormat, ChunkSource
 from .placement import AxisPlan, DirectRead, Preadv, axis_plan, place, preadv_calls, recording, replay
 from .store import StoreView
 
-__all__ = ["Normalisation", "TileReader", "chunk_source"]
+__all__ = ["Normalisation", "TileReader", "chunk_source", "read_threads"]
 
 log = logging.getLogger(__name__)
 KNOWN_DIMS = ("time", "level", "latitude", "longitude")
@@ -47,6 +47,15 @@ def chunk_source(view: StoreView) -> ChunkSource:
     if src is None:
         src = view.__dict__["_chunk_source"] = ChunkSource(view.store)
     return src
+
+
+def read_threads(setting: int | str) -> int:
+    """The threads a reader runs for ``data.read_threads``: ``auto`` = the cores this rank has
+    (``mesh.cores_per_rank``: its CPU affinity shared by the ranks of its host), a number at most
+    that: more threads than cores only contend (4 ranks on 2 cores read 1.3x raw with 1 thread
+    each, up to 2x with 2: docs/data.md)."""
+    cores = cores_per_rank()
+    return cores if setting == "auto" else max(1, min(int(setting), cores))
 
 
 @dataclass(frozen=True)
@@ -99,12 +108,18 @@ class TileReader:
 
     ``read_inputs(t)`` → ``(C, H, W)`` with the halo; ``read_targets(ts)`` → ``(len(ts), C, h, w)``;
     ``read_static()`` → ``(C_static, H, W)``. Values are physical (not normalised) float32 unless a
-    ``Normalisation`` is given. ``threads`` reads fields in parallel (1: in the caller's thread), at most
-    the host's cores per local rank (``mesh.cores_per_rank``).
+    ``Normalisation`` is given. ``threads`` reads fields in parallel (1: in the caller's thread;
+    ``read_threads`` says how many run).
     """
 
     def __init__(
-        self, view: StoreView, spec: VariableSpec, grid: TileGrid, tile: Tile, halo: Halo, threads: int = 1
+        self,
+        view: StoreView,
+        spec: VariableSpec,
+        grid: TileGrid,
+        tile: Tile,
+        halo: Halo,
+        threads: int | str = 1,
     ):
         if (grid.n_lat, grid.n_lon) != view.grid_shape:
             raise ValueError(
@@ -146,9 +161,7 @@ class TileReader:
                 )
             ]
         )
-        # at most the host's cores per rank: more threads than cores only contend (4 ranks on 2
-        # cores read 1.3x raw with 1 thread each, up to 2x with 2: docs/data.md)
-        self.threads = max(1, min(int(threads), cores_per_rank()))
+        self.threads = read_threads(threads)
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()  # per-thread scratch (placement's chunk gathers)
         self._replays: dict[tuple, _Remembered] = {}  # see ``_read_field``

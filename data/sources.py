@@ -44,7 +44,7 @@ class StoreSource:
         domain_index: int,
         normalizer: Normalizer,
         climatology: str | Path | None,
-        read_threads: int = 1,
+        read_threads: int | str = 1,
     ):
         self.view, self.spec = view, spec
         self.path = view.path
@@ -188,7 +188,7 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh, *, training: bool = True) -> 
     )
     if mesh.rank == 0 and training:
         log.info(
-            "data: %d read thread(s) (data.read_threads=%d, at most the cores per rank), %d batch(es) read "
+            "data: %d read thread(s) (data.read_threads=%s, at most the cores per rank), %d batch(es) read "
             "ahead; batches take %.1f MiB of host memory per rank",
             source.reader.threads,
             d.read_threads,

@@ -17,10 +17,13 @@ from pathlib import Path
 import torch
 
 __all__ = [
+    "copies_done",
     "copy_to_host",
     "default_backend",
     "device_name",
     "free_bytes",
+    "host_empty",
+    "patch_conv_as_gemm",
     "peak_memory_bytes",
     "pin",
     "resolve_device",
@@ -118,6 +121,30 @@ def set_precision(precision: str) -> None:
     tf32 = precision == "tf32"
     torch.backends.cuda.matmul.allow_tf32 = tf32
     torch.backends.cudnn.allow_tf32 = tf32
+
+
+def patch_conv_as_gemm(device: torch.device) -> bool:
+    """Whether a patch convolution (stride = kernel: ``PatchEmbed``) runs as GEMMs on its patch rows
+    (``distributed/conv_ring.py``): on the CPU, where oneDNN's convolution weight gradient measured
+    2–7× slower than the GEMM; not on a GPU, where the plain ``nn.Conv2d`` (cuDNN) measured 1.19×
+    faster than the GEMMs and their copies into patch rows (H100, bf16, ``bench layers --size
+    large``)."""
+    return device.type == "cpu"
+
+
+def host_empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Host memory for copies off ``device``: page-locked when it is a GPU (non-blocking copies)."""
+    return torch.empty(shape, dtype=dtype, pin_memory=device.type == "cuda")
+
+
+def copies_done(device: torch.device) -> Callable[[], None]:
+    """A ``wait()`` for the work queued so far on ``device``'s current stream (copies to the host),
+    callable from any thread; a no-op on the CPU, where copies are done when they return."""
+    if device.type != "cuda":
+        return _nothing
+    done = torch.cuda.Event()
+    done.record()
+    return done.synchronize
 
 
 def copy_to_host(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:

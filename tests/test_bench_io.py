@@ -4,6 +4,7 @@ price of reading a batch, on a small synthetic store."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -110,14 +111,41 @@ def test_bench_io_refuses_bad_input(store):
     assert main(["bench", "io", store, "--lead-steps", "0"]) == 2
 
 
-def test_a_step_waiting_for_data_is_warned_once(tmp_path, caplog):
-    """Steps since the last log point that waited for data over 10 % of their time: one warning."""
+def _sixteen_cores(monkeypatch, local_ranks: int) -> None:
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(local_ranks))
+
+
+def test_read_threads_auto_follows_the_cores_each_rank_has(monkeypatch):
+    """``data.read_threads: auto`` (the default): the CPUs this process may run on shared by the
+    ranks of its host; a number is capped at that; 0 and words other than auto are refused."""
+    from jigsaw_earth.data.reader import read_threads
+
+    from jigsaw_earth.config import parse_config
+
+    assert parse_config({"data": {"store": "x"}}).data.read_threads == "auto"
+    _sixteen_cores(monkeypatch, 1)  # one GPU rank on a 16-core node
+    assert [read_threads("auto"), read_threads(8), read_threads(64)] == [16, 8, 16]
+    _sixteen_cores(monkeypatch, 4)
+    assert read_threads("auto") == 4
+    _sixteen_cores(monkeypatch, 32)
+    assert read_threads("auto") == 1
+    for bad in (0, "many"):
+        with pytest.raises(ValueError, match="read_threads"):
+            parse_config({"data": {"store": "x", "read_threads": bad}})
+
+
+def test_a_step_waiting_for_data_is_warned_once(tmp_path, caplog, monkeypatch):
+    """Steps since the last log point that waited for data over 10 % of their time: one warning,
+    naming the read threads chosen."""
     import logging
 
     from jigsaw_earth.training.monitor import Monitor
 
     from .train_helpers import tiny_config
 
+    _sixteen_cores(monkeypatch, 2)
     cfg = tiny_config(str(tmp_path), (1, 1, 1), logging={"every": 1, "wandb": {"mode": "disabled"}})
     monitor = Monitor(cfg, tmp_path, 0, 0)
     values = {
@@ -140,4 +168,5 @@ def test_a_step_waiting_for_data_is_warned_once(tmp_path, caplog):
             monitor.step(step, {**values, "compute_s": 0.5, "data_s": 0.47})
     monitor.close()
     warned = [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
-    assert len(warned) == 1 and "data.read_threads" in warned[0] and "bench io" in warned[0]
+    assert len(warned) == 1 and "bench io" in warned[0]
+    assert "data.read_threads=auto reads with 8 thread(s), one per core of this rank" in warned[0]

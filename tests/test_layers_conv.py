@@ -120,12 +120,13 @@ def _grads(fn, x, params):
 
 
 @pytest.mark.parametrize("lat_mode", ["zeros", "pole"])
-def test_one_rank_is_the_plain_op(lat_mode):
+def test_one_rank_is_the_plain_op(lat_mode, monkeypatch):
     """On one rank the layers are torch's own kernels on the padded input: outputs and weight
     gradients bit-identical to the plain-torch twin holding the same weights, input gradients
     equal up to the order in which a cell's halo copies are added (corners across the pole)."""
     import torch.nn.functional as F
 
+    from jigsaw_earth.distributed import conv_ring
     from jigsaw_earth.distributed.halo import Halo, pad_reference
 
     x = torch.randn(2, 4, 8, 12)
@@ -152,6 +153,10 @@ def test_one_rank_is_the_plain_op(lat_mode):
 
     (yc, gc) = _grads(gemm, x, [w, b])
     assert torch.equal(ya, yc) and all(torch.equal(p, q) for p, q in zip(ga, gc))
+    # on a GPU (no GEMM form: device.patch_conv_as_gemm) it is the plain convolution, bit for bit
+    monkeypatch.setattr(conv_ring, "patch_conv_as_gemm", lambda device: False)
+    (yd, gd) = _grads(embed, x, [w, b])
+    assert torch.equal(yd, yb) and all(torch.equal(p, q) for p, q in zip(gd, gb))
 
     up = Upsample(local_domain(8, 12), 4, 3, "transposed", lat_mode=lat_mode)
     w, b = up.conv.weight, up.conv.bias

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -13,6 +16,7 @@ from jigsaw_earth.checkpoint import latest_checkpoint, list_checkpoints
 from jigsaw_earth.checkpoint import manager as ckpt_manager
 from jigsaw_earth.config import load_config, parse_config
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
+from jigsaw_earth.signals import Preempted
 from jigsaw_earth.training import NonFiniteLossError, Trainer
 
 from .train_helpers import tiny_config, tiny_data, tiny_model
@@ -61,6 +65,63 @@ def test_exact_resume(tmp_path: Path, clean: list[float]) -> None:
     resumed = [h["loss"] for h in second.history]
     assert resumed == clean[10:], (resumed, clean[10:])  # bitwise: same mesh, same ops
     assert len(list_checkpoints(tmp_path)) == 2  # keep: 2
+
+
+def test_training_goes_on_while_a_checkpoint_is_written(
+    tmp_path: Path, clean: list[float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The step-5 checkpoint's files are held back until step 7 has started: training goes on
+    meanwhile, a crash at step 13 still leaves step 10's (the thread finishes it first), and the
+    resume from it is bitwise the uninterrupted run."""
+    ckpt = {"every": 5, "resume": "auto", "keep": 2}
+    first = _trainer(tmp_path, checkpoint=ckpt)
+    step_7, waited = threading.Event(), []
+    real_save, real_step = ckpt_manager.dcp.save, first.train_step
+
+    def held_save(*args: object, **kwargs: object) -> object:
+        if not waited:
+            waited.append(step_7.wait(timeout=30))
+        return real_save(*args, **kwargs)
+
+    def step(s: int) -> dict:
+        if s == 7:
+            step_7.set()
+        return real_step(s)
+
+    monkeypatch.setattr(ckpt_manager.dcp, "save", held_save)
+    first.train_step = step  # type: ignore[method-assign]
+    _fit_until(first, 13)
+    monkeypatch.undo()
+    assert waited == [True], "training waited for the step-5 checkpoint's files"
+    assert [h["loss"] for h in first.history] == clean[:12]
+    assert latest_checkpoint(tmp_path).name == "step_000000010"
+    second = _trainer(tmp_path, checkpoint=ckpt)
+    assert second.step == 10
+    second.fit()
+    assert [h["loss"] for h in second.history] == clean[10:]  # bitwise
+
+
+def test_stop_signal_completes_the_background_save_before_exit(tmp_path: Path, clean: list[float]) -> None:
+    """SIGUSR1 during step 4, whose periodic checkpoint goes to the background thread: ``fit``
+    raises ``Preempted`` (exit 75) only once that checkpoint is complete, and it resumes exactly."""
+    ckpt = {"every": 2, "resume": "auto", "keep": 2}
+    first = _trainer(tmp_path, checkpoint=ckpt)
+    real_step = first.train_step
+
+    def step(s: int) -> dict:
+        if s == 4:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return real_step(s)
+
+    first.train_step = step  # type: ignore[method-assign]
+    with pytest.raises(Preempted, match=r"after step 4 of 20; saved .*step_000000004"):
+        first.fit()
+    assert first.saver.pending_step is None
+    assert latest_checkpoint(tmp_path).name == "step_000000004"
+    second = _trainer(tmp_path, checkpoint=ckpt)
+    assert second.step == 4
+    second.fit()
+    assert [h["loss"] for h in second.history] == clean[4:]
 
 
 def test_resume_after_changing_how_data_are_read(tmp_path: Path, clean: list[float]) -> None:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from jigsaw_earth.models import build_model
 from torch import nn
 
 from jigsaw_earth import layers as J
 from jigsaw_earth import twins as T
+from jigsaw_earth.bench.plain_forms import user_pad
 from jigsaw_earth.layers.base import init_model, local_domain
 from jigsaw_earth.twins.check import twin_errors
 from jigsaw_earth.validation.checks_models import PAPER_TINY
@@ -138,3 +140,76 @@ def test_a_layer_without_a_plain_form_is_named():
     model = nn.Sequential(J.Linear(local_domain(*G), 8, 5), Custom())
     with pytest.raises(ValueError, match=r"1 \(Custom\)"):
         T.plain(model)
+
+
+# ------------------------------------------------------------ the twin is what a user would write
+def _user_conv(conv: nn.Conv2d, pad, modes):
+    (top, bottom), (left, right) = pad
+    return lambda x: F.conv2d(
+        user_pad(x, top, bottom, left, right, *modes), conv.weight, conv.bias, conv.stride, 0, conv.dilation
+    )
+
+
+USER_FORMS = {  # jigsaw layer → (its conv-like twin module, the user's forward with the twin's weights)
+    "conv2d_zeros": (
+        lambda d: J.Conv2d(d, 3, 5, 3),
+        lambda t: _user_conv(t, ((1, 1), (1, 1)), ("zeros", "periodic")),
+    ),
+    "conv2d_pole": (
+        lambda d: J.Conv2d(d, 3, 5, 3, lat_mode="pole"),
+        lambda t: _user_conv(t, ((1, 1), (1, 1)), ("pole", "periodic")),
+    ),
+    "conv2d_s2_d2_replicate_lonzeros": (
+        lambda d: J.Conv2d(d, 3, 4, 3, 2, 2, lat_mode="replicate", lon_mode="zeros"),
+        lambda t: _user_conv(t, ((2, 2), (2, 2)), ("replicate", "zeros")),
+    ),
+    "downsample_conv_pole": (
+        lambda d: J.Downsample(d, 3, 6, lat_mode="pole"),
+        lambda t: _user_conv(t.conv, ((1, 1), (1, 1)), ("pole", "periodic")),
+    ),
+    "patch_embed_pole": (  # 9 x 14 in 4 x 4 patches: 3 x 4 tokens, padded by (1, 2) rows, (1, 1) columns
+        lambda d: J.PatchEmbed(d, 3, 8, 4, lat_mode="pole"),
+        lambda t: lambda x: _user_conv(t, ((1, 2), (1, 1)), ("pole", "periodic"))(x).permute(0, 2, 3, 1),
+    ),
+    "upsample_transposed": (  # torch's size is 18 x 28: the output's first 17 x 27
+        lambda d: J.Upsample(d, 3, 2, out_grid=(17, 27)),
+        lambda t: lambda x: F.conv_transpose2d(x, t.conv.weight, t.conv.bias, 2)[..., :17, :27],
+    ),
+}
+
+
+def _aten_ops(fn, x: torch.Tensor) -> tuple[list[str], torch.Tensor]:
+    """The aten ops of one forward and backward of ``fn`` on ``x``, and its output."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.append(str(func.overloadpacket))
+            return func(*args, **(kwargs or {}))
+
+    x = x.detach().requires_grad_()
+    with Record() as rec:
+        y = fn(x)
+        y.backward(torch.ones_like(y))
+    return rec.ops, y.detach()
+
+
+@pytest.mark.parametrize("name", sorted(USER_FORMS))
+def test_conv_like_twin_is_what_a_user_writes(name):
+    """The twin of a convolution-like layer runs the aten ops, forward and backward, of
+    ``nn.Conv2d``/``nn.ConvTranspose2d`` after ``F.pad`` (circular in longitude; zeros, replicate
+    or the rows across the pole in latitude) on the same weights, bit for bit the same output:
+    no cell-by-cell indexing of the serial reference (``pad_reference``)."""
+    make, user = USER_FORMS[name]
+    twin = T.plain(init_model(make(local_domain(*G)), 0))
+    x = _x(2, 3, *G)
+    twin_ops, y_twin = _aten_ops(twin, x)
+    twin.zero_grad(set_to_none=True)  # the user's form accumulates into the same weights
+    user_ops, y_user = _aten_ops(user(twin), x)
+    assert twin_ops == user_ops
+    assert not [op for op in twin_ops if "index" in op]
+    assert torch.equal(y_twin, y_user)

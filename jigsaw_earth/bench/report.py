@@ -12,7 +12,10 @@ from .strategy_report import strategies_markdown
 
 __all__ = ["format_parts", "format_table", "load_results", "markdown"]
 
-HEADER = ("case", "jigsaw ms", "twin ms", "ratio median [min-max]", "CPU ratio", "memory ratio")
+HEADER = (
+    "case", "jigsaw ms", "twin ms", "ratio median [min-max]", "CPU ratio", "memory ratio",
+    "twin ÷ plain form [min-max]",
+)  # fmt: skip
 
 
 def _rows(results: Sequence[dict], meshes: Sequence[str]) -> list[tuple[str, ...]]:
@@ -26,10 +29,17 @@ def _rows(results: Sequence[dict], meshes: Sequence[str]) -> list[tuple[str, ...
             f"{q['median']:.2f} [{q['min']:.2f}-{q['max']:.2f}]",
             f"{r['cpu_ratio']['median']:.2f}",
             f"{r['memory']['ratio']:.2f}",
+            _plain(r),
         )
         row += tuple(f"{r['meshes'][m]['peak_fraction']:.2f}" if m in r["meshes"] else "-" for m in meshes)
         rows.append(row)
     return rows
+
+
+def _plain(r: dict) -> str:
+    """Twin ÷ the plain form a user writes (``plain_forms.py``), where the case has one."""
+    q = r.get("twin_vs_plain", {}).get("ratio")
+    return f"{q['median']:.2f} [{q['min']:.2f}-{q['max']:.2f}]" if q else "-"
 
 
 def _meshes(results: Sequence[dict]) -> list[str]:
@@ -150,7 +160,10 @@ def markdown(runs: Sequence[tuple[str, dict]], command: str) -> str:
         "*sent/rank*: the most bytes any rank sent in the step. On a shared CPU machine multi-rank",
         "timings measure waiting, so meshes report memory and bytes (and, with `--parts`, rank 0's time",
         "by layer, waits included). The `noise_floor` case times a twin against its own copy: its spread",
-        "is what this run's noise can do to any ratio.",
+        "is what this run's noise can do to any ratio. *Twin ÷ plain form*: the twin of a convolution-like",
+        "layer timed against what a user writes, `F.conv2d` / `F.conv_transpose2d` after `F.pad` (circular",
+        "in longitude; zeros or the rows across the pole in latitude) on the same weights",
+        "(`jigsaw_earth/bench/plain_forms.py`; both run the same aten ops, `tests/test_twins.py`).",
         "",
         "Reproduce: `jigsaw-earth bench all --json run.json` (`--device cuda`, `--dtype bf16` on a GPU;",
         "`bench layers` / `bench models --only NAME`, `--quick`, `--meshes 2x2,1x4|none`, `--repeats N`),",

@@ -17,6 +17,7 @@ from ..validation.layer_harness import scatter_tile
 from .cases import Case, layer_cases, model_cases, select
 from .measure import Step, peak_bytes, time_pair
 from .parts import layer_paths, part_times
+from .plain_forms import PLAIN_FORMS
 
 __all__ = ["check_case", "mesh_figures", "run_cases"]
 
@@ -60,6 +61,14 @@ def run_case(
     a, b = Step(jig, inputs, DTYPES[dtype]), Step(twin, inputs, DTYPES[dtype])
     timing = time_pair(a, b, repeats, device)
     mem_a, mem_b = peak_bytes(a, device), peak_bytes(b, device)
+    plain_form = {}
+    if case.name in PLAIN_FORMS:  # the twin against what a user writes (same weights)
+        user = _Form(twin, PLAIN_FORMS[case.name](twin))
+        with torch.no_grad():
+            if not torch.equal(twin(*inputs), user(*inputs)):
+                raise RuntimeError(f"bench {case.name}: the twin differs from the plain form a user writes")
+        pair = time_pair(b, Step(user, inputs, DTYPES[dtype]), repeats, device)
+        plain_form = {"twin_vs_plain": {"ratio": pair["ratio"], "plain_ms": pair["twin_ms"]}}
     if parts:  # the twin has the jigsaw model's module paths
         paths = layer_paths(jig)
         parts_ms = {
@@ -74,8 +83,20 @@ def run_case(
         **timing,
         "memory": {"jigsaw_bytes": mem_a, "twin_bytes": mem_b, "ratio": mem_a / mem_b},
         "meshes": {},
+        **plain_form,
         **({"parts": parts_ms} if parts else {}),
     }
+
+
+class _Form(torch.nn.Module):
+    """A plain form (``plain_forms.py``) as a module holding the twin's parameters."""
+
+    def __init__(self, twin: torch.nn.Module, forward):
+        super().__init__()
+        self.twin, self.form = twin, forward
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.form(x)
 
 
 def _mesh_worker(

@@ -1,7 +1,8 @@
 """Sharded, atomic checkpoints that load on any mesh (torch.distributed.checkpoint underneath)."""
 
 from .export import export_full_state_dict, load_full_tensors
-from .manager import latest_checkpoint, list_checkpoints, load_checkpoint, pinned, read_meta, save_checkpoint
+from .load import load_checkpoint
+from .manager import latest_checkpoint, list_checkpoints, pinned, read_meta, save_checkpoint
 from .state import capture_rng, restore_rng
 
 __all__ = [

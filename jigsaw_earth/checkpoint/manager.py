@@ -32,8 +32,9 @@ import socket
 import time
 import uuid
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,24 +48,24 @@ from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh
 from ..fs_errors import os_error_in
 from ..locks import pid_alive
-from .planner import Block, BlockLoadPlanner, BlockSavePlanner, SafeFileSystemReader
+from .planner import Block, BlockSavePlanner
 from .state import (
     model_blocks,
     optimizer_blocks,
     optimizer_json,
-    prepare_optimizer,
-    restore_optimizer_json,
 )
 
 __all__ = [
     "CHECKPOINT_DIR",
     "CheckpointWriteError",
+    "SaveJob",
+    "capture",
     "latest_checkpoint",
     "list_checkpoints",
-    "load_checkpoint",
     "pinned",
     "read_meta",
     "save_checkpoint",
+    "write_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
@@ -123,6 +124,65 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
+@dataclass
+class SaveJob:
+    """What one save writes, captured at its step: this rank's blocks (the live tensors, or host
+    copies for a save written in the background), ``meta.json`` and this rank's state."""
+
+    root: Path
+    step: int
+    blocks: dict[str, Block]
+    meta: dict[str, Any]
+    rank_state: dict[str, Any] | None
+    keep_last: int | None
+    expected_bytes: int | None
+
+    @property
+    def final(self) -> Path:
+        return self.root / f"step_{self.step:09d}"
+
+    @property
+    def tmp(self) -> Path:
+        return self.root / f"step_{self.step:09d}.tmp"
+
+
+def capture(
+    run_dir: str | os.PathLike,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    mesh: DomainMesh,
+    state: dict[str, Any] | None = None,
+    *,
+    rank_state: dict[str, Any] | None = None,
+    keep_last: int | None = 3,
+    expected_bytes: int | None = None,
+    stage: Callable[[dict[str, Block]], dict[str, Block]] | None = None,
+) -> SaveJob:
+    """The ``SaveJob`` of ``save_checkpoint``'s arguments; ``stage`` copies the blocks this rank
+    writes (e.g. into host memory) so that training may change the live tensors meanwhile."""
+    tensors = model_blocks(model)
+    if optimizer is not None:
+        tensors.update(optimizer_blocks(model, optimizer))
+    writes_shards = mesh.replicas.index == 0  # data × ensemble replicas hold identical shards: 0 writes
+    writes_whole = writes_shards and mesh.domain.index == 0
+    blocks = {k: b for k, (b, rep) in tensors.items() if (writes_whole if rep else writes_shards)}
+    meta = {
+        "format": FORMAT,
+        "version": VERSION,
+        "step": step,
+        "mesh": str(mesh.shape),
+        "world_size": mesh.shape.world_size,
+        "torch": torch.__version__,
+        "tensors": {k: {"global_shape": list(b.global_shape)} for k, (b, _) in tensors.items()},
+        "optimizer": None if optimizer is None else optimizer_json(model, optimizer),
+        "state": state or {},
+    }
+    root = Path(run_dir) / CHECKPOINT_DIR
+    staged = blocks if stage is None else stage(blocks)
+    return SaveJob(root, step, staged, meta, rank_state, keep_last, expected_bytes)
+
+
 def save_checkpoint(
     run_dir: str | os.PathLike,
     step: int,
@@ -140,7 +200,8 @@ def save_checkpoint(
     ``state`` (JSON-ready; rank 0's copy is stored) holds what else a resume needs: data-loader
     position, scheduler state, config hash. ``rank_state`` is per rank (e.g. ``capture_rng()``).
     Keeps the newest ``keep_last`` checkpoints (``None``: keep all) and never removes the one
-    ``latest`` names. Returns the final path.
+    ``latest`` names. Returns the final path. ``BackgroundSaver`` writes the same files from a
+    thread, training meanwhile.
 
     With ``expected_bytes`` (the checkpoint's estimated size) and too little free space, the
     checkpoints that this save would prune anyway are pruned *before* it (never ``latest``'s).
@@ -149,67 +210,68 @@ def save_checkpoint(
     it happened, ``CheckpointWriteError`` elsewhere; a later save can succeed.
     """
     t0 = time.perf_counter()
-    root = Path(run_dir) / CHECKPOINT_DIR
-    final = root / f"step_{step:09d}"
-    tmp = root / f"step_{step:09d}.tmp"
-    rank = _rank()
+    job = capture(
+        run_dir, step, model, optimizer, mesh, state,
+        rank_state=rank_state, keep_last=keep_last, expected_bytes=expected_bytes,
+    )  # fmt: skip
+    final = write_checkpoint(job, lambda failed: _any_rank(mesh, failed))
+    log.info("saved checkpoint %s in %.2f s", final, time.perf_counter() - t0)
+    return final
+
+
+def write_checkpoint(
+    job: SaveJob, any_rank: Callable[[bool], bool], group: dist.ProcessGroup | None = None
+) -> Path:
+    """Write ``job``'s files into ``step_N.tmp/`` and commit them; collective over the job.
+
+    ``any_rank(failed)`` tells every rank whether any rank failed (one all-reduce); DCP's own
+    collectives run on ``group`` (``None``: the default group).
+    """
+    tmp, rank = job.tmp, _rank()
     failure: BaseException | None = None
     if rank == 0:
         try:
-            root.mkdir(parents=True, exist_ok=True)
-            for stale in root.glob("step_*.tmp"):
+            job.root.mkdir(parents=True, exist_ok=True)
+            for stale in job.root.glob("step_*.tmp"):
                 shutil.rmtree(stale, ignore_errors=True)
-            if expected_bytes and keep_last is not None:
-                _make_room(root, expected_bytes, keep_last)
+            if job.expected_bytes and job.keep_last is not None:
+                _make_room(job.root, job.expected_bytes, job.keep_last)
             tmp.mkdir()
         except OSError as err:
             failure = err
-    _agree(mesh, failure, tmp, step)
-
-    tensors = model_blocks(model)
-    if optimizer is not None:
-        tensors.update(optimizer_blocks(model, optimizer))
-    writes_shards = mesh.replicas.index == 0  # data × ensemble replicas hold identical shards: 0 writes
-    writes_whole = writes_shards and mesh.domain.index == 0
-    blocks = {k: b for k, (b, rep) in tensors.items() if (writes_whole if rep else writes_shards)}
+    _agree(any_rank, failure, tmp, job.step)
     try:
-        _quiet(dcp.save, {}, storage_writer=dcp.FileSystemWriter(tmp), planner=BlockSavePlanner(blocks))
-        if rank_state is not None:
+        writer = dcp.FileSystemWriter(tmp)
+        _quiet(dcp.save, {}, storage_writer=writer, planner=BlockSavePlanner(job.blocks), process_group=group)
+        if job.rank_state is not None:
             (tmp / "rank_state").mkdir(exist_ok=True)
-            _write_json(tmp / "rank_state" / f"rank_{rank:05d}.json", rank_state)
+            _write_json(tmp / "rank_state" / f"rank_{rank:05d}.json", job.rank_state)
     except (Exception, CheckpointException) as err:  # DCP's CheckpointException is a BaseException
         failure = os_error_in(err) or err
-    _agree(mesh, failure, tmp, step)
-    meta = {
-        "format": FORMAT,
-        "version": VERSION,
-        "step": step,
-        "mesh": str(mesh.shape),
-        "world_size": mesh.shape.world_size,
-        "torch": torch.__version__,
-        "tensors": {k: {"global_shape": list(b.global_shape)} for k, (b, _) in tensors.items()},
-        "optimizer": None if optimizer is None else optimizer_json(model, optimizer),
-        "state": state or {},
-    }
+    _agree(any_rank, failure, tmp, job.step)
     try:
-        _commit(tmp, final, meta, keep_last)
+        _commit(tmp, job.final, job.meta, job.keep_last)
     except OSError as err:
         failure = err
-    _agree(mesh, failure, tmp, step)
-    log.info("saved checkpoint %s in %.2f s", final, time.perf_counter() - t0)
-    return final
+    _agree(any_rank, failure, tmp, job.step)
+    return job.final
 
 
 class CheckpointWriteError(ValueError):
     """Another rank could not write its part of a checkpoint (its own error names the cause)."""
 
 
-def _agree(mesh: DomainMesh, failure: BaseException | None, tmp: Path, step: int) -> None:
-    """Collective: if any rank failed, rank 0 removes ``tmp`` and every rank raises."""
-    failed = torch.tensor([0.0 if failure is None else 1.0], device=mesh.device)
+def _any_rank(mesh: DomainMesh, failed: bool) -> bool:
+    """Collective over the mesh: whether any rank ``failed``."""
+    flag = torch.tensor([1.0 if failed else 0.0], device=mesh.device)
     if dist.is_initialized():
-        all_reduce_(failed, mesh.world, op="checkpoint.agree", reduce=dist.ReduceOp.MAX)
-    if not failed.item():
+        all_reduce_(flag, mesh.world, op="checkpoint.agree", reduce=dist.ReduceOp.MAX)
+    return bool(flag.item())
+
+
+def _agree(any_rank: Callable[[bool], bool], failure: BaseException | None, tmp: Path, step: int) -> None:
+    """Collective: if any rank failed, rank 0 removes ``tmp`` and every rank raises."""
+    if not any_rank(failure is not None):
         return
     if _rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -218,8 +280,6 @@ def _agree(mesh: DomainMesh, failure: BaseException | None, tmp: Path, step: int
             f"checkpoint of step {step} not saved: another rank could not write its part (its error "
             f"names the path and the cause); {tmp} was removed and the previous checkpoint is untouched"
         )
-    if isinstance(failure, OSError):
-        raise failure
     raise failure
 
 
@@ -363,71 +423,3 @@ def read_meta(path: str | os.PathLike) -> dict[str, Any]:
             f"{FORMAT!r} version {VERSION}"
         )
     return meta
-
-
-def _check_shapes(path: Path, meta: dict[str, Any], blocks: dict[str, Block]) -> None:
-    saved = meta["tensors"]
-    missing = sorted(k for k in blocks if k not in saved)
-    if missing:
-        raise ValueError(
-            f"checkpoint {path} has no {', '.join(missing[:5])}{' …' if len(missing) > 5 else ''} "
-            f"({len(missing)} missing); it was written by a different model — build the same model "
-            "(same name, preset and overrides) as the run that saved it"
-        )
-    for k, b in blocks.items():
-        if tuple(saved[k]["global_shape"]) != tuple(b.global_shape):
-            raise ValueError(
-                f"checkpoint {path}: {k} has global shape {tuple(saved[k]['global_shape'])}, the model's is "
-                f"{tuple(b.global_shape)}; build the model with the configuration it was saved with"
-            )
-
-
-def load_checkpoint(
-    path: str | os.PathLike,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    mesh: DomainMesh,
-    *,
-    strict: bool = True,
-) -> dict[str, Any]:
-    """Load a checkpoint written on any mesh into this rank's blocks; collective over the job.
-
-    Returns ``{"step", "state", "rank_state", "mesh"}``; ``rank_state`` is this rank's saved
-    per-rank state when the job has the same world size as the saving one, else ``None``.
-    ``strict=False`` skips model tensors the checkpoint lacks (e.g. fine-tuning a new head).
-    """
-    t0 = time.perf_counter()
-    path = Path(path)
-    meta = read_meta(path)
-    blocks = {k: b for k, (b, _) in model_blocks(model).items()}
-    if not strict:
-        blocks = {k: b for k, b in blocks.items() if k in meta["tensors"]}
-    if optimizer is not None:
-        if meta["optimizer"] is None:
-            raise ValueError(f"checkpoint {path} has no optimizer state; load it with optimizer=None")
-        restore_optimizer_json(optimizer, meta["optimizer"])
-        prepare_optimizer(model, optimizer, meta["optimizer"])
-        blocks.update({k: b for k, (b, _) in optimizer_blocks(model, optimizer).items()})
-    _check_shapes(path, meta, blocks)
-    targets = {k: Block(b.tensor.detach(), b.global_shape, b.offsets) for k, b in blocks.items()}
-    try:
-        with torch.no_grad():
-            _quiet(dcp.load, {}, storage_reader=SafeFileSystemReader(path), planner=BlockLoadPlanner(targets))
-    except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
-        first = str(e).strip().splitlines()
-        detail = next(
-            (ln for ln in reversed(first) if "Error" in ln), first[-1] if first else type(e).__name__
-        )
-        raise ValueError(
-            f"cannot read checkpoint {path}: {detail.strip()}; its files are missing, truncated or "
-            f"corrupted — delete {path} and resume from an older checkpoint (list_checkpoints(RUN_DIR))"
-        ) from e
-    rank_state = None
-    rank_file = path / "rank_state" / f"rank_{_rank():05d}.json"
-    if meta["world_size"] == mesh.shape.world_size and rank_file.is_file():
-        rank_state = json.loads(rank_file.read_text())
-    if _rank() == 0:  # one line per job, not per rank
-        log.info(
-            "loaded checkpoint %s (saved on mesh %s) in %.2f s", path, meta["mesh"], time.perf_counter() - t0
-        )
-    return {"step": meta["step"], "state": meta["state"], "rank_state": rank_state, "mesh": meta["mesh"]}

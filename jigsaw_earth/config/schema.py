@@ -125,11 +125,12 @@ class DataConfig(Section):
         2,
         ge=0,
     )
-    read_threads: int = doc(
+    read_threads: PositiveInt | Literal["auto"] = doc(
         "threads reading one batch's fields in parallel (file reads, decompression and copies release "
-        "the GIL)",
-        2,
-        gt=0,
+        "the GIL); auto = the cores this rank has: the CPUs the process may run on (its affinity) "
+        "shared by the ranks of its host (LOCAL_WORLD_SIZE, or Slurm's tasks per node); a number is "
+        "capped at that too",
+        "auto",
     )
 
 
@@ -233,6 +234,13 @@ class CheckpointConfig(Section):
     every: int = doc("save a sharded checkpoint every N steps (0 = only the final one)", 50, ge=0)
     keep: int = doc("periodic checkpoints kept (the newest; older ones are deleted)", 2, ge=1)
     resume: str = doc("'auto' resumes from the newest checkpoint in run.dir, 'never', or a path", "auto")
+    background: bool = doc(
+        "write the periodic checkpoints from a background thread while training goes on: a save stalls "
+        "training only for the copy of this rank's blocks into host memory (which it keeps: host memory "
+        "the size of the rank's part of a checkpoint); the final and the stop-signal checkpoints are "
+        "complete before the run ends. false: every save writes before training goes on",
+        True,
+    )
 
 
 class WandbConfig(Section):

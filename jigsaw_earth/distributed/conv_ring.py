@@ -13,12 +13,13 @@ A message is one block flattened, bias appended: ``out_k·(in·kh·kw + 1)`` val
 ``(in·kh·kw + 1) × out_k`` column block that ``channel_bytes("weights", ...)`` prices. On one
 rank this is a single ``F.conv2d`` / ``F.conv_transpose2d`` with plain autograd.
 
-A **patch convolution** (stride = kernel tiling the window exactly: ``PatchEmbed``) is computed as
-GEMMs on the window's patch rows ``(b, i, j) × (c, u, v)`` instead, forward and backward, on one
-rank too: oneDNN's convolution measured 2–7× slower than the GEMM there for the weight gradient
-(the fewer output channels, the slower: 99 ms against 13 ms per block of WeatherMixer ``small``'s
-embedding at 64 × 128 on 1×2). The output is then channels-last memory seen as
-``(B, out, h, w)``, as ``PatchEmbed`` returns it anyway.
+A **patch convolution** (stride = kernel tiling the window exactly: ``PatchEmbed``) on the CPU is
+computed as GEMMs on the window's patch rows ``(b, i, j) × (c, u, v)`` instead, forward and
+backward, on one rank too: oneDNN's convolution measured 2–7× slower than the GEMM there for the
+weight gradient (the fewer output channels, the slower: 99 ms against 13 ms per block of
+WeatherMixer ``small``'s embedding at 64 × 128 on 1×2). The output is then channels-last memory
+seen as ``(B, out, h, w)``, as ``PatchEmbed`` returns it anyway. On a GPU the native convolution
+is the faster (``device.patch_conv_as_gemm``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from collections.abc import Sequence
 import torch
 import torch.nn.functional as F
 
+from ..device import patch_conv_as_gemm
 from .comm import run_exchange
 from .matmul import _ACC, _RING, _as, _like, _send_recv
 from .mesh import Axis
@@ -83,11 +85,13 @@ def _grad_input(dy, x, w, spec: ConvSpec) -> torch.Tensor:
 
 
 def _is_patch(x: torch.Tensor, w: torch.Tensor, spec: ConvSpec) -> bool:
-    """A non-overlapping patch convolution tiling ``x`` exactly (PatchEmbed): stride = kernel."""
+    """A non-overlapping patch convolution tiling ``x`` exactly (PatchEmbed): stride = kernel, on a
+    device where its GEMM form is the faster (``device.patch_conv_as_gemm``)."""
     stride, dilation, transposed = spec
     kh, kw = w.shape[-2:]
     exact = x.shape[-2] % kh == 0 and x.shape[-1] % kw == 0
-    return not transposed and tuple(stride) == (kh, kw) and tuple(dilation) == (1, 1) and exact
+    patch = not transposed and tuple(stride) == (kh, kw) and tuple(dilation) == (1, 1) and exact
+    return patch and patch_conv_as_gemm(x.device)
 
 
 def _add_patch_grad(acc: torch.Tensor | None, dy: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

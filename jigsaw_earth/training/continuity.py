@@ -66,6 +66,8 @@ def _resume_key(resolved: dict[str, Any], reading: bool = False) -> dict[str, An
     if not reading:
         for name in _READING_KEYS:
             key["data"].pop(name, None)
+    elif key["data"].get("read_threads") == "auto":
+        key["data"]["read_threads"] = 2  # its default while hashes held it
     training = resolved.get("training") or {}
     key["batch_size"] = training.get("batch_size")
     if training.get("members", 1) != 1:

@@ -37,6 +37,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 
 from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from ..checkpoint.background import BackgroundSaver
 from ..config.advice import check_learnable
 from ..config.schema import TrainConfig
 from ..data.batch import Batch
@@ -101,6 +102,7 @@ class Trainer:
         self.run_dir = Path(cfg.run.dir)
         set_precision(cfg.training.precision)
         self._lock = None  # rank 0: run.dir's lock, held from the preflight to the end of ``fit``
+        self.saver = BackgroundSaver()  # periodic checkpoints, written while training goes on
         set_overlap(cfg.distributed.overlap == "on")
         if cfg.distributed.transport == "backend":
             set_transport(None)  # the mesh may have connected shared memory (init_mesh's default)
@@ -188,7 +190,12 @@ class Trainer:
         self.compile_log = CompileLog(self.run_dir, mesh.rank) if cfg.logging.compile_report else None
 
     def close(self) -> None:
-        """Release run.dir's lock (rank 0; ``fit`` does it when it ends). Idempotent."""
+        """Finish the checkpoint being written, then release run.dir's lock (rank 0; ``fit`` does it
+        when it ends). Idempotent."""
+        try:
+            self.saver.wait()
+        except Exception as err:  # fit is ending on another error: this one is logged, that one raised
+            log.error("the checkpoint written in the background failed: %s", err)
         if self._lock is not None:
             self._lock.release()
             self._lock = None
@@ -217,10 +224,19 @@ class Trainer:
         log.info("resumed from %s at step %d (saved on mesh %s)", path, self.step, info["mesh"])
         return path
 
-    def save(self) -> Path:
+    def save(self, background: bool = False) -> Path:
+        """Checkpoint this step (collective). ``background`` (and ``checkpoint.background``): return
+        once the blocks are copied to host memory, the files written meanwhile (``BackgroundSaver``);
+        otherwise return once the checkpoint is complete (a background save of this step included)."""
+        if self.saver.pending_step == self.step:  # this step's background save: its end
+            path = self.saver.wait()
+            if path is not None:
+                return path
         state = {"config_hash": config_hash(self.cfg), "skipped": self.skipped, "run": self.cfg.run.name}
         state.update(run_record=run_record(self.cfg, self.data), init_from=self.lineage)
-        return save_checkpoint(
+        save = self.saver.save if background and self.cfg.checkpoint.background else save_checkpoint
+        self.saver.wait()  # one save at a time: the one in flight first
+        return save(
             self.run_dir,
             self.step,
             self.model,
@@ -417,9 +433,9 @@ class Trainer:
                         monitor.record("val", self.step, self.run_validation())
                         self._note_compile(f"validation at step {self.step}", None)
                     saved = (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0) or last
-                    ckpt = self.save() if saved else None
+                    ckpt = self.save(background=not last) if saved else None
                     if not last and stop.should_stop():
-                        ckpt = ckpt or self.save()
+                        ckpt = self.save()  # complete before the exit (this step's background save)
                         raise Preempted(
                             f"stopped on {stop.received} after step {self.step} of {cfg.training.steps}; "
                             f"saved {ckpt}; run the same command again (sbatch --requeue does) to resume"

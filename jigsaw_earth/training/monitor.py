@@ -26,7 +26,9 @@ from tqdm import tqdm
 
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
+from ..data.reader import read_threads
 from ..device import peak_memory_bytes
+from ..distributed.mesh import cores_per_rank
 from .accounting import format_breakdown, format_step
 from .rundir import truncate_metrics
 
@@ -131,17 +133,28 @@ class Monitor:
             return
         self._data_warned = True
         mesh = f"{self.cfg.mesh.lat}x{self.cfg.mesh.lon}"
+        d = self.cfg.data
+        threads, cores = read_threads(d.read_threads), cores_per_rank()
+        setting = f"data.read_threads={d.read_threads}"
+        if threads < cores:
+            reading = f"Raise data.read_threads ({setting}: {threads} of this rank's {cores} cores read)"
+        else:  # auto, or as many: one thread per core
+            reading = (
+                f"{setting} reads with {threads} thread(s), one per core of this rank (give each rank "
+                "more cores: fewer ranks per host, or Slurm's --cpus-per-task)"
+            )
         log.warning(
             "steps up to %d waited %.0f ms per step for their batches (%.0f%% of the time): reading is "
-            "slower than the step. "
-            "Raise data.read_threads or data.prefetch, write the store for this mesh (jigsaw-earth data "
-            "prepare SRC --out DST --for-mesh %s --compression none), and compare jigsaw-earth bench io "
-            "%s --mesh %s with the step time",
+            "slower than the step. %s; raise data.prefetch (it is %d), write the store for this mesh "
+            "(jigsaw-earth data prepare SRC --out DST --for-mesh %s --compression none), and compare "
+            "jigsaw-earth bench io %s --mesh %s with the step time",
             step,
             1e3 * waited / max(steps, 1),
             100 * share,
+            reading,
+            d.prefetch,
             mesh,
-            self.cfg.data.store,
+            d.store,
             mesh,
         )
 

@@ -6,9 +6,9 @@ geometry; the models keep their own code. ``build_twin(name, grid, ...)`` does i
 registered model. Each layer's maths is therefore written once; the twin is independent of the
 jigsaw layer where that layer computes with its own code (distributed matmuls, convolutions and
 window gathers, ring attention, sharded norms, halo exchanges, mesh-invariant dropout), which the
-twin replaces by the op a PyTorch user would call on the whole field and by the serial
-definitions ``pad_reference`` / ``window_reference``. The twins are the baselines of
-``jigsaw-earth bench`` and what its DDP, FSDP2 and tensor-parallel strategies wrap.
+twin replaces by what a PyTorch user would write for the whole field (``nn.Conv2d`` after
+``F.pad``, circular in longitude, for the convolutions: ``sphere_pad``). The twins are the
+baselines of ``jigsaw-earth bench`` and what its DDP, FSDP2 and tensor-parallel strategies wrap.
 """
 
 from .check import twin_errors

@@ -1,16 +1,18 @@
 """The plain form of each jigsaw layer, built from the one-rank layer itself (``PLAIN``).
 
-A plain form reads the layer's geometry (its receptive-field windows, paddings, token grids,
-crop offsets, masks) and computes with the op torch gives for the whole field where the layer
-uses its own code: ``nn.Linear`` for the distributed matmuls, ``nn.Conv2d`` /
-``nn.ConvTranspose2d`` on ``window_reference`` (the serial definition of the window gathers and
-halo exchanges) for the convolutions, ``F.fold`` for patch recovery, ``nn.LayerNorm`` and
-``nn.GroupNorm`` for the norms, ``F.scaled_dot_product_attention`` for ring attention,
-``F.avg_pool2d`` / ``F.max_pool2d`` / ``F.interpolate`` for the resamplers, ``nn.Dropout`` for the
-mesh-invariant mask. Formulas no distributed code computes are called, not copied: the
-activations, neighbourhood attention's scores on the padded K/V, the bilinear weights.
-Parameters keep torch's layouts; ``canonical_to_twin`` / ``canonical_names`` say how a jigsaw
-tensor maps onto them (``load.py``).
+A plain form reads the layer's geometry (its paddings, receptive-field windows, token grids,
+crop offsets, masks) and computes with what a PyTorch user writes for the whole field where the
+layer uses its own code: ``nn.Linear`` for the distributed matmuls; ``nn.Conv2d`` /
+``nn.ConvTranspose2d`` after ``sphere_pad`` for the convolutions and the patch embedding
+(``F.pad``: circular in longitude; zeros, replicate or the rows across the pole in latitude, as
+the layer says), never the serial reference of the halo exchange (``pad_reference``), which
+indexes cell by cell; ``F.fold`` for patch recovery, ``nn.LayerNorm`` and ``nn.GroupNorm`` for
+the norms, ``F.scaled_dot_product_attention`` for ring attention, ``F.avg_pool2d`` /
+``F.max_pool2d`` / ``F.interpolate`` for the resamplers, ``nn.Dropout`` for the mesh-invariant
+mask. Formulas no distributed code computes are called, not copied: the activations,
+neighbourhood attention's scores on the padded K/V, the bilinear weights. Parameters keep
+torch's layouts; ``canonical_to_twin`` / ``canonical_names`` say how a jigsaw tensor maps onto
+them (``load.py``).
 """
 
 from __future__ import annotations
@@ -23,13 +25,49 @@ import torch.nn.functional as F
 from torch import nn
 
 from .. import layers as J
-from ..distributed.halo import pad_reference, window_reference
+from ..distributed.halo import LatMode, LonMode, Window
 from ..layers.attention import merge_heads, neighbourhood_attention, split_heads
 from ..layers.conv_transpose import crop_output
 from ..layers.mlp import PairBlock
 from ..layers.resample import _Interpolate, _Pool, interpolate_window
 
-__all__ = ["MLP", "PLAIN", "TokenMixing"]
+__all__ = ["MLP", "PLAIN", "TokenMixing", "sphere_pad", "sphere_window"]
+
+Pair = tuple[int, int]
+
+
+def sphere_pad(x: torch.Tensor, pad: tuple[Pair, Pair], lat_mode: LatMode, lon_mode: LonMode) -> torch.Tensor:
+    """A field ``(B, C, H, W)`` padded by ``((top, bottom), (left, right))`` as a PyTorch user pads
+    it: the latitude rows first (``F.pad`` with zeros or ``replicate``; for ``pole`` the rows
+    across the pole: the ones inside it, flipped and turned half a circle), then longitude with
+    ``F.pad(mode="circular")`` (or zeros)."""
+    (top, bottom), (left, right) = pad
+    if top or bottom:
+        if lat_mode == "pole":
+            half, n_lat = x.shape[-1] // 2, x.shape[-2]
+            above = x[..., :top, :].flip(-2).roll(half, -1)
+            below = x[..., n_lat - bottom :, :].flip(-2).roll(half, -1)
+            x = torch.cat([above, x, below], dim=-2)
+        else:
+            x = F.pad(x, (0, 0, top, bottom), mode="constant" if lat_mode == "zeros" else "replicate")
+    if left or right:
+        x = F.pad(x, (left, right, 0, 0), mode="circular" if lon_mode == "periodic" else "constant")
+    return x
+
+
+def sphere_window(x: torch.Tensor, window: Window, lat_mode: LatMode, lon_mode: LonMode) -> torch.Tensor:
+    """``window = (lat_lo, lat_hi, lon_lo, lon_hi)`` of the field padded by ``sphere_pad`` (a view
+    of it, or of ``x`` when the window lies inside the grid)."""
+    n_lat, n_lon = x.shape[-2:]
+    lat_lo, lat_hi, lon_lo, lon_hi = window
+    top, bottom, left, right = (
+        max(0, -lat_lo),
+        max(0, lat_hi - n_lat),
+        max(0, -lon_lo),
+        max(0, lon_hi - n_lon),
+    )
+    y = sphere_pad(x, ((top, bottom), (left, right)), lat_mode, lon_mode)
+    return y[..., lat_lo + top : lat_hi + top, lon_lo + left : lon_hi + left]
 
 
 class Linear(nn.Linear):
@@ -95,7 +133,7 @@ def _group_norm(layer: J.GroupNorm) -> nn.GroupNorm:
 
 
 class Conv2d(nn.Conv2d):
-    """``nn.Conv2d`` (no padding of its own) on the layer's receptive field of the whole field; for
+    """``nn.Conv2d`` (no padding of its own) after ``sphere_pad`` by the layer's padding; for
     ``PatchEmbed`` (weight ``(C·p·p, D)`` in jigsaw) the tokens come out channels-last."""
 
     def __init__(self, layer: J.Conv2d | J.PatchEmbed):
@@ -103,18 +141,19 @@ class Conv2d(nn.Conv2d):
         kernel, dilation = (layer.patch, 1) if embed else (layer.kernel, layer.dilation)
         out_ch = layer.embed_dim if embed else layer.out_ch
         super().__init__(layer.in_ch, out_ch, kernel, layer.stride, 0, dilation, bias=layer.bias is not None)
-        self.window, self.modes, self.channels_last = layer.windows[0], layer.modes, embed
+        self.pad, self.modes, self.channels_last = layer.padding, layer.modes, embed
 
     def canonical_to_twin(self, name: str, t: torch.Tensor) -> torch.Tensor:
         return t.t().reshape(self.weight.shape) if self.channels_last and name == "weight" else t
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = super().forward(window_reference(x, self.window, *self.modes))
+        y = super().forward(sphere_pad(x, self.pad, *self.modes))
         return y.permute(0, 2, 3, 1) if self.channels_last else y
 
 
 class ConvTranspose2d(nn.ConvTranspose2d):
-    """``nn.ConvTranspose2d`` on the input window that reaches the output, cropped to the output."""
+    """``nn.ConvTranspose2d`` on the input points that reach the output (the field itself when the
+    output is torch's size, else ``sphere_window``), cropped to the output."""
 
     def __init__(self, layer: J.ConvTranspose2d):
         super().__init__(layer.in_ch, layer.out_ch, layer.kernel, layer.stride, bias=layer.bias is not None)
@@ -122,8 +161,13 @@ class ConvTranspose2d(nn.ConvTranspose2d):
         self.out = layer.out_domain.tile.shape
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        z = super().forward(window_reference(x, self.window, *self.modes))
-        return crop_output(z, self.offset, self.out)
+        if self.window != (0, x.shape[-2], 0, x.shape[-1]):
+            x = sphere_window(x, self.window, *self.modes)
+        z = super().forward(x)
+        (top, left), (h, w) = self.offset, self.out
+        if top + h <= z.shape[-2] and left + w <= z.shape[-1]:
+            return z[..., top : top + h, left : left + w]
+        return crop_output(z, self.offset, self.out)  # zeros where the output reaches past z
 
 
 class PatchRecovery(nn.Linear):
@@ -160,7 +204,7 @@ class Pool(nn.Module):
 
 class Interpolate(nn.Module):
     """``F.interpolate(mode="nearest")``; bilinear on the sphere: the layer's weights on the
-    ``window_reference`` of the field."""
+    ``sphere_window`` of the field."""
 
     def __init__(self, layer: _Interpolate):
         super().__init__()
@@ -172,7 +216,7 @@ class Interpolate(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.mode == "nearest":
             return F.interpolate(x, size=self.out, mode="nearest")
-        y = window_reference(x, self.window, *self.modes)
+        y = sphere_window(x, self.window, *self.modes)
         return interpolate_window(y, "bilinear", (self.idx0, self.idx1), (self.lam0, self.lam1))
 
 
@@ -190,7 +234,7 @@ class GlobalAttention(nn.Module):
 
 
 class LocalAttention(GlobalAttention):
-    """Neighbourhood attention on K/V padded by ``pad_reference``, between ``nn.Linear`` projections."""
+    """Neighbourhood attention on K/V padded by ``sphere_pad``, between ``nn.Linear`` projections."""
 
     def __init__(self, layer: J.LocalAttention):
         super().__init__(layer)
@@ -199,7 +243,8 @@ class LocalAttention(GlobalAttention):
         self.register_buffer("valid", layer.valid, persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        kv = pad_reference(torch.cat([self.k(x), self.v(x)], dim=-1).permute(0, 3, 1, 2), self.halo)
+        kv = torch.cat([self.k(x), self.v(x)], dim=-1).permute(0, 3, 1, 2)
+        kv = sphere_pad(kv, (self.halo.lat, self.halo.lon), self.halo.lat_mode, self.halo.lon_mode)
         out = neighbourhood_attention(self.q(x), kv, self.num_heads, self.radius, self.rel_bias, self.valid)
         return self.proj(out)
 
