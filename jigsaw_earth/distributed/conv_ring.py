@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..device import patch_conv_as_gemm
+from .comm import run_exchange
 from .matmul import _ACC, _RING, _as, _like, _send_recv
 from .mesh import Axis
 
@@ -244,4 +245,4 @@ def conv_ring(
             y = _patch_conv(_patch_rows(x, (kh, kw)), w, b)
             return y.view(x.shape[0], x.shape[2] // kh, x.shape[3] // kw, w.shape[0]).permute(0, 3, 1, 2)
         return _conv(x, w, b, spec)
-    return _ConvWeights.apply(x, w, b, axis, tuple(out_sizes), spec)
+    return run_exchange(_ConvWeights.apply, x, w, b, axis, tuple(out_sizes), spec)
