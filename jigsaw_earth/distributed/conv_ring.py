@@ -31,6 +31,7 @@ import torch
 import torch.nn.functional as F
 
 from ..device import patch_conv_as_gemm
+from .comm import run_exchange
 from .matmul import _ACC, _RING, _as, _like, _send_recv
 from .mesh import Axis
 
@@ -240,7 +241,7 @@ def conv_ring(
     spec: ConvSpec = (tuple(stride), tuple(dilation), transposed)  # type: ignore[assignment]
     if axis.size == 1:
         return conv_whole(x, w, b, stride, dilation, transposed)
-    return _ConvWeights.apply(x, w, b, axis, tuple(out_sizes), spec)
+    return run_exchange(_ConvWeights.apply, x, w, b, axis, tuple(out_sizes), spec)
 
 
 def conv_whole(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: tuple[int, int],

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .comm import run_exchange
 from .matmul import (
     _ACC,
     _RING,
@@ -326,5 +327,6 @@ def matmul_pair(
     chosen = pair_strategy(strategy, counts, x.shape[1], hid_sizes, out_sizes, training, input_grad)
     hid, out = tuple(hid_sizes), tuple(out_sizes)
     if chosen == "weights":
-        return _PairWeights.apply(x, w1, b1, w2, b2, axis, hid, out, act, act_grad, drop)
-    return _PairActivations.apply(x, w1, b1, w2, b2, axis, hid, out, tuple(counts), act, act_grad, drop)
+        return run_exchange(_PairWeights.apply, x, w1, b1, w2, b2, axis, hid, out, act, act_grad, drop)
+    args = (x, w1, b1, w2, b2, axis, hid, out, tuple(counts), act, act_grad, drop)
+    return run_exchange(_PairActivations.apply, *args)

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from ..distributed.collectives import all_gather
-from ..distributed.comm import comm_site, exchange
+from ..distributed.comm import comm_site, exchange, run_exchange
 from ..distributed.matmul import Strategy, autocast_operands, matmul_tokens, token_bytes, token_strategy
 from ..distributed.mesh import Axis
 from ..distributed.tiles import Tile
@@ -170,15 +170,21 @@ def _summed(axis: Axis, w1_own: torch.Tensor, xt: torch.Tensor) -> torch.Tensor:
     added in rank order (the same bits on every rank), in the accumulation dtype (fp32 under autocast)."""
     w1_own, xt = autocast_operands(w1_own, xt)
     part = w1_own @ xt
+    parts = run_exchange(_partials, axis, part)  # eagerly under torch.compile (one graph break)
+    total = parts[0].float()
+    for k in range(1, axis.size):
+        total = total + parts[k].float()
+    return total
+
+
+def _partials(axis: Axis, part: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's partial sum, in rank order (this rank's own is ``part``)."""
     me, peers = axis.index, [k for k in range(axis.size) if k != axis.index]
     got = exchange(axis, [(axis.ranks[k], part) for k in peers], [(axis.ranks[k], part.shape) for k in peers],
                    op="token_mixing.replica", dtype=part.dtype, device=part.device).wait()  # fmt: skip
     parts = dict(zip(peers, got))
     parts[me] = part
-    total = parts[0].float()
-    for k in range(1, axis.size):
-        total = total + parts[k].float()
-    return total
+    return [parts[k] for k in range(axis.size)]
 
 
 def _tile_parameter(global_shape: tuple[int, ...], tile: Tile) -> nn.Parameter:
