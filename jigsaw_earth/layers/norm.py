@@ -31,6 +31,7 @@ from ..distributed.mesh import Axis
 from .base import Domain, sharded_parameter
 from .channels import ChannelDim, ChannelDims
 from .cost import Cost, all_reduce_bytes, gather_bytes
+from .replicas import Replicating
 
 __all__ = ["GroupNorm", "InstanceNorm", "LayerNorm", "gather_affine", "prefetch_affine", "release_affine"]
 
@@ -67,8 +68,8 @@ def prefetch_affine(model: nn.Module) -> tuple[_AffineNorm, ...]:
 
 def _hold_affine(model: nn.Module) -> tuple[_AffineNorm, ...]:
     groups: dict[tuple[int, ...], list[_AffineNorm]] = {}
-    for m in model.modules():
-        if isinstance(m, _AffineNorm) and m.weight is not None and m.domain.size > 1:
+    for m in model.modules():  # a norm holding its gathered affine (replicas.py) needs no gather
+        if isinstance(m, _AffineNorm) and m.weight is not None and m.domain.size > 1 and m.replica() is None:
             groups.setdefault(m.domain.axis.ranks, []).append(m)
     held: list[_AffineNorm] = []
     for norms in groups.values():
@@ -116,7 +117,7 @@ def _affine_index(sizes: tuple[tuple[int, ...], ...]) -> torch.Tensor:
     return torch.tensor(index, dtype=torch.int64)
 
 
-class _AffineNorm(nn.Module):
+class _AffineNorm(Replicating, nn.Module):
     """Shared parameter handling: ``weight`` (ones) and ``bias`` (zeros), shards of ``(C,)``."""
 
     jigsaw_layer = True
@@ -163,7 +164,20 @@ class _AffineNorm(nn.Module):
 
     _prefetched: tuple[torch.Tensor, torch.Tensor] | None = None  # set by ``prefetch_affine``
 
+    def gather_replica(self) -> tuple[torch.Tensor, ...]:
+        """The whole affine weight and bias (``replicas.py``; collective); none without affine."""
+        if self.weight is None:
+            return ()
+        with comm_site(type(self).__name__):
+            return gather_affine(self.weight, self.bias, self.domain, self.channels)  # type: ignore[return-value]
+
+    def replica_numel(self) -> int:
+        return 0 if self.weight is None else 2 * self.channels
+
     def _affine(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        replica = self.replica()
+        if replica:
+            return replica  # type: ignore[return-value]
         if self._prefetched is not None:
             return self._prefetched
         with comm_site(type(self).__name__):
