@@ -5,8 +5,9 @@ meet. What depends on the kind of device lives here once: which device a rank co
 (``distributed.device``: ``auto`` = this rank's GPU when torch sees one, else the CPU; ranks that
 outnumber a host's GPUs share them, ``LOCAL_RANK`` modulo their count), the process-group backend
 that goes with it, synchronising for timers, memory figures, pinned host memory for non-blocking
-copies, and the device's name. A device torch does not ship reaches every rank through
-``JIGSAW_DEVICE_PLUGIN`` (``load_device_plugin``).
+copies, copies off the device on a stream of their own (``CopyOut``), device time without a host
+sync per span (``DeviceTimer``), and the device's name. A device torch does not ship reaches every
+rank through ``JIGSAW_DEVICE_PLUGIN`` (``load_device_plugin``).
 """
 
 from __future__ import annotations
@@ -15,15 +16,18 @@ import importlib
 import importlib.util
 import os
 import sys
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
 __all__ = [
     "PLUGIN_ENV",
+    "CopyOut",
+    "DeviceTimer",
     "copies_done",
-    "copy_to_host",
     "default_backend",
     "device_count",
     "device_name",
@@ -206,18 +210,65 @@ def copies_done(device: torch.device) -> Callable[[], None]:
     return done.synchronize
 
 
-def copy_to_host(x: torch.Tensor) -> tuple[torch.Tensor, Callable[[], None]]:
-    """Start copying ``x`` into page-locked host memory; returns the host tensor and a ``wait()`` to
-    call before reading it. On the CPU ``x`` itself and a no-op."""
-    if x.device.type == "cpu":
-        return x, _nothing
-    if x.device.type != "cuda":
-        return x.cpu(), _nothing
-    host = torch.empty(x.shape, dtype=x.dtype, pin_memory=True)
-    host.copy_(x, non_blocking=True)
-    done = torch.cuda.Event()
-    done.record()
-    return host, done.synchronize
+class CopyOut:
+    """Copies device tensors into host buffers (``host_empty``) on a CUDA stream of their own, so
+    the next kernels of the compute stream run while a copy is in flight; on the CPU a plain copy.
+    ``copy`` returns a ``wait()`` to call (from any thread) before the host reads the buffer."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self.timer = DeviceTimer(device, self.stream)
+
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> Callable[[], None]:
+        if self.stream is None:
+            with self.timer:
+                dst.copy_(src)
+            return _nothing
+        self.stream.wait_stream(torch.cuda.current_stream(self.device))  # src is computed
+        with torch.cuda.stream(self.stream), self.timer:
+            dst.copy_(src, non_blocking=True)
+        src.record_stream(self.stream)  # its memory is not reused before the copy is done
+        done = torch.cuda.Event()
+        done.record(self.stream)
+        return done.synchronize
+
+
+class DeviceTimer:
+    """Seconds of device work inside ``with timer:`` blocks, summed: on CUDA, events recorded on
+    ``stream`` (default: the current one) and read by ``total()`` (which waits for them: call it
+    after the timed work); on the CPU the wall time of each block."""
+
+    def __init__(self, device: torch.device, stream: Any = None):
+        self.cuda = device.type == "cuda"
+        self.stream, self.seconds = stream, 0.0
+        self._events: list[tuple[Any, Any]] = []
+        self._t0 = 0.0
+
+    def __enter__(self) -> DeviceTimer:
+        if self.cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
+            self._events.append((start, None))
+        else:
+            self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.cuda:
+            end = torch.cuda.Event(enable_timing=True)
+            end.record(self.stream)
+            self._events[-1] = (self._events[-1][0], end)
+        else:
+            self.seconds += time.perf_counter() - self._t0
+
+    def total(self) -> float:
+        """The summed seconds (on CUDA this waits for the last timed work to finish)."""
+        for start, end in self._events:
+            end.synchronize()
+            self.seconds += start.elapsed_time(end) / 1e3
+        self._events.clear()
+        return self.seconds
 
 
 def _nothing() -> None:

@@ -8,14 +8,17 @@ Grids are equiangular: row ``i`` of ``n_lat`` rows lies at ``90 − 180·i/(n_la
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from torch import nn
 
 from .. import sphere
+from ..distributed.comm import arm_for_compile
 from ..layers.base import Domain
 from ..layers.channels import ChannelDims, ModelChannels, prefixed
-from ..layers.norm import prefetch_affine
+from ..layers.norm import prefetch_affine, release_affine
 from ..layers.patch import PatchEmbed, PatchRecovery
 from ..sphere import N_COORD_CHANNELS
 
@@ -145,6 +148,11 @@ class Forecaster(nn.Module):
     input_layer = "embed"
     output_layer = "recover"
 
+    def compile(self, *args: Any, **kwargs: Any) -> None:
+        """``nn.Module.compile`` with every exchange a graph break (``comm.arm_for_compile``)."""
+        arm_for_compile()
+        super().compile(*args, **kwargs)
+
     def forward_stage(self, path: str) -> int:
         """Where the module at ``path`` runs in the forward, for ordering: modules registered in
         forward order (the default) all share stage 0; a model that registers them otherwise
@@ -252,6 +260,7 @@ class Forecaster(nn.Module):
     def forward(self, state: torch.Tensor, static: torch.Tensor, time: torch.Tensor) -> torch.Tensor:
         self._check(state, static, time)
         coords = coordinate_channels(self.domain, state.dtype, state.device) if self.coord_channels else None
-        with prefetch_affine(self):  # one all-gather for every norm's affine parameters
-            delta = self.predict(assemble_inputs(state, static, time, coords))
+        held = prefetch_affine(self) if self.domain.size > 1 else ()  # every norm's affine, one all-gather
+        delta = self.predict(assemble_inputs(state, static, time, coords))
+        release_affine(held)
         return state + delta if self.residual else delta

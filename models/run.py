@@ -24,10 +24,11 @@ from torch import nn
 from ..config.schema import TrainConfig
 from ..data.samples import TrainData
 from ..data.times import N_TIME_FEATURES
+from ..distributed.comm import arm_for_compile
 from ..distributed.mesh import DomainMesh
 from ..layers.base import Domain, init_model
 
-__all__ = ["build_run_model", "model_step"]
+__all__ = ["build_run_model", "compile_model", "model_step"]
 
 
 def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.Module:
@@ -53,8 +54,15 @@ def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.M
             cfg.model.name,
         )
     if cfg.training.compile:
-        model.compile()  # in place: parameters, state dict and checkpoints are the eager model's
+        compile_model(model)
     return model
+
+
+def compile_model(model: nn.Module, backend: str = "inductor") -> None:
+    """``torch.compile`` the model in place (parameters, state dict and checkpoints stay the eager
+    model's), every exchange a graph break (``distributed.comm.arm_for_compile``)."""
+    arm_for_compile()
+    model.compile(backend=backend)
 
 
 def model_step(

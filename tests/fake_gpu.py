@@ -2,8 +2,8 @@
 
 ``fakegpu`` (torch's PrivateUse1 slot, ``fake_device.py``) has ``FAKEGPU_COUNT`` devices per host
 (default 8). Its tensors hold their values on the CPU but report ``fakegpu:K`` as their device, and
-every operator is checked the way CUDA checks it: tensors of two devices in one operator raise (a CPU tensor, or
-``fakegpu:0`` with ``fakegpu:1``), except a 0-dim CPU tensor read as a scalar (CUDA lifts those),
+every operator is checked the way CUDA checks it: tensors of two devices in one operator raise (a CPU
+tensor, or ``fakegpu:0`` with ``fakegpu:1``), except a 0-dim CPU tensor read as a scalar (CUDA lifts those),
 never a CPU tensor written by the operator (``total += cuda_tensor`` into a CPU scalar raises on
 CUDA). Copies between devices (``.to``, ``copy_``) and CPU index tensors are allowed, as on CUDA.
 ``fakegpu`` without an index is the current device (``torch.fakegpu.set_device``), as ``cuda`` is.

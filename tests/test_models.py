@@ -142,7 +142,7 @@ def _prefetch_compare(domain, name: str, state, static, time) -> dict:
     out = {}
     for mode in ("prefetch", "each"):
         ctx = (
-            mock.patch.object(models_package.common, "prefetch_affine", lambda m: contextlib.nullcontext())
+            mock.patch.object(models_package.common, "prefetch_affine", lambda m: ())
             if mode == "each"
             else contextlib.nullcontext()
         )

@@ -37,6 +37,7 @@ STORE = {"n_lat": 12, "n_lon": 24, "start": "2020-01-01", "end": "2020-01-18", "
          "upper_air": ("geopotential", "temperature"), "surface": ("2m_temperature",)}  # fmt: skip
 # one init per batch, 8 steps each
 PREDICT = ["--every-hours", "6", "--batch-size", "1", "--steps", "8"]
+WRITES = 3  # ForecastWriter.write calls per batch: one per variable (its 8 leads fill one chunk)
 LAUNCH_S = 300
 
 
@@ -428,7 +429,7 @@ def test_ctrl_c_stops_a_second_interrupts_and_an_error_keeps_what_is_recorded(
 
     def interrupted(self, *args, **kwargs) -> None:  # a second Ctrl-C lands in the next batch but one
         calls.append(1)
-        if len(calls) == 8 + 3:
+        if len(calls) == WRITES + 2:
             raise KeyboardInterrupt
         write(self, *args, **kwargs)
 
@@ -440,7 +441,7 @@ def test_ctrl_c_stops_a_second_interrupts_and_an_error_keeps_what_is_recorded(
 
     def broken(self, *args, **kwargs) -> None:  # an error in the next batch but one: kept as well
         calls.append(1)
-        if len(calls) == 8 + 3:
+        if len(calls) == WRITES + 2:
             raise OSError(28, "No space left on device")
         write(self, *args, **kwargs)
 

@@ -10,6 +10,10 @@
   (``commands/bench_strategies.py``).
 * ``bench scaling CONFIG --world-size N``: strong scaling of the trainer on 1 and N ranks, with the
   step breakdown and plan's prediction (``commands/bench_scaling.py``).
+* ``bench forecast CONFIG --world-size N``: one forecast (one init, one member) on 1 and N ranks,
+  as predict runs it, with where its time went (``commands/bench_forecast.py``).
+* ``bench compile CONFIG --meshes 1x1,1x2,2x2``: the trainer compiled against eager, step by step:
+  compiled ÷ eager step time, loss agreement, graph breaks and recompiles (``commands/bench_compile.py``).
 * ``bench io STORE --mesh LATxLON``: one training sample per rank through the tile reader against
   raw reads of the same bytes, tensorstore and zarr (``commands/bench_io.py``).
 """
@@ -40,6 +44,7 @@ from ..distributed.matmul import (
 from ..distributed.mesh import DomainMesh, parse_mesh
 from ..distributed.spawn import spawn
 from ..layers.base import Domain
+from .bench_compile import add_compile_parser, run_bench_compile
 from .output import check_json, write_json, write_text
 
 log = logging.getLogger(__name__)
@@ -121,6 +126,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sc.add_argument("--steps", type=int, default=5, help="measured steps per run (default 5)")
     sc.add_argument("--warmup", type=int, default=2, help="warm-up steps per run (default 2)")
     sc.add_argument("--repeats", type=int, help="interleaved repeats (default 3)")
+
+    fc = kinds.add_parser("forecast", help="one forecast's latency on 1 and N ranks, as predict runs it")
+    _config_flags(fc)
+    fc.add_argument("--steps", type=int, default=40, help="model steps of the forecast (default 40)")
+    fc.add_argument("--meshes", metavar="LATxLON[,...]", help="the meshes of N ranks (default: every one)")
+    fc.add_argument("--no-write", action="store_true", help="write nothing (default: every lead)")
+    fc.add_argument("--repeats", type=int, help="interleaved repeats (default 3)")
+    add_compile_parser(kinds)
 
     io = kinds.add_parser("io", help="a training sample per rank through the tile reader, against raw reads")
     io.add_argument("inputs", nargs="*", type=Path, metavar="STORE", help="the Zarr store")
@@ -208,6 +221,8 @@ JSON_KEYS = {
     "all": ("kind", "meta", "results"),
     "strategies": ("kind", "meta", "results"),
     "scaling": ("kind", "meta", "result"),
+    "forecast": ("kind", "meta", "result"),
+    "compile": ("kind", "meta", "result"),
     "io": ("ranks", "cache"),
     "matmul": ("channels", "tokens"),
 }
@@ -230,6 +245,12 @@ def run(args: argparse.Namespace) -> int:
         from .bench_scaling import run_bench_scaling
 
         return run_bench_scaling(args)
+    if args.what == "forecast":
+        from .bench_forecast import run_bench_forecast
+
+        return run_bench_forecast(args)
+    if args.what == "compile":
+        return run_bench_compile(args)
     if args.what == "io":
         from .bench_io import run_io
 

@@ -194,7 +194,8 @@ class TrainingConfig(Section):
     )
     compile: bool = doc(
         "torch.compile the model (inductor): norms, activations, dropout masks and casts fuse around the "
-        "matrix products; the first steps compile (minutes for large models); exchanges stay graph breaks",
+        "matrix products; the first steps compile (minutes for large models); on a mesh each exchange is "
+        "one graph break (docs/layers.md)",
         False,
     )
     nan_policy: Literal["stop", "skip"] = doc(
@@ -260,6 +261,12 @@ class LoggingConfig(Section):
         "devices table for A100/H100/H200/V100, none on CPU)",
         None,
         gt=0,
+    )
+    compile_report: bool = doc(
+        "with training.compile: per step, what torch.compile compiled (graphs, graph breaks with their "
+        "reason and place, recompiles with the guard that failed), logged on rank 0 when a step compiled "
+        "anything, and compile-report-rankR.json in run.dir (docs/training.md)",
+        False,
     )
     profile_step: int = doc(
         "profile this optimizer step with torch.profiler (CPU and CUDA activities) on every rank: "
@@ -353,6 +360,11 @@ class TrainConfig(Section):
                 f"config training.init_from={t.init_from!r} and checkpoint.resume={resume!r} both "
                 "name weights to start from; init_from starts a new run from another run's weights, resume "
                 "continues a run: keep one (checkpoint.resume=auto resumes this run once it has checkpoints)"
+            )
+        if self.logging.compile_report and not t.compile:
+            raise ValueError(
+                "config logging.compile_report=true reports what torch.compile compiles, but "
+                "training.compile=false; set training.compile=true, or drop logging.compile_report"
             )
         if o.min_lr > o.lr:
             raise ValueError(f"config optim: need min_lr ({o.min_lr}) <= lr ({o.lr}); lower min_lr")

@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .comm import all_reduce_, exchange
+from .comm import all_reduce_, exchange, run_exchange
 from .mesh import Axis
 
 __all__ = ["all_gather", "all_reduce", "reduce_scatter"]
@@ -115,16 +115,20 @@ def _norm_dim(x: torch.Tensor, dim: int) -> int:
 
 def all_gather(x: torch.Tensor, axis: Axis, dim: int, sizes: Sequence[int]) -> torch.Tensor:
     """Concatenate every rank's ``x`` along ``dim`` in axis order; shard ``k`` has ``sizes[k]``."""
-    return _AllGather.apply(x, axis, _norm_dim(x, dim), tuple(sizes))
+    if axis.size == 1:
+        return x
+    return run_exchange(_AllGather.apply, x, axis, _norm_dim(x, dim), tuple(sizes))
 
 
 def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int, sizes: Sequence[int]) -> torch.Tensor:
     """Sum ``x`` over the axis and keep this rank's slice (``sizes`` split ``dim``)."""
-    return _ReduceScatter.apply(x, axis, _norm_dim(x, dim), tuple(sizes))
+    if axis.size == 1:
+        return x
+    return run_exchange(_ReduceScatter.apply, x, axis, _norm_dim(x, dim), tuple(sizes))
 
 
 def all_reduce(x: torch.Tensor, axis: Axis) -> torch.Tensor:
     """Sum of ``x`` over the axis, on every rank."""
     if axis.size == 1:
         return x
-    return _AllReduce.apply(x, axis)
+    return run_exchange(_AllReduce.apply, x, axis)

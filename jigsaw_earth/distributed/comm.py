@@ -17,6 +17,17 @@ overlap is (docs/scaling.md). The trainer's ``distributed.overlap`` sets it (def
 The ledger also keeps ``wait_s``: the seconds this rank spent blocked in communication
 (``Pending.wait``, the all-reduces, and any call made inside ``blocking()``): the exposed
 communication of the trainer's step accounting. Two clock reads per blocking call, so it stays on.
+
+Under ``torch.compile`` every exchange runs eagerly between compiled graphs: ``run_exchange`` (the
+one way the layers call an exchanging autograd function) calls it through a
+``torch.compiler.disable``d function once ``arm_for_compile()`` has made one (``models.run.
+compile_model`` and ``Forecaster.compile`` do; it imports Dynamo, which a process that compiles
+nothing never loads). Each exchange is then one graph break at its call, the compiled code around
+it is traced once, and nothing of the transport (Python objects, the ledger, the shared-memory
+rings) is traced. ``comm_site`` tags
+nothing while Dynamo traces (a user context manager around a graph break would make Dynamo run the
+rest of the function uncompiled): the compiled forward's bytes are recorded under their op names
+(``unnamed:…``), as every backward's are. docs/layers.md lists the breaks.
 """
 
 from __future__ import annotations
@@ -25,25 +36,29 @@ import contextlib
 import os
 import time
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from ..device import copy_to_host, host_empty
+from ..device import copies_done, host_empty
 from .axis import Axis
 
 __all__ = [
     "CommLedger",
     "Pending",
     "all_reduce_",
+    "arm_for_compile",
     "blocking",
     "comm_site",
+    "constant_when_compiled",
     "exchange",
     "ledger",
     "overlap_enabled",
     "ring_bytes",
+    "run_exchange",
     "set_overlap",
     "set_transport",
     "wire_device",
@@ -116,8 +131,9 @@ def wire_device(device: torch.device) -> torch.device:
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
     """``t`` copied to pinned host memory, the copy finished (a send reads the memory at once)."""
-    host, wait = copy_to_host(t.contiguous())
-    wait()
+    host = host_empty(t.shape, t.dtype, t.device)
+    host.copy_(t, non_blocking=True)
+    copies_done(t.device)()
     return host
 
 
@@ -130,14 +146,69 @@ def overlap_enabled() -> bool:
     return _overlap[0]
 
 
+def comm_site(name: str) -> contextlib.AbstractContextManager[None]:
+    """Tag the communication issued inside the block (nested names join with ``/``); while
+    Dynamo traces, a ``nullcontext`` (the module docstring says why)."""
+    if torch.compiler.is_compiling():
+        return contextlib.nullcontext()
+    return _site(name)
+
+
 @contextlib.contextmanager
-def comm_site(name: str) -> Iterator[None]:
-    """Tag the communication issued inside the block (nested names join with ``/``)."""
+def _site(name: str) -> Iterator[None]:
     ledger._stack.append(name)
     try:
         yield
     finally:
         ledger._stack.pop()
+
+
+_EAGER: list[Callable[..., Any]] = []  # ``_call`` under torch.compiler.disable, once armed
+_CONSTANT: list[Callable[..., Any]] = []  # functions Dynamo calls while tracing and keeps the result of
+
+
+def _call(fn: Callable[..., Any], *args: Any) -> Any:
+    return fn(*args)
+
+
+def arm_for_compile() -> None:
+    """Prepare ``torch.compile`` for the exchanges; call it before compiling a model.
+
+    Every ``run_exchange`` becomes a graph break, run eagerly with Dynamo off inside it (nothing
+    of an exchange is traced). Dynamo's nested graph breaks (where this torch has them, set
+    process-wide) let a break inside a layer resume tracing in that layer, so the graphs run from
+    one exchange to the next instead of splitting every enclosing forward at the call that led
+    to it; and a frame may hold 64 compiled variants (one frame serves every instance of a layer,
+    each shape its own variant) before Dynamo would leave it uncompiled. The functions of
+    ``constant_when_compiled`` are marked ``torch.compiler.assume_constant_result``."""
+    if not _EAGER:
+        _EAGER.append(
+            torch.compiler.disable(_call, reason="a jigsaw exchange, run eagerly between compiled graphs")
+        )
+        for fn in _CONSTANT:
+            torch.compiler.assume_constant_result(fn)  # marks ``fn`` in place
+    config = torch._dynamo.config
+    if hasattr(config, "nested_graph_breaks"):
+        config.nested_graph_breaks = True
+    config.recompile_limit = max(config.recompile_limit, 64)
+
+
+def constant_when_compiled(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Register ``fn``, a pure function of hashable arguments (a plan, a check), for
+    ``torch.compiler.assume_constant_result`` when ``arm_for_compile`` runs: Dynamo then calls it
+    once while tracing and keeps the answer instead of tracing its body (and the caches in it)."""
+    _CONSTANT.append(fn)
+    if _EAGER:
+        torch.compiler.assume_constant_result(fn)
+    return fn
+
+
+def run_exchange(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)``, where ``fn`` (an exchanging autograd function's ``apply``) moves messages
+    between ranks in its forward or backward; after ``arm_for_compile`` never traced by
+    ``torch.compile`` (one graph break per call). Call it only where messages move: a one-rank
+    path stays plain torch, compiled."""
+    return _EAGER[0](fn, *args) if _EAGER else fn(*args)
 
 
 @contextlib.contextmanager

@@ -31,10 +31,11 @@ import torch
 import torch.nn.functional as F
 
 from ..device import patch_conv_as_gemm
+from .comm import run_exchange
 from .matmul import _ACC, _RING, _as, _like, _send_recv
 from .mesh import Axis
 
-__all__ = ["ConvSpec", "conv_ring"]
+__all__ = ["ConvSpec", "conv_ring", "conv_whole"]
 
 ConvSpec = tuple[tuple[int, int], tuple[int, int], bool]  # stride, dilation, transposed
 
@@ -239,9 +240,17 @@ def conv_ring(
         )
     spec: ConvSpec = (tuple(stride), tuple(dilation), transposed)  # type: ignore[assignment]
     if axis.size == 1:
-        if _is_patch(x, w, spec):  # the GEMMs of the ring below, differentiated by autograd
-            kh, kw = w.shape[-2:]
-            y = _patch_conv(_patch_rows(x, (kh, kw)), w, b)
-            return y.view(x.shape[0], x.shape[2] // kh, x.shape[3] // kw, w.shape[0]).permute(0, 3, 1, 2)
-        return _conv(x, w, b, spec)
-    return _ConvWeights.apply(x, w, b, axis, tuple(out_sizes), spec)
+        return conv_whole(x, w, b, stride, dilation, transposed)
+    return run_exchange(_ConvWeights.apply, x, w, b, axis, tuple(out_sizes), spec)
+
+
+def conv_whole(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, stride: tuple[int, int],
+               dilation: tuple[int, int] = (1, 1), transposed: bool = False) -> torch.Tensor:  # fmt: skip
+    """The unpadded convolution of the window ``x`` with a whole weight, no message: one rank's
+    ``conv_ring``, and a forecast's on weights gathered once (``layers/replicas.py``)."""
+    spec: ConvSpec = (tuple(stride), tuple(dilation), transposed)  # type: ignore[assignment]
+    if _is_patch(x, w, spec):  # the GEMMs of the ring, differentiated by autograd
+        kh, kw = w.shape[-2:]
+        y = _patch_conv(_patch_rows(x, (kh, kw)), w, b)
+        return y.view(x.shape[0], x.shape[2] // kh, x.shape[3] // kw, w.shape[0]).permute(0, 3, 1, 2)
+    return _conv(x, w, b, spec)

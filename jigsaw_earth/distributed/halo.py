@@ -10,9 +10,11 @@ sends halo gradients back to their owners, where they are added, so repeated sou
 (replicate, narrow grids) get every contribution.
 
 Blocks are contiguous runs of source rows and columns, so every copy is a slice (rows across a
-pole are a flipped slice) and nothing is indexed. A rank that exchanges nothing and whose window
-lies inside its tile gets a view of the tile (no copy, plain autograd); otherwise the window is
-built in one buffer: the covered cells copied once, only the zero-padding cells filled.
+pole are a flipped slice) and nothing is indexed. A rank that exchanges nothing gets its window
+in plain torch (autograd gives the adjoint; ``torch.compile`` traces it): a view of the tile when
+the window lies inside it (no copy), else one buffer with the covered cells copied once and only
+the zero-padding cells filled. Where messages move, the gather and its adjoint are autograd
+functions run through ``comm.run_exchange`` (under ``torch.compile``, one graph break each).
 
 The same machinery gathers any per-rank window of the global grid (``gather_windows``): patch
 embedding, strided convolution and resampling use it to fetch exactly their receptive field.
@@ -30,7 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from ..sphere import col_sources, row_sources
-from .comm import exchange
+from .comm import constant_when_compiled, exchange, run_exchange
 from .mesh import Axis
 from .tiles import TileGrid
 
@@ -249,6 +251,31 @@ def _lead(x: torch.Tensor) -> tuple[int, ...]:
     return tuple(x.shape[:-2])
 
 
+def _window_of_tile(x: torch.Tensor, shape: tuple[int, int], zeros, blocks) -> torch.Tensor:
+    """The window ``shape`` with the cells this rank's tile ``x`` supplies (``blocks``) and its
+    zero padding filled; the cells other ranks supply are left for them."""
+    out = x.new_empty(*_lead(x), *shape)
+    for rows, cols in zeros:
+        out[..., rows, cols] = 0
+    for b in blocks:
+        out[..., b.dst_rows, b.dst_cols] = _source(x, b)
+    return out
+
+
+def _tile_of_window(y: torch.Tensor, shape: tuple[int, int], blocks) -> torch.Tensor:
+    """The tile ``shape`` holding the sum of the window ``y``'s cells that map into it (``blocks``,
+    this rank's own); other ranks' cells are added by the caller."""
+    # start from a copy of the block that covers the whole tile, if one does (the interior)
+    whole = next((b for b in blocks if b.shape == shape and not b.flip), None)
+    if whole is not None:
+        out = y[..., whole.dst_rows, whole.dst_cols].clone(memory_format=torch.contiguous_format)
+        blocks = [b for b in blocks if b is not whole]
+    else:
+        out = y.new_zeros(*_lead(y), *shape)
+    _add_back(out, [y[..., b.dst_rows, b.dst_cols] for b in blocks], blocks)
+    return out
+
+
 def _gather(x, grid, windows, lat_mode, lon_mode, axis, op):
     """Each rank's window of the global field whose tiles are ``x``."""
     me = axis.index
@@ -266,11 +293,8 @@ def _gather(x, grid, windows, lat_mode, lon_mode, axis, op):
             dtype=x.dtype,
             device=x.device,
         )
-    out = x.new_empty(*lead, lat_hi - lat_lo, lon_hi - lon_lo)
-    for rows, cols in _window_plan(grid, windows[me], lat_mode, lon_mode)[1]:
-        out[..., rows, cols] = 0
-    for b in recv.get(me, []):
-        out[..., b.dst_rows, b.dst_cols] = _source(x, b)
+    zeros = _window_plan(grid, windows[me], lat_mode, lon_mode)[1]
+    out = _window_of_tile(x, (lat_hi - lat_lo, lon_hi - lon_lo), zeros, recv.get(me, []))
     if pending is not None:
         for k, flat in zip(peers, pending.wait()):
             _unpack(out, flat, recv[k])
@@ -300,18 +324,7 @@ def _scatter_add(y, grid, windows, lat_mode, lon_mode, axis, op):
             dtype=y.dtype,
             device=y.device,
         )
-    shape = grid.tile_of(me).shape
-    local = recv.get(me, [])
-    # start from a copy of the block that covers the whole tile, if one does (the interior)
-    whole = next((b for b in local if b.shape == shape and not b.flip), None)
-    if whole is not None:
-        out = y[..., whole.dst_rows, whole.dst_cols].contiguous()
-        if out.data_ptr() == y.data_ptr():
-            out = out.clone()
-        local = [b for b in local if b is not whole]
-    else:
-        out = y.new_zeros(*lead, *shape)
-    _add_back(out, [y[..., b.dst_rows, b.dst_cols] for b in local], local)
+    out = _tile_of_window(y, grid.tile_of(me).shape, recv.get(me, []))
     if pending is not None:
         for (_, blocks), flat in zip(send.items(), pending.wait()):
             _add_back(out, _split(flat, blocks), blocks)
@@ -356,6 +369,25 @@ def _check_windows(grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, l
     _check_modes(grid, lat_mode, lon_mode, overhang)
 
 
+@constant_when_compiled
+def _route(
+    grid: TileGrid, windows: tuple[Window, ...], lat_mode: str, lon_mode: str, me: int
+) -> tuple | None:
+    """How this rank gets its window, after checking the windows: ``None`` when messages move
+    (the exchange), else ``(view, blocks, zeros)``: the slices of the tile that are the whole
+    window (a view, no copy) or None, and the blocks of its own tile and the zero padding that
+    make it. A pure function of its arguments (``constant_when_compiled``): ``torch.compile``
+    calls it once while tracing and keeps the answer (the plan's caches are never traced), so a
+    window without messages (one rank, or a halo along an axis the mesh does not split) stays
+    inside the compiled graph."""
+    _check_windows(grid, windows, lat_mode, lon_mode)
+    recv, send = _plan(grid, windows, lat_mode, lon_mode, me)
+    if send or any(k != me for k in recv):
+        return None
+    view = _view_of_tile(grid, windows, lat_mode, lon_mode, me)
+    return view, tuple(recv.get(me, [])), _window_plan(grid, windows[me], lat_mode, lon_mode)[1]
+
+
 def gather_windows(
     x: torch.Tensor,
     grid: TileGrid,
@@ -372,11 +404,14 @@ def gather_windows(
     """
     _check_tile(x, grid, axis)
     windows = tuple(windows)
-    _check_windows(grid, windows, lat_mode, lon_mode)
-    view = _view_of_tile(grid, windows, lat_mode, lon_mode, axis.index)
+    route = _route(grid, windows, lat_mode, lon_mode, axis.index)
+    if route is None:
+        return run_exchange(_WindowGather.apply, x, grid, windows, lat_mode, lon_mode, axis, op)
+    view, blocks, zeros = route
     if view is not None:
         return x[..., view[0], view[1]]
-    return _WindowGather.apply(x, grid, windows, lat_mode, lon_mode, axis, op)
+    lat_lo, lat_hi, lon_lo, lon_hi = windows[axis.index]
+    return _window_of_tile(x, (lat_hi - lat_lo, lon_hi - lon_lo), zeros, blocks)  # autograd: the adjoint
 
 
 def scatter_add_windows(
@@ -394,16 +429,17 @@ def scatter_add_windows(
     Overlapping patch recovery and transposed convolution sum their contributions with this.
     """
     windows = tuple(windows)
-    _check_windows(grid, windows, lat_mode, lon_mode)
+    route = _route(grid, windows, lat_mode, lon_mode, axis.index)
     lat_lo, lat_hi, lon_lo, lon_hi = windows[axis.index]
     if tuple(y.shape[-2:]) != (lat_hi - lat_lo, lon_hi - lon_lo):
         raise ValueError(f"window data has shape {tuple(y.shape[-2:])}, its window is {windows[axis.index]}")
-    view = _view_of_tile(grid, windows, lat_mode, lon_mode, axis.index)
-    if view is not None and (view[0].stop - view[0].start, view[1].stop - view[1].start) == tuple(
-        grid.tile_of(axis.index).shape
-    ):
+    if route is None:
+        return run_exchange(_WindowScatterAdd.apply, y, grid, windows, lat_mode, lon_mode, axis, op)
+    view, blocks, _ = route
+    tile = tuple(grid.tile_of(axis.index).shape)
+    if view is not None and (view[0].stop - view[0].start, view[1].stop - view[1].start) == tile:
         return y
-    return _WindowScatterAdd.apply(y, grid, windows, lat_mode, lon_mode, axis, op)
+    return _tile_of_window(y, tile, list(blocks))
 
 
 def halo_exchange(x: torch.Tensor, grid: TileGrid, halo: Halo, axis: Axis) -> torch.Tensor:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 
 import torch
 
-from .comm import exchange
+from .comm import exchange, run_exchange
 from .mesh import Axis
 from .tiles import split_offsets
 
@@ -454,8 +454,8 @@ def decide(strategy: str, price: Callable[[str], tuple[int, int]], training: boo
     fewest, counting the backward only when training; any other strategy is kept as given."""
     if strategy != "auto":
         return strategy
-    costs = {s: price(s) for s in ("weights", "activations")}
-    return min(costs, key=lambda s: costs[s][0] + (costs[s][1] if training else 0))
+    totals = [sum(price(s)[: 2 if training else 1]) for s in ("weights", "activations")]
+    return "weights" if totals[0] <= totals[1] else "activations"  # a tie: weights
 
 
 def channel_strategy(
@@ -527,8 +527,8 @@ def matmul_channels(
         strategy, counts, w.shape[0], out_sizes, b is not None, training, _needs_grad(x)
     )  # type: ignore[assignment]
     if strategy == "weights":
-        return _ChannelWeights.apply(x, w, b, axis, tuple(out_sizes))
-    return _ChannelActivations.apply(x, w, b, axis, tuple(out_sizes), tuple(counts))
+        return run_exchange(_ChannelWeights.apply, x, w, b, axis, tuple(out_sizes))
+    return run_exchange(_ChannelActivations.apply, x, w, b, axis, tuple(out_sizes), tuple(counts))
 
 
 def matmul_tokens(
@@ -563,5 +563,5 @@ def matmul_tokens(
     training = _training(x, a, b)
     strategy = token_strategy(strategy, in_counts, out_counts, x.shape[1], training, _needs_grad(x))  # type: ignore[assignment]
     if strategy == "activations":
-        return _TokenActivations.apply(x, a, b, axis, tuple(in_counts), tiles)
-    return _TokenWeights.apply(x, a, b, axis, tuple(in_counts), tuple(out_counts), tiles)
+        return run_exchange(_TokenActivations.apply, x, a, b, axis, tuple(in_counts), tiles)
+    return run_exchange(_TokenWeights.apply, x, a, b, axis, tuple(in_counts), tuple(out_counts), tiles)

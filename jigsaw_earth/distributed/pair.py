@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from .comm import run_exchange
 from .matmul import (
     _ACC,
     _RING,
@@ -39,7 +40,7 @@ from .matmul import (
 from .mesh import Axis
 from .tiles import split_offsets
 
-__all__ = ["matmul_pair", "pair_bytes", "pair_strategy"]
+__all__ = ["matmul_pair", "pair_bytes", "pair_strategy", "pair_whole"]
 
 Activation = Callable[[torch.Tensor], torch.Tensor]
 ActivationGrad = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (dh, z) -> dz
@@ -283,6 +284,14 @@ def pair_strategy(
     )
 
 
+def pair_whole(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor, w2: torch.Tensor, b2: torch.Tensor,
+               act: Activation, factor: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    """The pair with whole weights on one rank's rows, no message: one rank's ``matmul_pair``, and
+    a forecast's on weights gathered once (``layers/replicas.py``); ``factor``: dropout's."""
+    x, w1, b1, w2, b2 = autocast_operands(x, w1, b1, w2, b2)
+    return torch.addmm(b2, _hidden(x, w1, b1, act, factor)[1], w2)
+
+
 def matmul_pair(
     x: torch.Tensor,
     w1: torch.Tensor,
@@ -310,13 +319,14 @@ def matmul_pair(
             f"and b2 {tuple(b2.shape)}, but counts={tuple(counts)}, hidden sizes={tuple(hid_sizes)} "
             f"and out_sizes={tuple(out_sizes)}"
         )
-    x, w1, b1, w2, b2 = autocast_operands(x, w1, b1, w2, b2)
     if axis.size == 1:
-        return torch.addmm(b2, _hidden(x, w1, b1, act, drop(0, 0, w1.shape[1]) if drop else None)[1], w2)
+        return pair_whole(x, w1, b1, w2, b2, act, drop(0, 0, w1.shape[1]) if drop else None)
+    x, w1, b1, w2, b2 = autocast_operands(x, w1, b1, w2, b2)
     training = torch.is_grad_enabled() and any(t.requires_grad for t in (x, w1, b1, w2, b2))
     input_grad = torch.is_grad_enabled() and x.requires_grad
     chosen = pair_strategy(strategy, counts, x.shape[1], hid_sizes, out_sizes, training, input_grad)
     hid, out = tuple(hid_sizes), tuple(out_sizes)
     if chosen == "weights":
-        return _PairWeights.apply(x, w1, b1, w2, b2, axis, hid, out, act, act_grad, drop)
-    return _PairActivations.apply(x, w1, b1, w2, b2, axis, hid, out, tuple(counts), act, act_grad, drop)
+        return run_exchange(_PairWeights.apply, x, w1, b1, w2, b2, axis, hid, out, act, act_grad, drop)
+    args = (x, w1, b1, w2, b2, axis, hid, out, tuple(counts), act, act_grad, drop)
+    return run_exchange(_PairActivations.apply, *args)

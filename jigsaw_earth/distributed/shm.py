@@ -262,6 +262,7 @@ class SharedMemoryTransport:
         self.out = {p: _Outgoing(r, functools.partial(bells.ring, p)) for p, r in outgoing.items()}
         self.inc = {p: _Incoming(r, p, functools.partial(bells.ring, p)) for p, r in incoming.items()}
         self.spin = 0 if oversubscribed else 200  # polls before sleeping (one core per rank)
+        self.yield_after = 8  # polls after which each further one first offers the core (sched_yield)
 
     def post(
         self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]], tag: int
@@ -305,6 +306,8 @@ class SharedMemoryTransport:
                 continue
             polls += 1
             if polls <= self.spin:
+                if polls > self.yield_after:  # a peer (or anyone) waiting for this core runs first
+                    os.sched_yield()
                 continue
             bells.sleeping[me] = 1
             if not self.progress():  # nothing arrived between the last look and the flag

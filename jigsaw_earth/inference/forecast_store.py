@@ -5,13 +5,17 @@ latitude, longitude)``, surface variables ``(time, prediction_timedelta, latitud
 ``time`` is the initialisation time; latitude as the data (descending, WB2), levels ascending. An
 ensemble (``members``) has a member dimension ``number`` (WB2's and ECMWF's name, members 0…M−1)
 after the lead (``predict --first-member K``: members K…K+M−1):
-``(time, prediction_timedelta, number, [level], latitude, longitude)``, one chunk
-per member, so each rank writes its tile of its own members.
+``(time, prediction_timedelta, number, [level], latitude, longitude)``.
 
-Chunks are aligned with every tile boundary of the mesh (the greatest common divisor of the tile
-offsets along each axis), so no two ranks ever write the same chunk and no locking is needed. An
-even split gives one chunk per tile; an uneven one (721 rows over 4 ranks) gives finer chunks —
-rechunk afterwards if a reader needs larger ones. The store is written under ``PATH.in-progress`` (one
+Chunks (``StoreChunks``, chosen by ``store_chunks``) are aligned in space with every tile boundary
+of the mesh (the greatest common divisor of the tile offsets along each axis), so no two ranks ever
+write the same chunk and no locking is needed: an even split gives one chunk per tile, an uneven one
+(721 rows over 4 ranks) finer chunks. Along the init, lead and member axes a chunk holds several
+fields, about ``CHUNK_BYTES``: a batch's inits (one data replica), the members of a rank's ensemble
+group, then as many leads as fill it, so one write covers many inits and leads (predict writes a
+batch's fields in blocks of whole chunks, ``inference/outputs.py``). Chunks are uncompressed
+float32 (the size ``campaign.check_room`` estimates; model output compresses little, and a codec
+would make the writers the limit). The store is written under ``PATH.in-progress`` (one
 name per output: ``resume`` reopens it, ``progress.py`` records what is written) and renamed to
 ``PATH`` by rank 0 only after every rank has finished (``close``), which then removes the progress
 folder ``_progress`` from it; ``abort`` removes it. The root attribute
@@ -42,7 +46,7 @@ from ..metrics.engine import MEMBER
 from ..metrics.units import CF_ATTRS, UNITS
 from .unfinished import PROGRESS
 
-__all__ = ["ForecastLayout", "ForecastWriter", "aligned_chunk"]
+__all__ = ["CHUNK_BYTES", "ForecastLayout", "ForecastWriter", "StoreChunks", "aligned_chunk", "store_chunks"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +59,10 @@ COORD_ATTRS = {
     "level": {"standard_name": "air_pressure", "long_name": "pressure level", "units": "hPa"},
     MEMBER: {"standard_name": "realization", "long_name": "ensemble member"},
 }
+
+
+#: about the bytes of one chunk (one object on disk) along the init, lead and member axes
+CHUNK_BYTES = 8 << 20
 
 
 def aligned_chunk(offsets: tuple[int, ...]) -> int:
@@ -89,6 +97,35 @@ class ForecastLayout:
 KIND = "forecast"
 
 
+@dataclass(frozen=True)
+class StoreChunks:
+    """Chunk lengths along the init (``time``), lead and member axes; space follows the tiles."""
+
+    inits: int = 1
+    leads: int = 1
+    members: int = 1
+
+
+def _divisor_within(n: int, most: int) -> int:
+    """The largest divisor of ``n`` that is at most ``most`` (at least 1)."""
+    return max(d for d in range(1, max(1, min(n, most)) + 1) if n % d == 0)
+
+
+def store_chunks(layout: ForecastLayout, grid: TileGrid, batch: int, replicas: int,
+                 members_per_rank: int = 1, target: int = CHUNK_BYTES) -> StoreChunks:  # fmt: skip
+    """Chunks of about ``target`` bytes that predict's writers fill whole: members a divisor of a
+    rank's ``members_per_rank`` (an ensemble group's, contiguous), inits a divisor of the ``batch``
+    (one data replica: its batches are consecutive inits; several replicas take every R-th init, so
+    one), then leads to fill the rest."""
+    c_lat, c_lon = aligned_chunk(grid.lat_offsets), aligned_chunk(grid.lon_offsets)
+    field = (len(layout.levels) if layout.upper_air else 1) * c_lat * c_lon * 4  # the largest variable
+    budget = max(1, target // field)
+    members = _divisor_within(members_per_rank, budget) if layout.members else 1
+    inits = _divisor_within(batch, budget // members) if replicas == 1 else 1
+    leads = max(1, min(len(layout.leads), budget // (members * inits)))
+    return StoreChunks(inits, leads, members)
+
+
 @contextmanager
 def _progress_beside() -> Iterator[None]:
     """The store holds ``_progress`` beside its arrays while in progress: not a Zarr node, not news."""
@@ -105,7 +142,8 @@ def _barrier() -> None:
 class ForecastWriter:
     """Collective: every rank constructs it, writes its tiles, and calls ``close``. ``resume``: open
     the in-progress store an earlier run left (its layout is the request ``progress.py`` compared)
-    instead of starting it; a new one replaces everything in it but ``_progress``."""
+    instead of starting it; a new one replaces everything in it but ``_progress``. ``chunks``: along
+    the init, lead and member axes (default one field a chunk)."""
 
     def __init__(
         self,
@@ -117,9 +155,11 @@ class ForecastWriter:
         overwrite: bool = False,
         protected: tuple[tuple[str, str | Path | None], ...] = (),
         resume: bool = False,
+        chunks: StoreChunks | None = None,
     ):
         self.path = Path(path)
         self.layout, self.grid, self.rank = layout, grid, rank
+        self.chunks = chunks or StoreChunks()
         self.overwrite, self.protected = overwrite, protected
         check_output(self.path, KIND, overwrite=overwrite, protected=protected)
         if (len(layout.latitude), len(layout.longitude)) != (grid.n_lat, grid.n_lon):
@@ -136,9 +176,17 @@ class ForecastWriter:
                     if entry.name != PROGRESS:
                         shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
             with _progress_beside():
-                self._template().to_zarr(self.tmp, mode="a", compute=False, zarr_format=3, consolidated=False)
+                template = self._template()
+                encoding = {name: {"compressors": None} for name in template.data_vars}
+                template.to_zarr(self.tmp, mode="a", compute=False, zarr_format=3, consolidated=False,
+                                 encoding=encoding)  # fmt: skip
         _barrier()
         self._arrays = {name: zarr.open_array(self.tmp / name, mode="r+") for name in self._variables()}
+
+    @property
+    def store(self) -> ForecastWriter:
+        """The Zarr store the tiles go to (``formats.FileWriter``'s too): this writer."""
+        return self
 
     def _variables(self) -> list[str]:
         return [*self.layout.upper_air, *self.layout.surface]
@@ -148,7 +196,9 @@ class ForecastWriter:
         c_lat, c_lon = aligned_chunk(grid.lat_offsets), aligned_chunk(grid.lon_offsets)
         n_t, n_l, n_lev = len(lay.init_times), len(lay.leads), len(lay.levels)
         lead = ("time", "prediction_timedelta", *((MEMBER,) if lay.members else ()))
-        sizes, chunks = (n_t, n_l, *((lay.members,) if lay.members else ())), (1,) * len(lead)
+        sizes = (n_t, n_l, *((lay.members,) if lay.members else ()))
+        k = self.chunks
+        chunks = tuple(min(c, n) for c, n in zip((k.inits, k.leads, k.members), sizes))
         data_vars = {}
         for name in lay.upper_air:
             shape = (*sizes, n_lev, grid.n_lat, grid.n_lon)
@@ -182,62 +232,54 @@ class ForecastWriter:
 
     def write(
         self,
-        init_index: int | slice,
-        lead_index: int,
+        inits: int | slice,
+        leads: int | slice,
         fields: np.ndarray,
         tile: Tile,
-        member: int | None = None,
+        member: int | slice | None = None,
+        variables: tuple[str, ...] | None = None,
     ) -> None:
-        """Write this rank's tile: ``fields`` is ``(channels, h, w)`` in physical units (``(n, channels,
-        h, w)`` for a slice of ``n`` inits); ``member`` (its number, ``first_member`` … ``first_member +
-        M − 1``) for an ensemble store, None otherwise."""
-        if (member is None) != (not self.layout.members):
+        """Write this rank's tile of a block in physical units. ``fields`` is ``(…, channels, h,
+        w)``: one leading axis for each of ``inits``, ``leads`` and ``member`` that is a slice, in
+        that order (numpy's indexing rule: ``(channels, h, w)`` for one init and lead). ``member``:
+        its number (``first_member`` … ``first_member + M − 1``, or a slice of them) for an ensemble
+        store, None otherwise. ``variables``: only these of the layout's (default all). A slice
+        covers whole chunks (or ends at the array's end), so concurrent writers never share one."""
+        lay = self.layout
+        if (member is None) != (not lay.members):
             raise ValueError(
-                f"member {member} for a store with {self.layout.members or 'no'} members: pass the member "
+                f"member {member} for a store with {lay.members or 'no'} members: pass the member "
                 f"number exactly when the layout has members"
             )
-        channels = self.layout.channels
-        inits = () if isinstance(init_index, int) else (init_index.stop - init_index.start,)
-        if fields.shape != (*inits, len(channels), *tile.shape):
+        if isinstance(member, slice):
+            member = slice(member.start - lay.first_member, member.stop - lay.first_member)
+        elif member is not None:
+            member = member - lay.first_member
+        at = (inits, leads) if member is None else (inits, leads, member)
+        sizes = (len(lay.init_times), len(lay.leads), lay.members)
+        lengths = tuple(i.stop - i.start for i in at if isinstance(i, slice))
+        channels = lay.channels
+        if fields.shape != (*lengths, len(channels), *tile.shape):
             raise ValueError(
-                f"forecast tile has shape {fields.shape}, expected {(*inits, len(channels), *tile.shape)} "
+                f"forecast tile has shape {fields.shape}, expected {(*lengths, len(channels), *tile.shape)} "
                 f"(channels {channels[:3]}...)"
             )
+        chunks = (self.chunks.inits, self.chunks.leads, self.chunks.members)
+        for index, chunk, size in zip(at, chunks, sizes):
+            ragged = isinstance(index, slice) and (index.stop % chunk and index.stop != size)
+            if isinstance(index, slice) and (index.start % chunk or ragged):
+                raise ValueError(f"block {index} is not whole chunks of {chunk}: writers would share a chunk")
         rows, cols = tile.slices
-        at = (
-            (init_index, lead_index)
-            if member is None
-            else (init_index, lead_index, member - self.layout.first_member)
-        )
-        n_lev, k = len(self.layout.levels), 0
-        c = (slice(None),) * len(inits)  # the init axis of a slice's fields
-        for name in self.layout.upper_air:
-            self._arrays[name][(*at, slice(None), rows, cols)] = fields[(*c, slice(k, k + n_lev))]
+        n_lev, k = len(lay.levels), 0
+        c = (slice(None),) * len(lengths)  # the block's leading axes
+        for name in lay.upper_air:
+            if variables is None or name in variables:
+                self._arrays[name][(*at, slice(None), rows, cols)] = fields[(*c, slice(k, k + n_lev))]
             k += n_lev
-        for name in self.layout.surface:
-            self._arrays[name][(*at, rows, cols)] = fields[(*c, k)]
+        for name in lay.surface:
+            if variables is None or name in variables:
+                self._arrays[name][(*at, rows, cols)] = fields[(*c, k)]
             k += 1
-
-    def write_inits(
-        self,
-        init_indices: np.ndarray,
-        lead_index: int,
-        fields: np.ndarray,
-        tile: Tile,
-        member: int | None = None,
-    ) -> None:
-        """``write`` for a batch: ``fields`` ``(B, channels, h, w)`` of the inits ``init_indices``; each
-        run of consecutive inits goes to the store in one call per variable (its chunks together)."""
-        init_indices = np.asarray(init_indices, np.int64)
-        if len(fields) != len(init_indices):
-            raise ValueError(f"{len(fields)} forecast tiles for {len(init_indices)} inits; give one per init")
-        breaks = np.flatnonzero(np.diff(init_indices) != 1) + 1
-        for run in np.split(np.arange(len(init_indices)), breaks):
-            if len(run):
-                first = int(init_indices[run[0]])
-                self.write(
-                    slice(first, first + len(run)), lead_index, fields[run[0] : run[-1] + 1], tile, member
-                )
 
     def close(self) -> Path:
         """Collective: wait for every rank, then publish the store (rank 0 renames)."""

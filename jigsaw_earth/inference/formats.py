@@ -1,9 +1,10 @@
 """What ``predict --format`` writes: one Zarr store (the default), or a folder of GRIB 2 or netCDF files.
 
-The predict loop gives every writer the same calls: ``write_inits`` (this rank's tile of a batch of
-inits at one lead), then ``close`` (collective) or ``abort``. ``FileWriter`` puts the tiles into the
-same in-progress Zarr store as ``--format zarr`` (``ForecastWriter``: every rank its own chunks, a stop
-and a resume as there), and ``close`` turns it into files: each file of the path template
+The predict loop writes every format's tiles into a Zarr store (``store``: this rank's blocks of
+whole chunks, ``outputs.ForecastOutput``), then calls ``close`` (collective) or ``abort``.
+``FileWriter`` puts the tiles into the same in-progress Zarr store as ``--format zarr``
+(``ForecastWriter``, one field a chunk: the conversion reads field by field; every rank its own
+chunks, a stop and a resume as there), and ``close`` turns it into files: each file of the path template
 (``{date}{time}_{step:03d}.grib2`` by default: one per init and lead) is written by one rank, ranks
 taking files in turn, one field at a time, so no rank gathers more than one whole field (GRIB) or one
 chunk (netCDF). The files are written into ``OUT.in-progress/_output`` and moved to ``OUT`` when every
@@ -31,7 +32,7 @@ import torch.distributed as dist
 import xarray as xr
 
 from ..data.outputs import FOLDER_MARKER, MARKER, check_output, replace_output
-from ..distributed.tiles import Tile, TileGrid
+from ..distributed.tiles import TileGrid
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
 from .outputs_grib import PACKING_BOUND, GribField, check_grib, write_messages
 from .outputs_netcdf import write_netcdf
@@ -110,9 +111,10 @@ class FileWriter:
         self.tiles = ForecastWriter(path, layout, grid, rank, **kwargs)
         self.path, self.layout, self.rank = self.tiles.path, layout, rank
 
-    def write_inits(self, init_indices: np.ndarray, lead_index: int, fields: np.ndarray, tile: Tile,
-                    member: int | None = None) -> None:  # fmt: skip
-        self.tiles.write_inits(init_indices, lead_index, fields, tile, member)
+    @property
+    def store(self) -> ForecastWriter:
+        """The in-progress Zarr store the tiles go to (``outputs.ForecastOutput`` writes there)."""
+        return self.tiles
 
     def abort(self) -> None:
         self.tiles.abort()

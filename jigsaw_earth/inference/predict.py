@@ -4,9 +4,12 @@ Every rank reads only its tile of the initial conditions, runs the model on its 
 sharded as in training), and writes its tile of every forecast into one Zarr store
 (``ForecastWriter``). Data-parallel replicas take disjoint initialisation times. With ``members``
 the store has a member dimension ``number`` and every rank runs its members batched, each with its
-own noise stream (``members.py``). The forecast
-step is the trainer's (``models.run.model_step``: autocast and tendency scaling as configured),
-and the weights come from a sharded checkpoint written on any mesh.
+own noise stream (``members.py``). The forecast step is the trainer's (``models.run.model_step``:
+autocast and tendency scaling as configured), and the weights come from a sharded checkpoint written
+on any mesh. The batches run in ``rollout.py`` (outputs through ``outputs.py``, its account in
+``timing.py``), on weights gathered once when several ranks share the domain and they fit
+(``layers/replicas.py``: fewer messages per step); the first batch's inputs are read while the
+checkpoint loads.
 
 Inference is read-only on the run (``load.py``): no run-directory claim, no ``config.yaml`` or
 ``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
@@ -20,7 +23,7 @@ refuses a store its filesystem cannot hold, and logs the model steps done (``cam
 from __future__ import annotations
 
 import logging
-import time
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -32,24 +35,27 @@ import torch.distributed as dist
 
 from ..checkpoint import load_checkpoint, pinned
 from ..config.schema import TrainConfig
-from ..data.batch import Batch
 from ..data.outputs import check_output
 from ..data.samples import TrainData
 from ..data.times import hour_dayofyear, period_mask
-from ..device import copy_to_host, pin, set_precision
+from ..device import set_precision
 from ..distributed.mesh import DomainMesh
 from ..distributed.rank0 import on_rank0
 from ..launch import setup_mesh
+from ..layers.replicas import replicated_weights
 from ..models.run import build_run_model, model_step
-from .campaign import StepLog, check_room, lock_output
-from .forecast_store import KIND, ForecastLayout
+from .campaign import check_room, lock_output
+from .forecast_store import KIND, ForecastLayout, store_chunks
 from .formats import check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
+from .outputs import ForecastOutput, WriterPool
 from .progress import Progress, forecast_request
+from .rollout import Rollout, run_batches
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
-from .throughput import Pipeline, auto_batch, training_forward_rate
+from .throughput import Pipeline, auto_batch, replicas_fit, training_forward_rate
+from .timing import LoopTimes
 
 if TYPE_CHECKING:
     from ..data.analysis import Analysis
@@ -118,9 +124,9 @@ def _check_options(out: str | Path | None, every_hours: int, max_inits: int, bat
 class Prediction:
     """What ``run_prediction`` did: the store written (or None), ``score``'s rows (or None), the
     init times, model steps, longitudes of the grid, the forecast rate (model steps × inits ×
-    members per second of the rollout, all replicas together), the batch (inits per forward), the
-    training forward's rate, the ensemble size (None: deterministic) and the scores' per-init
-    statistics."""
+    members per second of the forecast loop, all replicas together), the batch (inits per forward),
+    the training forward's rate, the ensemble size (None: deterministic), the scores' per-init
+    statistics and where the loop's time went."""
 
     path: Path | None
     rows: list[dict[str, Any]] | None
@@ -132,6 +138,7 @@ class Prediction:
     training_steps_per_s: float  # the training forward (autograd on, training batch), same mesh
     members: int | None = None
     statistics: Any = None  # the per-init statistics of ``rows`` (``metrics.statistics.Statistics``)
+    times: LoopTimes | None = None  # where the forecast loop's time went (the slowest rank's)
 
 
 @torch.no_grad()
@@ -240,12 +247,6 @@ def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bo
     return training_forward_rate(model, forward, data.local_batch * data.mesh.axis("data").size)
 
 
-def _batch_shares(scorer: TileScorer) -> dict[str, torch.Tensor]:
-    """End the scorer's batch; its shares (what a resume restores), taken before the next begins."""
-    scorer.end()
-    return scorer.last_batch()
-
-
 def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
@@ -274,9 +275,6 @@ def _predict(
     if score is not None:
         scorer = TileScorer(score, cfg, data, selection, layout.init_times, members=total)
     model = build_run_model(cfg, mesh, data)
-    with pinned(ckpt):
-        step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
-    model.eval()
     tendency = data.tendency_std.to(dev) if cfg.loss.tendency_scaling else None
     bf16 = cfg.training.precision == "bf16"
     chans = torch.tensor(selection.channel_index(data.channels), device=dev)
@@ -287,73 +285,41 @@ def _predict(
     if batch_size is None:
         batch_size = max(1, auto_batch(model, data, max(1, len(mine)) * per_init, 2 if bf16 else 4, mesh)
                          // per_init)  # fmt: skip
-    request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size, score,
-                               None if analysis is None else analysis.path)  # fmt: skip
-    writer = None
-
-    def write(chunk: np.ndarray, lead_index: int, host: torch.Tensor, wait: Any) -> None:
-        """Write one lead from its host copy, once the copy has landed."""
-        wait()
-        fields = host.numpy() if ens is None else ens.split(host).numpy()
-        for i, member in enumerate([None] if ens is None else ens.mine):
-            writer.write_inits(chunk, lead_index, fields if member is None else fields[i], data.tile, member)
-
-    def score_lead(lead_index: int, physical: torch.Tensor, every: torch.Tensor | None) -> None:
-        """Score one lead on the device; an ensemble's ``(M, B, V, h, w)`` as ``(B, M, V, h, w)``."""
-        if ens is None:
-            scorer.update(lead_index, physical)
-        else:
-            scorer.update(lead_index, data.denormalise(every)[:, :, chans].transpose(0, 1))
-
-    def read(positions: np.ndarray) -> tuple[Batch, torch.Tensor]:
-        """Inputs of the inits at ``positions`` and their time features at every lead, in page-locked
-        memory on a GPU (copied while the model runs)."""
-        batch = data._batch(inits[positions], 0) if analysis is None else analysis.batch(data, positions)
-        times = torch.stack([data.step_time_features(batch, lead) for lead in range(steps)])
-        return batch.pin_memory() if dev.type == "cuda" else batch, pin(times, dev)
-
-    pipe = Pipeline()
+    rollout = Rollout(model, data, inits, steps, lead_of, chans, bf16, tendency, ens, layout.init_times,
+                      analysis)  # fmt: skip
+    pipe, pool, writer, output = Pipeline(), None, None, None
     try:
+        # the first batch's inputs are read while the checkpoint loads (a resume reads its own)
+        first = (
+            (mine[:batch_size], pipe.read(partial(rollout.read, mine[:batch_size]))) if len(mine) else None
+        )
+        with pinned(ckpt):
+            step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
+        model.eval()
+        source = None if analysis is None else analysis.path
+        request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size,
+                                   score, source)  # fmt: skip
         progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
         if out is not None:
+            # a file format converts its store at the end, field by field: one field a chunk there
+            chunks = (
+                store_chunks(layout, data.grid, batch_size, replicas, per_init) if fmt == "zarr" else None
+            )
             writer = open_writer(fmt, out, layout, data.grid, mesh.rank, template, overwrite=overwrite,
-                                 protected=protected, resume=not progress.fresh)  # fmt: skip
+                                 protected=protected, resume=not progress.fresh, chunks=chunks)  # fmt: skip
+            pool = WriterPool()
+            mine_members = None if ens is None else ens.mine
+            output = ForecastOutput(writer.store, data.tile, dev, batch_size, mine_members, pool)
         progress.begin(scorer)  # the scores of batches an earlier run recorded
-        chunks = progress.remaining([mine[k : k + batch_size] for k in range(0, len(mine), batch_size)])
-        ahead = pipe.read(partial(read, chunks[0])) if chunks else None  # inputs only
-        t0 = time.perf_counter()
-        steps_log = StepLog(sum(len(c) for c in chunks) * per_init * steps, mesh.rank)
-        for i, chunk in enumerate(chunks):
-            progress.boundary(i, pipe)  # collective: a stop signal ends the run here, all recorded
-            host_batch, host_times = ahead.result()
-            batch = host_batch.to(dev, non_blocking=True)
-            lead_times = host_times.to(dev, non_blocking=True)
-            if i + 1 < len(chunks):  # the next inputs are read while this batch runs
-                ahead = pipe.read(partial(read, chunks[i + 1]))
-            if scorer is not None:
-                pipe.sink(partial(scorer.begin, chunk), "score")
-            state = batch.inputs if ens is None else ens.expand(batch.inputs)
-            for lead in range(steps):
-                tf = lead_times[lead]
-                noise = None
-                if ens is not None:
-                    tf = ens.expand(tf)
-                    noise = ens.noise(data, layout.init_times[chunk], lead, dev)
-                state = model_step(model, state, batch.static, tf, bf16=bf16, tendency=tendency, noise=noise)
-                steps_log.advance(len(chunk) * per_init)
-                if lead + 1 in lead_of:  # written and scored on their threads, each in order
-                    physical = data.denormalise(state)[:, chans]
-                    if writer is not None:
-                        pipe.sink(partial(write, chunk, lead_of[lead + 1], *copy_to_host(physical)))
-                    if scorer is not None:
-                        every = ens.everyone(ens.split(state)) if ens is not None else None  # all members
-                        pipe.sink(partial(score_lead, lead_of[lead + 1], physical, every), "score")
-            scored = None if scorer is None else pipe.sink(partial(_batch_shares, scorer), "score")
-            # recorded on the writing thread after its writes, once the batch's scores are in too
-            pipe.sink(partial(progress.record, i, scored))
-        pipe.drain()
-        elapsed = time.perf_counter() - t0
-        train_rate = _training_rate(model, data, batch, bf16, tendency, ens) if chunks else float("nan")
+        batches = progress.remaining([mine[k : k + batch_size] for k in range(0, len(mine), batch_size)])
+        gathered = replicas_fit(model, mesh)  # collective: weights gathered once, fewer messages
+        with replicated_weights(model) if gathered else nullcontext():
+            if gathered and mesh.rank == 0:
+                log.info("the forecast runs on weights gathered once: %.1f MB per rank", gathered / 1e6)
+            times, last = run_batches(rollout, batches, progress, pipe, output, pool, scorer,
+                                      cfg.training.compile, first)  # fmt: skip
+        times = times.reduce(mesh.world, dev)
+        train_rate = float("nan") if last is None else _training_rate(model, data, last, bf16, tendency, ens)
         rows = scorer.finish() if scorer is not None else None
         path = writer.close() if writer is not None else None
         progress.finish()
@@ -362,11 +328,19 @@ def _predict(
         raise
     finally:
         pipe.close()
+        if pool is not None:
+            pool.close()
+        if scorer is not None:
+            scorer.close()
     # every replica ran its share in the same time; a member's forecast is one model sample
-    rate = progress.inits_this_run() * (1 if ens is None else ens.total) * steps / max(elapsed, 1e-9)
+    rate = progress.inits_this_run() * (1 if ens is None else ens.total) * steps / max(times.loop_s, 1e-9)
     if mesh.rank == 0:
         log.info("forecast %d inits × %d steps from checkpoint %s (step %d), batch %d: %.2f steps/s; the "
                  "training forward on this mesh: %.2f steps/s%s", len(inits), steps, ckpt, step, batch_size,
                  rate, train_rate, f"; wrote {path}" if path else "")  # fmt: skip
+        log.info("%s", times.line())
+        limit = times.disk_limit()
+        if limit:
+            log.warning("%s", limit)
     return Prediction(path, rows, layout.init_times, steps, data.grid.n_lon, rate, batch_size, train_rate,
-                      total, None if scorer is None else scorer.stats)  # fmt: skip
+                      total, None if scorer is None else scorer.stats, times)  # fmt: skip

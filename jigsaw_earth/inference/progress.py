@@ -8,7 +8,7 @@ until its earlier batches are written, scored and recorded, and ``Stopped`` is r
 ``KeyboardInterrupt`` at once; what was recorded is kept.
 
 Recording (``Progress``, in the output's in-progress folder ``unfinished.py``): after a batch's last lead
-is written and scored (on the writing thread, in order), each rank saves its score shares of that batch
+is written and scored (on the recording thread, in order), each rank saves its score shares of that batch
 (``TileScorer.last_batch``) to ``_progress/scores/rank-R/batch-B.pt``, then the count of its batches
 done to ``_progress/rank-R.json``. A resume starts at the batch every rank has recorded (the minimum),
 restores each rank's shares of the batches before it, in order, and writes nothing before it again; a
@@ -31,7 +31,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -159,6 +159,7 @@ class Progress:
         self.sizes: list[int] = []
         self.request: dict[str, Any] = {}
         self._checked: tuple[Any, Any] = ((), ())
+        self._failed = False  # a batch's writes or scores failed: nothing after it is recorded
 
     @classmethod
     def for_output(cls, out: str | Path | None, scores: str | Path | None = None) -> Progress:
@@ -330,10 +331,19 @@ class Progress:
                  "--scores PREFIX: a rerun starts over")  # fmt: skip
         raise Stopped(f"stopped on {self.signals.received} before batch {g + 1} of {self.total}; {where}")
 
-    def record(self, i: int, scored: Future | None) -> None:
-        """On the writing thread, once batch ``first + i`` is written: record it, with its score shares
-        (``scored``: the scoring thread's future of them; None without ``--score``) once they are in."""
-        shares = None if scored is None else scored.result()
+    def record(self, i: int, scored: Future | None, written: Sequence[Future] = ()) -> None:
+        """On the recording thread, once batch ``first + i`` is written (``written``: its write jobs)
+        and scored (``scored``: the scoring thread's future of its shares; None without ``--score``):
+        record it, with its score shares. After a batch that failed, no later one is recorded."""
+        if self._failed:
+            raise RuntimeError(f"batch {self.first + i + 1} is not recorded: an earlier batch failed")
+        try:
+            for job in written:
+                job.result()
+            shares = None if scored is None else scored.result()
+        except BaseException:
+            self._failed = True
+            raise
         if self.folder is None:
             return
         g = self.first + i

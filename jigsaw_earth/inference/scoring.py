@@ -6,15 +6,18 @@ climatology, and adds its tile's shares of WB2's weighted sums (``MetricAccumula
 ``finish`` reduces them once over the mesh (domain: exact per-init global means; data: the inits
 of every replica) into the per-init statistics ``score`` keeps (``metrics.statistics``) and returns
 ``score``'s table rows with their intervals — equal to ``score`` of the written store.
-No field is ever gathered. An ensemble forecast (``members``) is scored as ``score`` scores a store
-with a member dimension: RMSE, bias and ACC of the ensemble mean and WB2's ensemble metrics; each
-rank's ``update`` gets every member of its tile. ``last_batch`` and ``restore`` carry the shares over
+No field is ever gathered. A batch's truth and climatology are read ahead on a thread of their own
+(``readahead.ReadAhead``, ``AHEAD`` leads deep), so ``update`` finds each lead's fields read. An
+ensemble forecast (``members``) is scored as ``score`` scores a store with a member dimension:
+RMSE, bias and ACC of the ensemble mean and WB2's ensemble metrics; each rank's ``update`` gets
+every member of its tile. ``last_batch`` and ``restore`` carry the shares over
 a stop and resume (``progress.py``).
 """
 
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,6 +40,7 @@ from ..metrics.significance import IntervalOptions, score_rows
 from ..metrics.statistics import Statistics, field_name
 from ..metrics.tile_regions import TileRegions
 from ..metrics.units import unit_of
+from .readahead import ReadAhead
 from .selection import Selection
 
 __all__ = ["ScoreRequest", "TileScorer", "score_stores"]
@@ -44,6 +48,7 @@ __all__ = ["ScoreRequest", "TileScorer", "score_stores"]
 log = logging.getLogger(__name__)
 
 MODEL = "forecast"  # the model's name in the table, as ``score`` calls a forecast store
+AHEAD = 4  # leads of truth and climatology read ahead of the scoring
 
 
 @dataclass(frozen=True)
@@ -122,28 +127,48 @@ class TileScorer:
         }  # fmt: skip
         self._leads: dict[str, list[torch.Tensor]] = {m: [] for m in names}
         self._persistence: torch.Tensor | None = None
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-predict-truth")
+        self._ahead: ReadAhead | None = None
+        self.truth_wait_s = 0.0  # the scoring thread waiting for its reads
 
     def begin(self, positions: np.ndarray) -> None:
-        """A new batch of inits (positions in the forecast's init list): reads persistence."""
+        """A new batch of inits (positions in the forecast's init list): its persistence and every
+        lead's truth and climatology are read ahead, in order."""
         self.positions = np.asarray(positions)
-        persistence = torch.from_numpy(self.reader.read_targets(self.init_idx[self.positions]))
-        self._persistence = persistence.to(self.device)
+        if self._ahead is not None:
+            self.truth_wait_s += self._ahead.waited_s
+            self._ahead.cancel()
+        self._ahead = ReadAhead(self._pool, self._read, 1 + self.valid_idx.shape[1], AHEAD + 1)
+        self._persistence = torch.from_numpy(self._ahead.take(0)[0]).to(self.device)
+
+    def _read(self, k: int) -> tuple[np.ndarray, np.ndarray | None]:
+        """The batch's persistence (``k`` = 0), else the truth and climatology of lead ``k`` − 1."""
+        pos = self.positions
+        if k == 0:
+            return self.reader.read_targets(self.init_idx[pos]), None
+        truth = self.reader.read_targets(self.valid_idx[pos, k - 1])
+        return truth, None if self.clim is None else self.clim.at(self.valid_times[pos, k - 1])
 
     def update(self, lead_index: int, forecast: torch.Tensor) -> None:
         """The batch's forecast at selected lead ``lead_index``, ``(B, V, h, w)`` physical units on the
         mesh's device; an ensemble's ``(B, M, V, h, w)``, every member."""
-        pos = self.positions
-        truth = torch.from_numpy(self.reader.read_targets(self.valid_idx[pos, lead_index]))
-        truth = truth.to(self.device)[:, None]
-        clim = None
-        if self.clim is not None:
-            clim = torch.from_numpy(self.clim.at(self.valid_times[pos, lead_index])).to(self.device)[:, None]
+        truth_np, clim_np = self._ahead.take(lead_index + 1)
+        truth = torch.from_numpy(truth_np).to(self.device)[:, None]
+        clim = None if clim_np is None else torch.from_numpy(clim_np).to(self.device)[:, None]
         candidates = {MODEL: forecast[:, None], "persistence": self._persistence[:, None]}
         if clim is not None:
             candidates["climatology"] = clim
         for m, pred in candidates.items():
             ref = clim if m != "climatology" else None
             self._leads[m].append(self.accs[m].shares(pred, truth, ref))
+
+    def close(self) -> None:
+        """Stop reading ahead (after the last batch, or on an error); ``truth_wait_s`` is then final."""
+        if self._ahead is not None:
+            self.truth_wait_s += self._ahead.waited_s
+            self._ahead.cancel()
+            self._ahead = None
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
     def end(self) -> None:
         """The batch is done: its leads join one entry per init."""

@@ -4,9 +4,12 @@
   shard) and the memory free on this rank's device (a GPU's free memory; on CPU the host's
   available memory shared by the local ranks), at most ``MEMORY_FRACTION`` of it; every rank takes
   the smallest (the domain ranks must forecast the same inits together).
-* ``Pipeline``: the next batch's inputs are read on one thread, the writes of each lead run in order
-  on another and the scores on a third, while the main thread runs the model; at most ``QUEUED``
-  leads wait in each.
+* ``Pipeline``: the next batch's inputs are read on one thread, each lead's scores run in order on
+  another and each batch's record (once its writes and scores are in) on a third, while the main
+  thread runs the model; at most ``QUEUED`` jobs wait in each lane, and the time the main thread
+  waited for a lane is counted (``stalled``). The writes go to the writers of ``outputs.py``.
+* ``replicas_fit``: whether the weights a forecast gathers once (``layers/replicas.py``: fewer
+  messages per step) fit in ``REPLICA_FRACTION`` of the free memory on every rank.
 * ``training_forward_rate``: the training forward (autograd on, the training batch) timed on the
   same mesh, so the summary sets the forecast's model steps per second beside it.
 """
@@ -26,12 +29,23 @@ from ..data.times import N_TIME_FEATURES
 from ..device import free_bytes
 from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh, local_ranks
+from ..layers.replicas import replica_bytes
 from ..models.plan_eval import inference_memory
 
-__all__ = ["MEMORY_FRACTION", "QUEUED", "Pipeline", "auto_batch", "free_memory", "training_forward_rate"]
+__all__ = [
+    "MEMORY_FRACTION",
+    "QUEUED",
+    "REPLICA_FRACTION",
+    "Pipeline",
+    "auto_batch",
+    "free_memory",
+    "replicas_fit",
+    "training_forward_rate",
+]
 
 MEMORY_FRACTION = 0.5  # of the free memory a forecast's batch may take
-QUEUED = 4  # leads waiting to be written and scored before the forward waits for them
+REPLICA_FRACTION = 0.25  # of the free memory (after the batch) the gathered weights may take
+QUEUED = 4  # leads waiting to be scored (batches to be recorded) before the forward waits for them
 
 
 def free_memory(device: torch.device) -> int:
@@ -54,11 +68,21 @@ def auto_batch(model: torch.nn.Module, data: Any, n_local: int, elsize: int, mes
     return int(batch.item())
 
 
-class Pipeline:
-    """Reads ahead on one thread; writes and scores each on a thread of its own (a lane: its jobs run
-    in order); ``drain`` re-raises their errors."""
+def replicas_fit(model: torch.nn.Module, mesh: DomainMesh) -> int:
+    """Bytes of the weights this rank would gather for a forecast (``replica_bytes``) when they fit
+    in ``REPLICA_FRACTION`` of the free memory on every rank, else 0 (collective over the world)."""
+    need = replica_bytes(model)
+    fits = torch.tensor([int(need <= REPLICA_FRACTION * free_memory(mesh.device))], device=mesh.device)
+    if dist.is_initialized():
+        all_reduce_(fits, mesh.world, op="predict.replicas", reduce=dist.ReduceOp.MIN)
+    return need if int(fits.item()) else 0
 
-    LANES = ("write", "score")
+
+class Pipeline:
+    """Reads ahead on one thread; scores and records each on a thread of its own (a lane: its jobs
+    run in order); ``drain`` re-raises their errors. ``stalled``: seconds the caller waited per lane."""
+
+    LANES = ("score", "record")
 
     def __init__(self) -> None:
         self._read = ThreadPoolExecutor(1, thread_name_prefix="jigsaw-predict-read")
@@ -66,17 +90,20 @@ class Pipeline:
             lane: ThreadPoolExecutor(1, thread_name_prefix=f"jigsaw-predict-{lane}") for lane in self.LANES
         }
         self._pending: dict[str, deque[Future]] = {lane: deque() for lane in self.LANES}
+        self.stalled = dict.fromkeys(self.LANES, 0.0)
 
     def read(self, fn: Callable[[], Any]) -> Future:
         return self._read.submit(fn)
 
-    def sink(self, fn: Callable[[], Any], lane: str = "write") -> Future:
+    def sink(self, fn: Callable[[], Any], lane: str) -> Future:
         """Run ``fn`` after every earlier job of its ``lane``; wait while ``QUEUED`` are pending."""
         pending = self._pending[lane]
         job = self._lanes[lane].submit(fn)
         pending.append(job)
+        t0 = time.perf_counter()
         while len(pending) > QUEUED or (pending and pending[0].done()):
             pending.popleft().result()
+        self.stalled[lane] += time.perf_counter() - t0
         return job
 
     def drain(self) -> None:

@@ -10,11 +10,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed.collectives import all_gather
+from ..distributed.comm import comm_site
 from ..distributed.matmul import Strategy
-from ..distributed.pair import Drop, matmul_pair, pair_bytes, pair_strategy
+from ..distributed.pair import Drop, matmul_pair, pair_bytes, pair_strategy, pair_whole
 from .base import Domain, fill_fan_in_, sharded_parameter
 from .cost import Cost
 from .dropout import Dropout
+from .replicas import Replicating
 
 __all__ = ["ACTIVATIONS", "MLP", "activation_grad", "get_activation"]
 
@@ -91,7 +94,7 @@ class PairBlock(nn.Module):
         return f"{self.in_features} -> {self.out_features}, shard {tuple(self.weight.shape)}"
 
 
-class MLP(nn.Module):
+class MLP(Replicating, nn.Module):
     """``fc2(dropout(act(fc1(x))))`` on a token tile ``(B, h, w, in_features)``.
 
     Canonical weights ``fc1.weight (in, hidden)`` and ``fc2.weight (hidden, out)`` (the transpose
@@ -142,6 +145,11 @@ class MLP(nn.Module):
         if x.dim() != 4 or x.shape[-1] != self.in_features:
             raise ValueError(f"MLP expects a token tile (B, h, w, {self.in_features}), got {tuple(x.shape)}")
         batch = x.shape[0]
+        replica = self.replica()
+        if replica is not None and self._dropout(batch, x.device) is None:  # a forecast: no message
+            return pair_whole(x.reshape(-1, self.in_features), *replica, self.act).reshape(
+                *x.shape[:-1], self.out_features
+            )
         counts = tuple(batch * t.shape[0] * t.shape[1] for t in self._tiles)
         y = matmul_pair(
             x.reshape(-1, self.in_features), self.fc1.weight, self.fc1.bias, self.fc2.weight, self.fc2.bias,
@@ -149,6 +157,20 @@ class MLP(nn.Module):
             self._dropout(batch, x.device),
         )  # fmt: skip
         return y.reshape(*x.shape[:-1], self.out_features)
+
+    def gather_replica(self) -> tuple[torch.Tensor, ...]:
+        """The whole ``W1``, ``b1``, ``W2``, ``b2`` (``replicas.py``; collective)."""
+        axis, hid = self.domain.axis, self.hid_sizes
+        with comm_site("MLP.replica"):
+            return (
+                all_gather(self.fc1.weight, axis, 1, hid),
+                all_gather(self.fc1.bias, axis, 0, hid),
+                all_gather(self.fc2.weight, axis, 0, hid),
+                all_gather(self.fc2.bias, axis, 0, self.out_sizes),
+            )
+
+    def replica_numel(self) -> int:
+        return (self.in_features + 1 + self.out_features) * self.hidden + self.out_features
 
     def _dropout(self, batch: int, device: torch.device) -> Drop:
         """The factor ``keep / (1 - p)`` of any rank's tokens and hidden block, or None."""

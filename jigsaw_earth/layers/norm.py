@@ -19,21 +19,21 @@
 from __future__ import annotations
 
 import functools
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..distributed.collectives import all_gather
-from ..distributed.comm import all_reduce_, comm_site
+from ..distributed.comm import all_reduce_, comm_site, run_exchange
 from ..distributed.mesh import Axis
 from .base import Domain, sharded_parameter
 from .channels import ChannelDim, ChannelDims
 from .cost import Cost, all_reduce_bytes, gather_bytes
+from .replicas import Replicating
 
-__all__ = ["GroupNorm", "InstanceNorm", "LayerNorm", "gather_affine", "prefetch_affine"]
+__all__ = ["GroupNorm", "InstanceNorm", "LayerNorm", "gather_affine", "prefetch_affine", "release_affine"]
 
 _LOW = (torch.bfloat16, torch.float16)
 
@@ -50,28 +50,40 @@ def gather_affine(
     return (next(parts) if weight is not None else None), (next(parts) if bias is not None else None)
 
 
-@contextmanager
-def prefetch_affine(model: nn.Module) -> Iterator[None]:
+def prefetch_affine(model: nn.Module) -> tuple[_AffineNorm, ...]:
     """Gather the affine weights and biases of every sharded norm of ``model`` in ONE all-gather
-    (per domain axis) for the duration of a forward, instead of one per norm and use: one
-    rendezvous of the ranks instead of dozens, and one reduce-scatter of all their gradients in the
-    backward. The values and gradients are those of ``gather_affine`` (the same gather, then a
-    selection: its backward adds each norm's gradient into place before the one reduce-scatter).
-    A norm used outside the block (a recompute under activation checkpointing) gathers its own."""
+    (per domain axis) for one forward, instead of one per norm and use: one rendezvous of the ranks
+    instead of dozens, and one reduce-scatter of all their gradients in the backward. The values
+    and gradients are those of ``gather_affine`` (the same gather, then a selection: its backward
+    adds each norm's gradient into place before the one reduce-scatter).
+
+    Returns the norms now holding their gathered affine; pass them to ``release_affine`` when the
+    forward ends. A norm used after that (a recompute under activation checkpointing) gathers its
+    own. No context manager: under ``torch.compile`` the forward between the two calls is compiled
+    around its exchanges (one around them would make Dynamo skip it); a forward that raises leaves
+    the norms holding values of their current parameters until the next forward replaces them.
+    An exchange, run through ``run_exchange`` (eagerly under ``torch.compile``)."""
+    return run_exchange(_hold_affine, model)
+
+
+def _hold_affine(model: nn.Module) -> tuple[_AffineNorm, ...]:
     groups: dict[tuple[int, ...], list[_AffineNorm]] = {}
-    for m in model.modules():
-        if isinstance(m, _AffineNorm) and m.weight is not None and m.domain.size > 1:
+    for m in model.modules():  # a norm holding its gathered affine (replicas.py) needs no gather
+        if isinstance(m, _AffineNorm) and m.weight is not None and m.domain.size > 1 and m.replica() is None:
             groups.setdefault(m.domain.axis.ranks, []).append(m)
+    held: list[_AffineNorm] = []
     for norms in groups.values():
         if len(norms) > 1:
             for m, wb in zip(norms, _gather_all(norms)):
                 m._prefetched = wb
-    try:
-        yield
-    finally:
-        for norms in groups.values():
-            for m in norms:
-                m._prefetched = None
+            held.extend(norms)
+    return tuple(held)
+
+
+def release_affine(norms: tuple[_AffineNorm, ...]) -> None:
+    """End ``prefetch_affine``'s hold: the norms gather their own affine again."""
+    for m in norms:
+        m._prefetched = None
 
 
 def _gather_all(norms: list[_AffineNorm]) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -105,7 +117,7 @@ def _affine_index(sizes: tuple[tuple[int, ...], ...]) -> torch.Tensor:
     return torch.tensor(index, dtype=torch.int64)
 
 
-class _AffineNorm(nn.Module):
+class _AffineNorm(Replicating, nn.Module):
     """Shared parameter handling: ``weight`` (ones) and ``bias`` (zeros), shards of ``(C,)``."""
 
     jigsaw_layer = True
@@ -152,7 +164,20 @@ class _AffineNorm(nn.Module):
 
     _prefetched: tuple[torch.Tensor, torch.Tensor] | None = None  # set by ``prefetch_affine``
 
+    def gather_replica(self) -> tuple[torch.Tensor, ...]:
+        """The whole affine weight and bias (``replicas.py``; collective); none without affine."""
+        if self.weight is None:
+            return ()
+        with comm_site(type(self).__name__):
+            return gather_affine(self.weight, self.bias, self.domain, self.channels)  # type: ignore[return-value]
+
+    def replica_numel(self) -> int:
+        return 0 if self.weight is None else 2 * self.channels
+
     def _affine(self) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        replica = self.replica()
+        if replica:
+            return replica  # type: ignore[return-value]
         if self._prefetched is not None:
             return self._prefetched
         with comm_site(type(self).__name__):
@@ -269,6 +294,17 @@ class _GroupNormFn(torch.autograd.Function):
         return dx, dw, db, None, None, None, None, None
 
 
+def _group_norm(x, weight, bias, axis: Axis, groups: int, eps: float, counts: torch.Tensor, total: int):
+    """``_GroupNormFn`` outside autocast, its output in the dtype ``F.group_norm`` gives under it."""
+    dev = x.device.type
+    out = x.dtype
+    if torch.is_autocast_enabled(dev):
+        out = _autocast_dtype(dev, x.dtype, torch.get_autocast_dtype(dev))
+    with torch.autocast(dev, enabled=False):
+        y = _GroupNormFn.apply(x, weight, bias, axis, groups, eps, counts, total)
+    return y.to(out)
+
+
 class GroupNorm(_AffineNorm):
     """Group norm of a field tile ``(B, C, h, w)`` with statistics over the whole global grid.
 
@@ -301,17 +337,9 @@ class GroupNorm(_AffineNorm):
         if self.domain.size == 1:
             return self._single(x)
         weight, bias = self._affine()
-        dev = x.device.type
-        out = (
-            _autocast_dtype(dev, x.dtype, torch.get_autocast_dtype(dev))
-            if torch.is_autocast_enabled(dev)
-            else x.dtype
-        )
-        with torch.autocast(dev, enabled=False), comm_site(type(self).__name__):
-            y = _GroupNormFn.apply(
-                x, weight, bias, self.domain.axis, self.num_groups, self.eps, self._counts, self._total
-            )
-        return y.to(out)
+        args = (x, weight, bias, self.domain.axis, self.num_groups, self.eps, self._counts, self._total)
+        with comm_site(type(self).__name__):
+            return run_exchange(_group_norm, *args)
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         """``_AffineNorm``'s, plus the statistics' all-reduces: ``(P, B, G, 2)`` fp32 forward,

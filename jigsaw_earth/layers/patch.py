@@ -39,13 +39,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..distributed.collectives import all_gather
 from ..distributed.comm import comm_site
-from ..distributed.halo import LatMode, LonMode, scatter_add_windows
+from ..distributed.conv_ring import conv_whole
+from ..distributed.halo import LatMode, LonMode, gather_windows, scatter_add_windows
 from ..distributed.matmul import Strategy, autocast_operands, matmul_channels
 from .base import Domain, fill_fan_in_, sharded_parameter
 from .channels import ChannelDim, ChannelDims
 from .conv import _pair, check_field, conv_cost, conv_windows, sharded_conv
 from .cost import Cost, channel_matmul, window_bytes
+from .replicas import Replicating
 
 __all__ = ["PatchEmbed", "PatchRecovery", "patch_layout"]
 
@@ -68,7 +71,7 @@ def _layout(
     return (lat[0], lon[0]), (lat[1], lon[1])
 
 
-class PatchEmbed(nn.Module):
+class PatchEmbed(Replicating, nn.Module):
     """Field tile ``(B, in_ch, h, w)`` → token tile ``(B, h_tok, w_tok, embed_dim)``."""
 
     jigsaw_layer = True
@@ -111,12 +114,28 @@ class PatchEmbed(nn.Module):
         # the (C·p·p, D_q) column block is the conv weight block (D_q, C, p, p), rows in (c, i, j):
         # a view, as the parameter is stored in conv layout
         weight = self.weight.T.view(-1, self.in_ch, *self.patch)
+        replica = self.replica()
         with comm_site("patch_embed"):
+            if replica is not None:  # a forecast: the receptive field, then the whole weight here
+                x, full, bias = autocast_operands(x, *replica)
+                win = gather_windows(x, self.domain.grid, self.windows, self.domain.axis, *self.modes,
+                                     op="gather_windows")  # fmt: skip
+                return conv_whole(win, full, bias, self.stride).permute(0, 2, 3, 1)
             y = sharded_conv(
                 x, self.domain, self.out_domain, self.windows, self.stride, (1, 1),
                 self.modes, weight, self.bias, self.out_sizes, self.strategy,
             )  # fmt: skip
         return y.permute(0, 2, 3, 1)
+
+    def gather_replica(self) -> tuple[torch.Tensor | None, ...]:
+        """The whole conv weight ``(embed_dim, in_ch, p, p)`` and bias (``replicas.py``; collective)."""
+        axis, sizes = self.domain.axis, self.out_sizes
+        with comm_site("patch_embed.replica"):
+            weight = all_gather(self.weight.T.contiguous(), axis, 0, sizes).view(-1, self.in_ch, *self.patch)
+            return weight, None if self.bias is None else all_gather(self.bias, axis, 0, sizes)
+
+    def replica_numel(self) -> int:
+        return self.weight.shape[0] * self.embed_dim + (self.embed_dim if self.bias is not None else 0)
 
     def channel_dims(
         self, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None
@@ -150,7 +169,7 @@ def _conv_layout(weight: nn.Parameter) -> nn.Parameter:
     return stored
 
 
-class PatchRecovery(nn.Module):
+class PatchRecovery(Replicating, nn.Module):
     """Token tile ``(B, h_tok, w_tok, embed_dim)`` → field tile ``(B, out_ch, h, w)`` on ``out_grid``."""
 
     jigsaw_layer = True
@@ -221,9 +240,11 @@ class PatchRecovery(nn.Module):
         b = x.shape[0]
         (ph, pw), (sh, sw) = self.patch, self.stride
         axis = self.domain.axis
-        tokens, weight, bias = autocast_operands(x.reshape(-1, self.embed_dim), self.weight, self.bias)
+        replica = self.replica()  # a forecast: the whole weight here (replicas.py)
+        weight, bias = (self.weight, self.bias) if replica is None else replica
+        tokens, weight, bias = autocast_operands(x.reshape(-1, self.embed_dim), weight, bias)
         with comm_site("patch_recovery"):
-            if self.domain.size == 1:  # Linear's own kernel
+            if self.domain.size == 1 or replica is not None:  # Linear's own kernel
                 cols = tokens @ weight if bias is None else torch.addmm(bias, tokens, weight)
             else:
                 cols = matmul_channels(
@@ -238,6 +259,17 @@ class PatchRecovery(nn.Module):
         if self.overlap == "mean":
             y = y * self.inv_count.to(y.dtype)
         return y
+
+    def gather_replica(self) -> tuple[torch.Tensor | None, ...]:
+        """The whole weight ``(embed_dim, out_ch·p·p)`` and bias (``replicas.py``; collective)."""
+        axis, sizes = self.domain.axis, self.out_sizes
+        with comm_site("patch_recovery.replica"):
+            weight = all_gather(self.weight, axis, 1, sizes)
+            return weight, None if self.bias is None else all_gather(self.bias, axis, 0, sizes)
+
+    def replica_numel(self) -> int:
+        cols = sum(self.out_sizes)
+        return self.embed_dim * cols + (cols if self.bias is not None else 0)
 
     def channel_dims(
         self, inputs: Sequence[str] | None = None, outputs: Sequence[str] | None = None

@@ -35,7 +35,7 @@ from collections.abc import Iterator, Sequence
 import torch
 import torch.nn.functional as F
 
-from ..distributed.comm import Pending, comm_site, exchange
+from ..distributed.comm import Pending, comm_site, exchange, run_exchange
 from ..distributed.mesh import Axis
 from .attention_kernels import select_kernel
 
@@ -172,8 +172,11 @@ def ring_attention(
     q, k, v = q.to(dtype), k.to(dtype), v.to(dtype)
     if axis.size == 1 and block is None and kernel is None:
         return F.scaled_dot_product_attention(q, k, v, scale=scale)
+    args = (q, k, v, axis, tuple(areas), scale, block, kernel)
     with comm_site("ring_attention"):
-        return _RingAttention.apply(q, k, v, axis, tuple(areas), scale, block, kernel)
+        if axis.size == 1:  # blocked, or a chosen kernel, on one rank: nothing moves
+            return _RingAttention.apply(*args)
+        return run_exchange(_RingAttention.apply, *args)
 
 
 def ring_attention_bytes(areas: Sequence[int], batch: int, channels: int, elsize: int = 4) -> tuple[int, int]:

@@ -26,17 +26,20 @@ import math
 import torch
 from torch import nn
 
-from ..distributed.comm import comm_site
-from ..distributed.matmul import Strategy, matmul_tokens, token_bytes, token_strategy
+from ..distributed.collectives import all_gather
+from ..distributed.comm import comm_site, exchange, run_exchange
+from ..distributed.matmul import Strategy, autocast_operands, matmul_tokens, token_bytes, token_strategy
+from ..distributed.mesh import Axis
 from ..distributed.tiles import Tile
 from .base import Domain, ShardSpec, fill_uniform_, sharded_parameter
 from .cost import Cost
 from .mlp import get_activation
+from .replicas import Replicating
 
 __all__ = ["TokenMixing"]
 
 
-class TokenMixing(nn.Module):
+class TokenMixing(Replicating, nn.Module):
     """Token-mixing MLP on a token tile ``(B, h, w, C)`` → ``(B, h, w, C)`` of the same grid."""
 
     jigsaw_layer = True
@@ -88,14 +91,49 @@ class TokenMixing(nn.Module):
         B, h, w, C = x.shape
         a2, b2 = self.w2.reshape(h * w, self.hidden_tokens), self.b2.reshape(h * w)
         xt = x.permute(1, 2, 0, 3).reshape(h * w, B * C)
-        axis = self.domain.axis
+        axis, replica = self.domain.axis, self.replica()
         with comm_site("TokenMixing"):  # under autocast, matmul_tokens moves autocast's dtype
-            hid = matmul_tokens(
-                xt, self.w1, self.b1, axis, self.token_counts, self.hidden_sizes, self.strategy, self._tiles
-            )
-            hid = self.act(hid)
-            y = matmul_tokens(hid, a2, b2, axis, self.hidden_sizes, self.token_counts, self.strategy)
+            if replica is not None:  # a forecast: one exchange of partial sums (replicas.py)
+                hid = self.act(_summed(axis, replica[0], xt) + replica[1].unsqueeze(-1))
+                xt, a2, b2 = autocast_operands(hid, a2, b2)
+                y = torch.addmm(b2.unsqueeze(-1), a2, xt)
+            else:
+                hid = matmul_tokens(
+                    xt,
+                    self.w1,
+                    self.b1,
+                    axis,
+                    self.token_counts,
+                    self.hidden_sizes,
+                    self.strategy,
+                    self._tiles,
+                )
+                hid = self.act(hid)
+                y = matmul_tokens(hid, a2, b2, axis, self.hidden_sizes, self.token_counts, self.strategy)
         return y.reshape(h, w, B, C).permute(2, 0, 1, 3)
+
+    def gather_replica(self) -> tuple[torch.Tensor, ...]:
+        """The columns of ``W1`` that multiply this rank's tokens, every hidden row ``(hidden, h·w)``,
+        and the whole ``b1`` (``replicas.py``; collective)."""
+        axis, sizes, me = self.domain.axis, self.hidden_sizes, self.domain.index
+        peers = [k for k in range(axis.size) if k != me]
+
+        def columns(k: int) -> torch.Tensor:  # this rank's hidden rows of W1 for rank k's tokens
+            i0, i1, j0, j1 = self._tiles[k]
+            return self.w1[:, i0:i1, j0:j1].reshape(self.w1.shape[0], (i1 - i0) * (j1 - j0)).contiguous()
+
+        n = self.token_counts[me]
+        with comm_site("TokenMixing.replica"):
+            got = exchange(axis, [(axis.ranks[k], columns(k)) for k in peers],
+                           [(axis.ranks[k], (sizes[k], n)) for k in peers], op="token_mixing.replica",
+                           dtype=self.w1.dtype, device=self.w1.device).wait()  # fmt: skip
+            blocks = dict(zip(peers, got))
+            blocks[me] = columns(me)
+            return torch.cat([blocks[k] for k in range(axis.size)]), all_gather(self.b1, axis, 0, sizes)
+
+    def replica_numel(self) -> int:
+        h, w = self._tile.shape
+        return self.hidden_tokens * (h * w + 1)
 
     def cost(self, batch: int, elsize: int = 4, input_grad: bool = True) -> Cost:
         """Two ``matmul_tokens`` with the batch folded into ``batch × channels`` columns."""
@@ -125,6 +163,28 @@ class TokenMixing(nn.Module):
     def extra_repr(self) -> str:
         g = self.domain.grid
         return f"{g.n_lat}x{g.n_lon} tokens -> {self.hidden_tokens}, {self.activation}, {self.strategy}"
+
+
+def _summed(axis: Axis, w1_own: torch.Tensor, xt: torch.Tensor) -> torch.Tensor:
+    """``W1 · X`` over every rank's tokens: this rank's partial sum ``w1_own · xt`` and every peer's,
+    added in rank order (the same bits on every rank), in the accumulation dtype (fp32 under autocast)."""
+    w1_own, xt = autocast_operands(w1_own, xt)
+    part = w1_own @ xt
+    parts = run_exchange(_partials, axis, part)  # eagerly under torch.compile (one graph break)
+    total = parts[0].float()
+    for k in range(1, axis.size):
+        total = total + parts[k].float()
+    return total
+
+
+def _partials(axis: Axis, part: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's partial sum, in rank order (this rank's own is ``part``)."""
+    me, peers = axis.index, [k for k in range(axis.size) if k != axis.index]
+    got = exchange(axis, [(axis.ranks[k], part) for k in peers], [(axis.ranks[k], part.shape) for k in peers],
+                   op="token_mixing.replica", dtype=part.dtype, device=part.device).wait()  # fmt: skip
+    parts = dict(zip(peers, got))
+    parts[me] = part
+    return [parts[k] for k in range(axis.size)]
 
 
 def _tile_parameter(global_shape: tuple[int, ...], tile: Tile) -> nn.Parameter:

@@ -52,6 +52,7 @@ from ..models.noise import forecast_sample_index, member_noise, train_sample_ind
 from ..models.run import build_run_model, model_step
 from ..signals import Preempted, StopSignals
 from .accounting import StepClock, device_peak_tflops, step_flops, summarize_steps
+from .compile_report import CompileLog
 from .crps import ensemble_loss
 from .evaluate import format_table, validate
 from .feed import Feeder
@@ -185,6 +186,8 @@ class Trainer:
                 self.model, replica_batch, elsize, cfg.training.rollout_steps, mesh
             )
         self.peak_tflops = device_peak_tflops(mesh.device, cfg.training.precision, cfg.logging.peak_tflops)
+        # what torch.compile compiles, step by step (logging.compile_report; compile_report.py)
+        self.compile_log = CompileLog(self.run_dir, mesh.rank) if cfg.logging.compile_report else None
 
     def close(self) -> None:
         """Finish the checkpoint being written, then release run.dir's lock (rank 0; ``fit`` does it
@@ -382,6 +385,10 @@ class Trainer:
             "skipped": float(not finite),
         }
 
+    def _note_compile(self, label: str, step: int | None) -> None:
+        if self.compile_log is not None:
+            self.compile_log.note(label, step)
+
     def _stop_on_nan_data(self, batch: Batch, step: int) -> None:
         """Raise naming the NaNs of step ``step``'s data wherever a rank's tile holds any (training
         reads skip the NaN pass; every rank gets here together, as loss and norm are global)."""
@@ -419,10 +426,12 @@ class Trainer:
                         metrics = self.train_step(self.step + 1)
                     self.step += 1
                     self.history.append({"step": self.step, **metrics})
+                    self._note_compile(f"step {self.step}", self.step)
                     monitor.step(self.step, metrics)
                     last = self.step == cfg.training.steps
                     if cfg.validation.every and self.step % cfg.validation.every == 0 and not last:
                         monitor.record("val", self.step, self.run_validation())
+                        self._note_compile(f"validation at step {self.step}", None)
                     saved = (cfg.checkpoint.every and self.step % cfg.checkpoint.every == 0) or last
                     ckpt = self.save(background=not last) if saved else None
                     if not last and stop.should_stop():
@@ -438,6 +447,9 @@ class Trainer:
             monitor.summary(self.step, breakdown)
             result = self.run_validation()
             monitor.record("val", self.step, result)
+            self._note_compile(f"validation at step {self.step}", None)
+            if self.compile_log is not None:
+                self.compile_log.write()
             table = format_table(result, cfg.validation.variables, cfg.validation.lead_hours)
             summary = {
                 "steps": self.step,
