@@ -18,7 +18,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -436,28 +435,29 @@ def quiet_signals():
         signal.signal(s, handler)
 
 
-def _stop_after_first_batch(folder: Path) -> None:
-    from jigsaw_earth.inference.unfinished import batches_done
+def _stop_after_first_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGUSR1 to this process just before batch 2: the run stops with batch 1 recorded, however fast."""
+    from jigsaw_earth.inference.progress import Progress
 
-    def watch() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if (folder / "_progress" / "rank-00000.json").exists() and batches_done(folder, 1) >= 1:
-                os.kill(os.getpid(), signal.SIGUSR1)
-                return
-            time.sleep(0.005)
+    boundary = Progress.boundary
 
-    threading.Thread(target=watch, daemon=True).start()
+    def signalled(self: Progress, i: int, pipe: Any) -> None:
+        if self.first + i == 1:
+            os.kill(os.getpid(), signal.SIGUSR1)  # handled on this (the main) thread before it returns
+        boundary(self, i, pipe)
+
+    monkeypatch.setattr(Progress, "boundary", signalled)
 
 
 def test_remove_unfinished_deletes_only_what_predict_wrote(
-    world: dict, tmp_path: Path, capsys: Any, quiet_signals: None
+    world: dict, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch, quiet_signals: None
 ) -> None:
     out = tmp_path / "fc.zarr"
     folder = Path(f"{out}.in-progress")
     argv = [*_out(P(world), out), "--batch-size", "1", "--max-inits", "3", "--end", "2020-02-04"]
-    _stop_after_first_batch(folder)
+    _stop_after_first_batch(monkeypatch)
     code, text = _cli(argv, capsys)
+    monkeypatch.undo()
     assert code == 75 and folder.is_dir(), text[-3000:]
     mark = json.loads((folder / "_progress" / "folder.json").read_text())
     assert mark["format"] == "jigsaw-earth predict progress" and "temperature" in mark["arrays"]

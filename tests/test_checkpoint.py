@@ -202,17 +202,18 @@ def test_background_save_while_training_resumes_exactly(runs):
 
 
 KILLED_WRITER = """
-import sys, time
+import json, sys, time
 from pathlib import Path
 from torch.distributed.checkpoint import filesystem
 from jigsaw_earth.checkpoint.background import BackgroundSaver
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
-from tests.test_checkpoint import _build, _step
+from tests.test_checkpoint import _blocks, _build, _step
 
 run, marker = Path(sys.argv[1]), Path(sys.argv[2])
 mesh = DomainMesh(MeshShape())
 domain, model, opt = _build(mesh)
 _step(domain, model, opt, 0)
+(run / "step1.json").write_text(json.dumps(_blocks(model, opt)))  # this process's threads, its sums
 saver = BackgroundSaver()
 saver.save(run, 1, model, opt, mesh)
 saver.wait()
@@ -255,11 +256,9 @@ def test_kill_during_background_write_keeps_previous(tmp_path):
     assert (root / "step_000000002.tmp").is_dir() and any((root / "step_000000002.tmp").iterdir())
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000000001"]
     assert latest_checkpoint(tmp_path).name == "step_000000001"
+    expected = json.loads((tmp_path / "step1.json").read_text())  # what the killed process saved
     mesh = DomainMesh(MeshShape())
-    domain, model, opt = _build(mesh)
-    _step(domain, model, opt, 0)
-    expected = _blocks(model, opt)
-    domain, model, opt = _build(mesh, seed=7)
+    _, model, opt = _build(mesh, seed=7)
     assert load_checkpoint(latest_checkpoint(tmp_path), model, opt, mesh)["step"] == 1
     assert _blocks(model, opt) == expected
     saver = BackgroundSaver()

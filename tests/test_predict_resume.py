@@ -23,7 +23,6 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -273,24 +272,34 @@ def test_sigusr1_to_one_rank_stops_both_with_exit_75(trained: Path, reference, t
 @pytest.fixture
 def quiet_signals():
     """A signal arriving after predict has returned must not end pytest."""
+    from jigsaw_earth.inference.progress import Progress
+
     saved = {s: signal.signal(s, lambda *a: None) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    boundary = Progress.boundary
     yield
+    Progress.boundary = boundary  # a _signal_after that never fired
     for s, handler in saved.items():
         signal.signal(s, handler)
 
 
-def _signal_after(folder: Path, batches: int, sig: signal.Signals = signal.SIGTERM) -> threading.Thread:
-    def watch() -> None:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            if _recorded(folder) >= batches:
-                os.kill(os.getpid(), sig)
-                return
-            time.sleep(0.005)
+def _signal_after(folder: Path, batches: int, sig: signal.Signals = signal.SIGTERM) -> None:
+    """``sig`` to this process at the boundary before batch ``batches + 1`` of the run writing to
+    ``folder``: it stops with ``batches`` recorded, however fast it runs (``quiet_signals`` unhooks)."""
+    from jigsaw_earth.inference.progress import Progress
 
-    thread = threading.Thread(target=watch, daemon=True)
-    thread.start()
-    return thread
+    boundary = Progress.boundary
+
+    def signalled(self: Progress, i: int, pipe) -> None:
+        if (
+            self.folder is not None
+            and Path(self.folder).resolve() == folder.resolve()
+            and self.first + i == batches
+        ):
+            Progress.boundary = boundary
+            os.kill(os.getpid(), sig)  # handled on this (the main) thread before it returns
+        boundary(self, i, pipe)
+
+    Progress.boundary = signalled
 
 
 def _main(argv: list[str], capsys) -> tuple[int, str]:
