@@ -2,7 +2,8 @@
 one CPU process: a UNet on 1 × 4 (7-column tiles: its convolutions and down-sampling cross every
 edge), resumed on data × domain 2 × 1 × 2 from the 1 × 4 run's checkpoint, an ensemble over the
 mesh's ensemble axis (1 × 2 × 1 × 2, fair CRPS, noise channels) forecast with ``predict --members
---score``, and a fine-tune on 2 × 2 (a variable added, the down-sampling frozen). Long: ``slow``.
+--score``, and a fine-tune on 2 × 2 (a variable added, the down-sampling frozen). In CI's default run
+beside ``test_device_guard_ranks.py``.
 """
 
 from __future__ import annotations
@@ -90,7 +91,6 @@ def _close(a: Any, b: Any, tol: float = 1e-4) -> bool:
     return a.shape == b.shape and bool(np.all(np.abs(a - b) <= tol * np.maximum(np.abs(b), 1e-6)))
 
 
-@pytest.mark.slow
 def test_meshes_ensembles_and_a_fine_tune_on_fake_gpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
