@@ -55,11 +55,11 @@ row "demo, mesh 2x2 sharing one GPU" "$(($(date +%s) - t0)) s" \
 grep -o 'messages between ranks: .*' "$work/demo.log" | head -n 1 | sed 's/^/    /'
 
 # NCCL asked for two ranks on one GPU: refused by the package, with the fix, before NCCL starts
-[ "$gpus" -ge 1 ] && CUDA_VISIBLE_DEVICES=0 torchrun --nproc-per-node 2 -m jigsaw_earth train configs/demo.yaml mesh.lat=1 \
-  data.store="$work/demo/data.zarr" run.dir="$work/demo/refused" distributed.backend=nccl training.steps=2 \
-  logging.wandb.mode=disabled --new-run >"$work/refused.log" 2>&1
-refused="$(grep -o 'distributed.backend=nccl: 2 ranks on this host share.*' "$work/refused.log" | head -n 1)"
 if [ "$gpus" -ge 1 ]; then
+  CUDA_VISIBLE_DEVICES=0 torchrun --nproc-per-node 2 -m jigsaw_earth train configs/demo.yaml mesh.lat=1 \
+    data.store="$work/demo/data.zarr" run.dir="$work/demo/refused" distributed.backend=nccl training.steps=2 \
+    logging.wandb.mode=disabled --new-run >"$work/refused.log" 2>&1
+  refused="$(grep -o 'distributed.backend=nccl: 2 ranks on this host share.*' "$work/refused.log" | head -n 1)"
   row "backend=nccl on 2 ranks sharing a GPU" "-" "$([ -n "$refused" ] && echo PASS || echo FAIL)" \
     "$(echo "${refused:-not refused: see $work/refused.log}" | cut -c1-90)"
 fi
