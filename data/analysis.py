@@ -21,13 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from jigsaw_earth.data.batch import Batch, VariableSpec
+from jigsaw_earth.data.prepare import open_source
+from jigsaw_earth.data.samples import TrainData
+from jigsaw_earth.data.store import StoreView
 
-from ..config.schema import DataConfig
-from ..distributed.tiles import Tile
-from .batch import Batch, VariableSpec
-from .prepare import open_source
-from .samples import TrainData
-from .store import StoreView
+from jigsaw_earth.config.schema import DataConfig
+from jigsaw_earth.distributed.tiles import Tile
 
 __all__ = ["GRID_TOLERANCE_DEG", "Analysis", "open_analysis"]
 

@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import torch
+from jigsaw_earth.data.store import STATIC_VARIABLES
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.tiles import Tile
-
-from .store import STATIC_VARIABLES
 
 __all__ = [
     "DEFAULT_LEVELS",

@@ -29,9 +29,14 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+from jigsaw_earth.data.zarr_api import (
+    default_buffer_prototype,
+    index_at_end,
+    little_endian,
+    numcodecs_codec,
+    sync,
+)
 from zarr.abc.store import RangeByteRequest, SuffixByteRequest
-
-from .zarr_api import default_buffer_prototype, index_at_end, little_endian, numcodecs_codec, sync
 
 __all__ = ["Block", "ChunkFormat", "ChunkSource", "local_root"]
 

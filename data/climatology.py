@@ -7,8 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import xarray as xr
-
-from .store import StoreView, open_dataset
+from jigsaw_earth.data.store import StoreView, open_dataset
 
 __all__ = ["check_same_grid", "open_climatology"]
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+from jigsaw_earth.data.store import UPPER_AIR_VARIABLES
 
 from jigsaw_earth.sphere import grid_latitudes, grid_longitudes
-
-from .store import UPPER_AIR_VARIABLES
 
 __all__ = ["Dynamics"]
 

@@ -5,11 +5,10 @@ from __future__ import annotations
 import logging
 
 import numpy as np
+from jigsaw_earth.data.times import time_features
 
 from jigsaw_earth.distributed.tiles import Tile
 from jigsaw_earth.sphere import latitude_weights
-
-from .times import time_features
 
 __all__ = ["latitude_weights", "tile_latitude_weights", "time_features"]
 

@@ -32,8 +32,7 @@ import dask
 import dask.array as da
 import numpy as np
 import xarray as xr
-
-from .grib_messages import (
+from jigsaw_earth.data.grib_messages import (
     GRIB_SUFFIXES,
     PRESSURE,
     Message,
@@ -43,7 +42,7 @@ from .grib_messages import (
     is_grib,
     scan,
 )
-from .store import ACCUMULATION_ATTR, canonical_name
+from jigsaw_earth.data.store import ACCUMULATION_ATTR, canonical_name
 
 __all__ = ["GRAVITY", "GRIB_SUFFIXES", "GribMessages", "eccodes_module", "is_grib"]
 

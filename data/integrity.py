@@ -12,8 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import xarray as xr
-
-from .store import StoreView
+from jigsaw_earth.data.store import StoreView
 
 __all__ = ["missing_files", "read_values"]
 

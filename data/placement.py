@@ -21,9 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 import numpy as np
+from jigsaw_earth.data.chunks import Block
 from numpy.lib.array_utils import byte_bounds
-
-from .chunks import Block
 
 __all__ = ["AxisPlan", "DirectRead", "Recording", "Run", "axis_plan", "place", "recording", "replay"]
 

@@ -21,11 +21,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-
-from .batch import VariableSpec
-from .integrity import missing_files, read_values
-from .store import StoreView
-from .times import TimeAxis, period_mask, sample_index
+from jigsaw_earth.data.batch import VariableSpec
+from jigsaw_earth.data.integrity import missing_files, read_values
+from jigsaw_earth.data.store import StoreView
+from jigsaw_earth.data.times import TimeAxis, period_mask, sample_index
 
 __all__ = ["NAN_SCANS", "default_climatology_path", "store_nans", "store_preflight"]
 
@@ -104,7 +103,7 @@ def _check_files(view: StoreView, d: Any) -> list[str]:
 
 
 def _check_statistics(view: StoreView, spec: VariableSpec) -> list[str]:
-    from .stats import Normalizer, read_statistics
+    from jigsaw_earth.data.stats import Normalizer, read_statistics
 
     try:
         Normalizer.from_stats(read_statistics(view.path), spec, view, 4)
@@ -156,7 +155,7 @@ def _check_times(view: StoreView, cfg: Any) -> list[str]:
 
 
 def _check_climatology(view: StoreView, cfg: Any, spec: VariableSpec) -> list[str]:
-    from .climatology import open_climatology
+    from jigsaw_earth.data.climatology import open_climatology
 
     d = cfg.data
     path = d.climatology or str(default_climatology_path(view.path))

@@ -23,11 +23,9 @@ from typing import Any
 import dask
 import numpy as np
 import xarray as xr
-
-from .grib import GRIB_SUFFIXES, GribMessages, is_grib
-from .outputs import check_output
-from .stats import TqdmCallback, compute_statistics, write_statistics
-from .store import (
+from jigsaw_earth.data.grib import GRIB_SUFFIXES, GribMessages, is_grib
+from jigsaw_earth.data.stats import TqdmCallback, compute_statistics, write_statistics
+from jigsaw_earth.data.store import (
     ACCUMULATED,
     ACCUMULATION_ATTR,
     STATIC_VARIABLES,
@@ -37,8 +35,10 @@ from .store import (
     canonical_dataset,
     open_store,
 )
-from .times import TimeAxis, resample_plan
-from .writer import ChunkLayout, atomic_store, mark_complete
+from jigsaw_earth.data.times import TimeAxis, resample_plan
+from jigsaw_earth.data.writer import ChunkLayout, atomic_store, mark_complete
+
+from jigsaw_earth.ownership import check_output
 
 __all__ = ["NAN_POLICIES", "TimeOptions", "nan_report", "open_source", "prepare_store"]
 

@@ -24,16 +24,24 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+from jigsaw_earth.data.batch import STATIC_GEOMETRY, VariableSpec
+from jigsaw_earth.data.chunks import ChunkFormat, ChunkSource
+from jigsaw_earth.data.placement import (
+    AxisPlan,
+    DirectRead,
+    Preadv,
+    axis_plan,
+    place,
+    preadv_calls,
+    recording,
+    replay,
+)
+from jigsaw_earth.data.store import StoreView
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.mesh import cores_per_rank
 from jigsaw_earth.distributed.tiles import Tile, TileGrid
 from jigsaw_earth.sphere import col_sources, coordinate_channels, row_sources
-
-from .batch import STATIC_GEOMETRY, VariableSpec
-from .chunks import ChunkFormat, ChunkSource
-from .placement import AxisPlan, DirectRead, Preadv, axis_plan, place, preadv_calls, recording, replay
-from .store import StoreView
 
 __all__ = ["Normalisation", "TileReader", "chunk_source", "read_threads"]
 

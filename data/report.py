@@ -16,16 +16,15 @@ from typing import Any
 
 import numpy as np
 import xarray as xr
+from jigsaw_earth.data.batch import VariableSpec
+from jigsaw_earth.data.integrity import missing_files, read_values
+from jigsaw_earth.data.reader import TileReader
+from jigsaw_earth.data.store import StoreView
+from jigsaw_earth.data.times import TimeAxis, sample_index
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.mesh import MeshShape
 from jigsaw_earth.distributed.tiles import TileGrid
-
-from .batch import VariableSpec
-from .integrity import missing_files, read_values
-from .reader import TileReader
-from .store import StoreView
-from .times import TimeAxis, sample_index
 
 __all__ = ["OVER_READ_WARNING", "inspect_store", "io_report", "planned_fraction", "throughput"]
 

@@ -22,13 +22,13 @@ from typing import Protocol
 
 import numpy as np
 import torch
+from jigsaw_earth.data.batch import Batch
+from jigsaw_earth.data.times import period_mask, sample_index, time_features
 
-from ..distributed.halo import Halo
-from ..distributed.mesh import DomainMesh
-from ..distributed.tiles import Tile, TileGrid
-from ..sphere import latitude_weights
-from .batch import Batch
-from .times import period_mask, sample_index, time_features
+from jigsaw_earth.distributed.halo import Halo
+from jigsaw_earth.distributed.mesh import DomainMesh
+from jigsaw_earth.distributed.tiles import Tile, TileGrid
+from jigsaw_earth.sphere import latitude_weights
 
 __all__ = ["MemorySource", "Source", "TrainData"]
 

@@ -13,20 +13,20 @@ from pathlib import Path
 
 import numpy as np
 import xarray as xr
+from jigsaw_earth.data.batch import N_GEOMETRY_CHANNELS, VariableSpec
+from jigsaw_earth.data.climatology import open_climatology
+from jigsaw_earth.data.preflight import default_climatology_path, store_preflight
+from jigsaw_earth.data.reader import Normalisation, TileReader
+from jigsaw_earth.data.report import OVER_READ_WARNING, planned_fraction
+from jigsaw_earth.data.samples import TrainData
+from jigsaw_earth.data.stats import Normalizer, read_statistics
+from jigsaw_earth.data.store import StoreView
+from jigsaw_earth.data.times import hour_dayofyear
 
-from ..config.schema import TrainConfig
-from ..distributed.halo import Halo
-from ..distributed.mesh import DomainMesh
-from ..distributed.tiles import Tile, TileGrid
-from .batch import N_GEOMETRY_CHANNELS, VariableSpec
-from .climatology import open_climatology
-from .preflight import default_climatology_path, store_preflight
-from .reader import Normalisation, TileReader
-from .report import OVER_READ_WARNING, planned_fraction
-from .samples import TrainData
-from .stats import Normalizer, read_statistics
-from .store import StoreView
-from .times import hour_dayofyear
+from jigsaw_earth.config.schema import TrainConfig
+from jigsaw_earth.distributed.halo import Halo
+from jigsaw_earth.distributed.mesh import DomainMesh
+from jigsaw_earth.distributed.tiles import Tile, TileGrid
 
 __all__ = ["StoreSource", "TileClimatology", "build_data", "default_climatology_path"]
 

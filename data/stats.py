@@ -18,10 +18,9 @@ import dask
 import numpy as np
 import xarray as xr
 from dask.callbacks import Callback
+from jigsaw_earth.data.batch import VariableSpec
+from jigsaw_earth.data.store import StoreView, open_store
 from tqdm.auto import tqdm
-
-from .batch import VariableSpec
-from .store import StoreView, open_store
 
 __all__ = [
     "STATS",

@@ -24,8 +24,7 @@ import numpy as np
 import xarray as xr
 import zarr
 import zarr.storage
-
-from .times import decode_times
+from jigsaw_earth.data.times import decode_times
 
 __all__ = [
     "ACCUMULATED",

@@ -24,11 +24,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-
-from .batch import DEFAULT_LEVELS, DEFAULT_SURFACE, DEFAULT_UPPER_AIR
-from .dynamics import Dynamics
-from .stats import RunningStats, write_statistics
-from .writer import ChunkLayout, atomic_store, create_variable, mark_complete, write_coords
+from jigsaw_earth.data.batch import DEFAULT_LEVELS, DEFAULT_SURFACE, DEFAULT_UPPER_AIR
+from jigsaw_earth.data.dynamics import Dynamics
+from jigsaw_earth.data.stats import RunningStats, write_statistics
+from jigsaw_earth.data.writer import ChunkLayout, atomic_store, create_variable, mark_complete, write_coords
 
 __all__ = ["SynthConfig", "climatology_path", "synth_store"]
 

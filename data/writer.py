@@ -27,8 +27,7 @@ from zarr.codecs import BloscCodec, ZstdCodec
 from jigsaw_earth.argtypes import parse_grid
 from jigsaw_earth.distributed.mesh import MeshShape
 from jigsaw_earth.distributed.tiles import TileGrid
-
-from .outputs import MARKER, check_output, unique_tmp
+from jigsaw_earth.ownership import MARKER, check_output, unique_tmp
 
 __all__ = ["COMPRESSIONS", "ChunkLayout", "atomic_store", "create_variable", "mark_complete", "write_coords"]
 

@@ -167,7 +167,7 @@ def _train(mesh: Any, raw: dict[str, Any], on_mesh: bool = False) -> dict[str, A
     """Train ``raw`` on this process's rank (on ``mesh`` when ``on_mesh``, else on the config's own);
     rank 0's losses per step and validation."""
     from .config import parse_config
-    from .launch import setup_mesh
+    from .mesh_setup import setup_mesh
     from .training.loop import Trainer
 
     cfg = parse_config(raw)
@@ -209,7 +209,7 @@ def _device_runs(mesh: Any, raws: dict[str, dict[str, Any]], root: str) -> dict[
     ``root/forecast-device-MODEL.zarr``, on one mesh of the configs' shape and device; and this rank's
     transport."""
     from .config import parse_config
-    from .launch import setup_mesh
+    from .mesh_setup import setup_mesh
 
     mesh = setup_mesh(parse_config(next(iter(raws.values()))))
     out: dict[str, Any] = {"transport": mesh.transport}

@@ -10,11 +10,17 @@ a registered model (``registry.py``: the built-ins, ``register_model``, the entr
 
 from __future__ import annotations
 
+from jigsaw_earth.models.common import Forecaster, assemble_inputs, position_encoding
+from jigsaw_earth.models.presets import PRESETS, UNetConfig, ViTConfig, WeatherMixerConfig
+from jigsaw_earth.models.registry import (
+    build_model,
+    make_config,
+    model_entry,
+    model_from_config,
+    model_names,
+    register_model,
+)
 from torch import nn
-
-from .common import Forecaster, assemble_inputs, position_encoding
-from .presets import PRESETS, UNetConfig, ViTConfig, WeatherMixerConfig
-from .registry import build_model, make_config, model_entry, model_from_config, model_names, register_model
 
 __all__ = [
     "MODELS",

@@ -14,13 +14,13 @@ import numpy as np
 import torch
 from torch import nn
 
-from .. import sphere
-from ..distributed.comm import arm_for_compile
-from ..layers.base import Domain
-from ..layers.channels import ChannelDims, ModelChannels, prefixed
-from ..layers.norm import prefetch_affine, release_affine
-from ..layers.patch import PatchEmbed, PatchRecovery
-from ..sphere import N_COORD_CHANNELS
+from jigsaw_earth import sphere
+from jigsaw_earth.distributed.comm import arm_for_compile
+from jigsaw_earth.layers.base import Domain
+from jigsaw_earth.layers.channels import ChannelDims, ModelChannels, prefixed
+from jigsaw_earth.layers.norm import prefetch_affine, release_affine
+from jigsaw_earth.layers.patch import PatchEmbed, PatchRecovery
+from jigsaw_earth.sphere import N_COORD_CHANNELS
 
 __all__ = [
     "COORD_CHANNEL_NAMES",

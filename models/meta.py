@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import torch
+from jigsaw_earth.models import MODELS, model_class
 from torch.overrides import TorchFunctionMode
-
-from . import MODELS, model_class
 
 __all__ = ["meta_construction"]
 

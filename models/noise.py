@@ -36,8 +36,8 @@ from collections.abc import Sequence
 import numpy as np
 import torch
 
-from ..distributed.tiles import Tile
-from ..layers.base import normal_at
+from jigsaw_earth.distributed.tiles import Tile
+from jigsaw_earth.layers.base import normal_at
 
 __all__ = ["forecast_sample_index", "member_noise", "noise_key", "train_sample_index"]
 

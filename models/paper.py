@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .plan import Hardware, MeshPlan, plan_meshes
+from jigsaw_earth.models.plan import Hardware, MeshPlan, plan_meshes
 
 __all__ = [
     "A100_HOREKA",

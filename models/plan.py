@@ -43,11 +43,12 @@ from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-from ..distributed.mesh import DomainMesh, MeshShape
-from ..layers.base import Domain, spec_of
-from ..layers.cost import all_reduce_bytes, model_cost, unpriced_layers
-from . import build_model
-from .meta import meta_construction
+from jigsaw_earth.models import build_model
+from jigsaw_earth.models.meta import meta_construction
+
+from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
+from jigsaw_earth.layers.base import Domain, spec_of
+from jigsaw_earth.layers.cost import all_reduce_bytes, model_cost, unpriced_layers
 
 __all__ = [
     "TRAIN_STATES",

@@ -25,14 +25,14 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from jigsaw_earth.models import build_model
+from jigsaw_earth.models.meta import meta_construction
+from jigsaw_earth.models.plan import Hardware, _links
 from torch import nn
 
-from ..distributed.mesh import DomainMesh, MeshShape
-from ..layers.base import Domain
-from ..layers.cost import Cost, model_cost
-from . import build_model
-from .meta import meta_construction
-from .plan import Hardware, _links
+from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
+from jigsaw_earth.layers.base import Domain
+from jigsaw_earth.layers.cost import Cost, model_cost
 
 __all__ = ["HEADLINE", "STATE_FIELDS", "EvalPlan", "forward_seconds", "inference_memory", "plan_evaluation",
            "writes"]  # fmt: skip

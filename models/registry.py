@@ -30,9 +30,8 @@ from dataclasses import dataclass
 from importlib.metadata import entry_points
 from typing import Any
 
+from jigsaw_earth.models.presets import PRESETS, UNetConfig, ViTConfig, WeatherMixerConfig
 from torch import nn
-
-from .presets import PRESETS, UNetConfig, ViTConfig, WeatherMixerConfig
 
 __all__ = [
     "ENTRY_POINT_GROUP",

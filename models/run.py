@@ -19,14 +19,14 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
+from jigsaw_earth.data.samples import TrainData
+from jigsaw_earth.data.times import N_TIME_FEATURES
 from torch import nn
 
-from ..config.schema import TrainConfig
-from ..data.samples import TrainData
-from ..data.times import N_TIME_FEATURES
-from ..distributed.comm import arm_for_compile
-from ..distributed.mesh import DomainMesh
-from ..layers.base import Domain, init_model
+from jigsaw_earth.config.schema import TrainConfig
+from jigsaw_earth.distributed.comm import arm_for_compile
+from jigsaw_earth.distributed.mesh import DomainMesh
+from jigsaw_earth.layers.base import Domain, init_model
 
 __all__ = ["build_run_model", "compile_model", "model_step"]
 
@@ -34,8 +34,10 @@ __all__ = ["build_run_model", "compile_model", "model_step"]
 def build_run_model(cfg: TrainConfig, mesh: DomainMesh, data: TrainData) -> nn.Module:
     """The configured model on this rank's tile of the data's grid, initialised (mesh-invariant);
     compiled in place with ``training.compile``."""
-    from . import model_from_config  # the model registry: built-ins, entry points, package.module:Class
-    from .contract import check_signature, guard, probe
+    from jigsaw_earth.models import (
+        model_from_config,  # the model registry: built-ins, entry points, package.module:Class
+    )
+    from jigsaw_earth.models.contract import check_signature, guard, probe
 
     domain = Domain.create(mesh, data.grid.n_lat, data.grid.n_lon)
     n_static = data.n_static + cfg.model.noise_channels

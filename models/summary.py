@@ -20,15 +20,15 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from jigsaw_earth.models import build_model
+from jigsaw_earth.models.meta import meta_construction
+from jigsaw_earth.models.plan import TRAIN_STATES, Hardware, ensemble_gather_bytes, plan_mesh
 from torch import nn
 
-from ..distributed.comm import ring_bytes
-from ..distributed.mesh import DomainMesh, MeshShape
-from ..layers.base import Domain, spec_of
-from ..layers.cost import model_cost
-from . import build_model
-from .meta import meta_construction
-from .plan import TRAIN_STATES, Hardware, ensemble_gather_bytes, plan_mesh
+from jigsaw_earth.distributed.comm import ring_bytes
+from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
+from jigsaw_earth.layers.base import Domain, spec_of
+from jigsaw_earth.layers.cost import model_cost
 
 __all__ = [
     "CHECKPOINT_STATES",

@@ -18,16 +18,16 @@ from __future__ import annotations
 import itertools
 
 import torch
+from jigsaw_earth.models.common import Forecaster
+from jigsaw_earth.models.presets import UNetConfig
 from torch import nn
 
-from ..layers.base import Domain
-from ..layers.conv import Conv2d
-from ..layers.cost import Cost
-from ..layers.mlp import get_activation
-from ..layers.norm import GroupNorm
-from ..layers.resample import Downsample, Upsample
-from .common import Forecaster
-from .presets import UNetConfig
+from jigsaw_earth.layers.base import Domain
+from jigsaw_earth.layers.conv import Conv2d
+from jigsaw_earth.layers.cost import Cost
+from jigsaw_earth.layers.mlp import get_activation
+from jigsaw_earth.layers.norm import GroupNorm
+from jigsaw_earth.layers.resample import Downsample, Upsample
 
 __all__ = ["ConvBlock", "UNet"]
 

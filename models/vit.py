@@ -12,15 +12,15 @@ the same on every mesh. Written once; the same code runs on one rank and on any 
 from __future__ import annotations
 
 import torch
+from jigsaw_earth.models.common import Forecaster, check_position_encoding, position_encoding
+from jigsaw_earth.models.presets import ViTConfig
 from torch import nn
 
-from ..layers.attention import GlobalAttention, LocalAttention
-from ..layers.base import Domain
-from ..layers.dropout import Dropout
-from ..layers.mlp import MLP
-from ..layers.norm import LayerNorm
-from .common import Forecaster, check_position_encoding, position_encoding
-from .presets import ViTConfig
+from jigsaw_earth.layers.attention import GlobalAttention, LocalAttention
+from jigsaw_earth.layers.base import Domain
+from jigsaw_earth.layers.dropout import Dropout
+from jigsaw_earth.layers.mlp import MLP
+from jigsaw_earth.layers.norm import LayerNorm
 
 __all__ = ["TransformerBlock", "ViT"]
 

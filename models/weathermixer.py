@@ -19,17 +19,17 @@ Concatenation is along channels, which every token holds whole, so it needs no c
 from __future__ import annotations
 
 import torch
+from jigsaw_earth.models.common import Forecaster
+from jigsaw_earth.models.presets import WeatherMixerConfig
 from torch import nn
 
-from ..layers.base import Domain
-from ..layers.channels import ChannelDims, ModelChannels, prefixed
-from ..layers.dropout import Dropout
-from ..layers.linear import Linear
-from ..layers.mlp import MLP
-from ..layers.norm import LayerNorm
-from ..layers.token_mixing import TokenMixing
-from .common import Forecaster
-from .presets import WeatherMixerConfig
+from jigsaw_earth.layers.base import Domain
+from jigsaw_earth.layers.channels import ChannelDims, ModelChannels, prefixed
+from jigsaw_earth.layers.dropout import Dropout
+from jigsaw_earth.layers.linear import Linear
+from jigsaw_earth.layers.mlp import MLP
+from jigsaw_earth.layers.norm import LayerNorm
+from jigsaw_earth.layers.token_mixing import TokenMixing
 
 __all__ = ["MixerBlock", "WeatherMixer", "hidden_sizes"]
 

@@ -22,7 +22,7 @@ import time
 import torch
 
 from jigsaw_earth.config import load_config
-from jigsaw_earth.launch import setup_mesh
+from jigsaw_earth.mesh_setup import setup_mesh
 from jigsaw_earth.training.loop import Trainer
 
 KINDS = ("none", "sync", "background")

@@ -1,7 +1,7 @@
 """Where commands write (issue 38), through the real command line (``cli.main``, in process).
 
 Every path a command writes — ``--out``, ``--scores``, ``--plot``, ``--json``, a run directory —
-goes through one output check (``data.outputs``): never a run's record, never inside a store that
+goes through one output check (``ownership``): never a run's record, never inside a store that
 is read (or any Zarr store), never over a file that is not an earlier output of the same kind.
 Each refusal is one error line naming the option, the path and the fix, and the disk is unchanged
 (the world of ``test_bad_inputs`` — store, climatology, finished run, forecast, a user folder —
@@ -294,7 +294,7 @@ def test_output_refused(
 def test_score_and_plot_write_over_their_own_outputs(world: dict, tmp_path: Path, capsys: Any) -> None:
     """A second ``score --out/--plot`` and ``plot --out`` replace what the first wrote; the PNGs carry
     jigsaw-earth's source chunk (how an earlier picture is recognised)."""
-    from jigsaw_earth.data.outputs import png_of_ours
+    from jigsaw_earth.ownership import png_of_ours
 
     prefix, plots = tmp_path / "s", tmp_path / "plots"
     (plots).mkdir()
@@ -460,7 +460,7 @@ def test_predict_refuses_an_out_another_predict_writes(world: dict, tmp_path: Pa
 
 def test_train_output_check_names_the_config(world: dict, tmp_path: Path) -> None:
     """``check_run_dir`` directly: a foreign config.yaml is refused unless it is the config trained."""
-    from jigsaw_earth.data.outputs import check_run_dir
+    from jigsaw_earth.ownership import check_run_dir
 
     d = tmp_path / "r"
     d.mkdir()

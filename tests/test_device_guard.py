@@ -85,7 +85,7 @@ def test_a_training_step_reads_the_host_once(tmp_path: Path) -> None:
         from jigsaw_earth.config import parse_config
         from jigsaw_earth.selftest import tiny_config, tiny_store
         from jigsaw_earth.training.loop import Trainer
-        from jigsaw_earth.launch import setup_mesh
+        from jigsaw_earth.mesh_setup import setup_mesh
 
         root = Path({str(tmp_path)!r})
         tiny_store(root / "data.zarr")
@@ -121,7 +121,7 @@ def test_a_fine_tune_runs_on_an_accelerator(tmp_path: Path) -> None:
         from jigsaw_earth.data.synth import SynthConfig, synth_store
         from jigsaw_earth.selftest import tiny_config
         from jigsaw_earth.training.loop import Trainer
-        from jigsaw_earth.launch import setup_mesh
+        from jigsaw_earth.mesh_setup import setup_mesh
 
         root = Path({str(tmp_path)!r})
         fields = dict(levels=(500, 850), upper_air=("geopotential", "temperature"),

@@ -55,7 +55,7 @@ def _run(mesh: DomainMesh | None, raw: dict[str, Any], forecast: str | None, mem
     from jigsaw_earth.config import parse_config
     from jigsaw_earth.inference.predict import run_prediction
     from jigsaw_earth.inference.scoring import ScoreRequest
-    from jigsaw_earth.launch import setup_mesh
+    from jigsaw_earth.mesh_setup import setup_mesh
     from jigsaw_earth.training.loop import Trainer
 
     cfg = parse_config(raw)

@@ -107,8 +107,8 @@ def _bugs_put_back(mesh: DomainMesh, root: str) -> dict[str, Any]:
     from jigsaw_earth.config import parse_config
     from jigsaw_earth.distributed import comm
     from jigsaw_earth.distributed.halo import Halo, halo_exchange
-    from jigsaw_earth.launch import setup_mesh
     from jigsaw_earth.layers.base import Domain
+    from jigsaw_earth.mesh_setup import setup_mesh
     from jigsaw_earth.selftest import tiny_config
     from jigsaw_earth.training.loop import Trainer
 

@@ -354,7 +354,7 @@ def test_refusals_come_before_the_model_loads(demo: dict[str, Path], tmp_path: P
 def test_grib_packing_keeps_each_variable_within_its_bound() -> None:
     import eccodes as ec
 
-    from jigsaw_earth.inference.outputs_grib import PACKING_BOUND, GribField, check_grib, encode
+    from jigsaw_earth.inference.write_grib import PACKING_BOUND, GribField, check_grib, encode
 
     lat, lon = 90 - (np.arange(32) + 0.5) * 180 / 32, np.arange(64) * 360 / 64
     rng = np.random.default_rng(0)

@@ -21,10 +21,10 @@ from zarr.storage import LocalStore
 
 from jigsaw_earth.distributed.tiles import TileGrid
 from jigsaw_earth.inference.forecast_store import ForecastLayout, ForecastWriter, StoreChunks, store_chunks
-from jigsaw_earth.inference.outputs import SLOTS, ForecastOutput, WriterPool
 from jigsaw_earth.inference.progress import Progress
 from jigsaw_earth.inference.readahead import ReadAhead
 from jigsaw_earth.inference.timing import LoopTimes
+from jigsaw_earth.inference.write_pool import SLOTS, ForecastOutput, WriterPool
 
 N_LAT, N_LON, LEVELS = 6, 8, (500, 850)
 

@@ -139,7 +139,7 @@ def test_kill_one_rank_restarts_and_finishes_like_a_clean_run(store: Path, tmp_p
 def test_missing_peer_times_out_with_a_clear_error(tmp_path: Path) -> None:
     code = (
         "from jigsaw_earth.config import parse_config\n"
-        "from jigsaw_earth.launch import setup_mesh\n"
+        "from jigsaw_earth.mesh_setup import setup_mesh\n"
         "cfg = parse_config({'data': {'store': 'x'}, 'mesh': {'lon': 2}, 'distributed': {'timeout_s': 4}})\n"
         "setup_mesh(cfg)\n"
     )

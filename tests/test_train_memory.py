@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from jigsaw_earth.config import parse_config
-from jigsaw_earth.launch import setup_mesh
+from jigsaw_earth.mesh_setup import setup_mesh
 from jigsaw_earth.selftest import tiny_config, tiny_store
 from jigsaw_earth.training import memory
 from jigsaw_earth.training.loop import Trainer

@@ -31,7 +31,6 @@ import torch
 
 from ..argtypes import parse_grid, parse_list
 from ..bench.cases import SIZES
-from ..data.outputs import check_file_output, text_with
 from ..distributed.comm import ledger
 from ..distributed.matmul import (
     channel_bytes,
@@ -44,8 +43,9 @@ from ..distributed.matmul import (
 from ..distributed.mesh import DomainMesh, parse_mesh
 from ..distributed.spawn import spawn
 from ..layers.base import Domain
+from ..ownership import check_file_output, text_with
 from .bench_compile import add_compile_parser, run_bench_compile
-from .output import check_json, write_json, write_text
+from .checked_write import check_json, write_json, write_text
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 from ..argtypes import parse_grid, parse_list
 from ..bench.compile import format_compile_bench, run_compile_bench
 from ..distributed.mesh import parse_mesh
-from .output import write_json
+from .checked_write import write_json
 
 __all__ = ["add_compile_parser", "run_bench_compile"]
 

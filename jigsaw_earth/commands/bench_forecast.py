@@ -14,7 +14,7 @@ import os
 
 from ..argtypes import parse_grid
 from ..bench.forecast import format_forecast, run_forecast_bench
-from .output import write_json
+from .checked_write import write_json
 
 __all__ = ["run_bench_forecast"]
 

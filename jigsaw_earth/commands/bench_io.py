@@ -10,7 +10,7 @@ from ..data.batch import VariableSpec
 from ..data.store import StoreView
 from ..distributed.halo import Halo
 from ..distributed.mesh import parse_mesh
-from .output import write_json
+from .checked_write import write_json
 
 __all__ = ["run_io"]
 

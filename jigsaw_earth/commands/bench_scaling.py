@@ -16,7 +16,7 @@ import os
 
 from ..bench.scaling import run_scaling
 from ..bench.scaling_report import format_scaling
-from .output import write_json
+from .checked_write import write_json
 
 __all__ = ["run_bench_scaling"]
 

@@ -18,7 +18,7 @@ import torch
 
 from ..argtypes import parse_bytes, parse_grid, parse_list
 from ..bench.strategies import STRATEGIES
-from .output import write_json
+from .checked_write import write_json
 
 __all__ = ["parse_variant", "run_strategies"]
 

@@ -166,7 +166,7 @@ def _check_freeze(cfg: TrainConfig) -> None:
 
 def run_schema(args: argparse.Namespace) -> int:
     from ..config.json_schema import json_schema
-    from .output import write_json
+    from .checked_write import write_json
 
     schema = json_schema()
     if args.out is None:

@@ -11,7 +11,7 @@ from pathlib import Path
 from ..argtypes import parse_grid, parse_list
 from ..distributed.halo import Halo
 from ..distributed.mesh import parse_mesh
-from .output import check_json, write_json
+from .checked_write import check_json, write_json
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from ..argtypes import parse_grid, parse_ints
 from ..distributed.mesh import parse_mesh
 from ..models import MODELS, model_entry
 from ..models.summary import ModelSummary, summarize
-from .output import check_json, write_json
+from .checked_write import check_json, write_json
 
 JSON_KEYS = ("model", "mesh", "total_params")
 

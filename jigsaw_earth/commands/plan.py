@@ -19,7 +19,7 @@ from ..distributed.mesh import MeshShape
 from ..models import make_config, model_entry
 from ..models.plan import Hardware, MeshPlan, plan_meshes, recommend
 from ..models.plan_eval import EvalPlan, plan_evaluation, writes
-from .output import check_json, write_json
+from .checked_write import check_json, write_json
 
 __all__ = ["add_parser", "run"]
 

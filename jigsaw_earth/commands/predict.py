@@ -279,7 +279,7 @@ def run(args: argparse.Namespace) -> int:
     from ..inference.predict import run_prediction
     from ..inference.progress import Stopped
     from ..inference.selection import parse_int_list
-    from ..launch import world_size_from_env
+    from ..mesh_setup import world_size_from_env
 
     if args.unfinished is not None or args.remove_unfinished:
         return _unfinished(args)

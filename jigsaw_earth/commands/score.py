@@ -15,7 +15,6 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from ..data.outputs import read_marker, unfinished_reason
 from ..data.store import open_dataset
 from ..metrics.evaluate import check_times, evaluate_statistics, normalise
 from ..metrics.intervals import METHODS
@@ -31,6 +30,7 @@ from ..metrics.scorecard import (
 from ..metrics.significance import CORRECTIONS, IntervalOptions, compare_rows, score_rows
 from ..metrics.significance_card import format_comparisons
 from ..metrics.statistics import SUFFIX, Statistics, stats_path
+from ..ownership import read_marker, unfinished_reason
 
 log = logging.getLogger(__name__)
 BASELINE_MODELS = ("persistence", "climatology")

@@ -43,7 +43,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..launch import world_size_from_env
+    from ..mesh_setup import world_size_from_env
     from ..signals import Preempted
     from ..training import NonFiniteLossError, run_training
     from ..training.rundir import RunFinished, check_place

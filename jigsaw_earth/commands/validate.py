@@ -19,7 +19,7 @@ from ..distributed.mesh import parse_mesh
 from ..distributed.spawn import spawn
 from ..validation.registry import ENSEMBLE_OPS, checks, run_checks
 from ..validation.user_model import check_user_model
-from .output import check_json, write_json
+from .checked_write import check_json, write_json
 
 JSON_KEYS = ("op", "mesh", "passed")
 

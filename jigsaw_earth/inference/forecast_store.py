@@ -13,14 +13,14 @@ write the same chunk and no locking is needed: an even split gives one chunk per
 (721 rows over 4 ranks) finer chunks. Along the init, lead and member axes a chunk holds several
 fields, about ``CHUNK_BYTES``: a batch's inits (one data replica), the members of a rank's ensemble
 group, then as many leads as fill it, so one write covers many inits and leads (predict writes a
-batch's fields in blocks of whole chunks, ``inference/outputs.py``). Chunks are uncompressed
+batch's fields in blocks of whole chunks, ``inference/write_pool.py``). Chunks are uncompressed
 float32 (the size ``campaign.check_room`` estimates; model output compresses little, and a codec
 would make the writers the limit). The store is written under ``PATH.in-progress`` (one
 name per output: ``resume`` reopens it, ``progress.py`` records what is written) and renamed to
 ``PATH`` by rank 0 only after every rank has finished (``close``), which then removes the progress
 folder ``_progress`` from it; ``abort`` removes it. The root attribute
 ``jigsaw_earth = {"kind": "forecast", "complete": ...}`` marks the store as predict's own, so
-``--overwrite`` replaces only such stores (``data.outputs.check_output``).
+``--overwrite`` replaces only such stores (``ownership.check_output``).
 """
 
 from __future__ import annotations
@@ -40,10 +40,10 @@ import torch.distributed as dist
 import xarray as xr
 import zarr
 
-from ..data.outputs import MARKER, check_output, in_progress_path, unique_tmp
 from ..distributed.tiles import Tile, TileGrid
 from ..metrics.engine import MEMBER
 from ..metrics.units import CF_ATTRS, UNITS
+from ..ownership import MARKER, check_output, in_progress_path, unique_tmp
 from .unfinished import PROGRESS
 
 __all__ = ["CHUNK_BYTES", "ForecastLayout", "ForecastWriter", "StoreChunks", "aligned_chunk", "store_chunks"]

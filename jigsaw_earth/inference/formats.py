@@ -31,12 +31,12 @@ import numpy as np
 import torch.distributed as dist
 import xarray as xr
 
-from ..data.outputs import FOLDER_MARKER, MARKER, check_output, replace_output
 from ..distributed.tiles import TileGrid
+from ..ownership import FOLDER_MARKER, MARKER, check_output, replace_output
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
-from .outputs_grib import PACKING_BOUND, GribField, check_grib, write_messages
-from .outputs_netcdf import write_netcdf
 from .unfinished import OUTPUT, record_outputs
+from .write_grib import PACKING_BOUND, GribField, check_grib, write_messages
+from .write_netcdf import write_netcdf
 
 __all__ = ["FORMATS", "TEMPLATES", "FileWriter", "check_format", "file_groups", "open_writer"]
 

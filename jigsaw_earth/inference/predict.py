@@ -6,14 +6,14 @@ sharded as in training), and writes its tile of every forecast into one Zarr sto
 the store has a member dimension ``number`` and every rank runs its members batched, each with its
 own noise stream (``members.py``). The forecast step is the trainer's (``models.run.model_step``:
 autocast and tendency scaling as configured), and the weights come from a sharded checkpoint written
-on any mesh. The batches run in ``rollout.py`` (outputs through ``outputs.py``, its account in
+on any mesh. The batches run in ``rollout.py`` (outputs through ``write_pool.py``, its account in
 ``timing.py``), on weights gathered once when several ranks share the domain and they fit
 (``layers/replicas.py``: fewer messages per step); the first batch's inputs are read while the
 checkpoint loads.
 
 Inference is read-only on the run (``load.py``): no run-directory claim, no ``config.yaml`` or
 ``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
-before any work (``data.outputs.check_output``): never the truth store, the checkpoints, or a
+before any work (``ownership.check_output``): never the truth store, the checkpoints, or a
 path that is not predict's own. The store is written as ``OUT.in-progress`` and renamed when complete;
 SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next batch with every earlier batch recorded
 there, and the same command resumes it (``progress.py``). Rank 0 holds ``OUT.lock`` while writing,
@@ -35,27 +35,27 @@ import torch.distributed as dist
 
 from ..checkpoint import load_checkpoint, pinned
 from ..config.schema import TrainConfig
-from ..data.outputs import check_output
 from ..data.samples import TrainData
 from ..data.times import hour_dayofyear, period_mask
 from ..device import set_precision
 from ..distributed.mesh import DomainMesh
 from ..distributed.rank0 import on_rank0
-from ..launch import setup_mesh
 from ..layers.replicas import replicated_weights
+from ..mesh_setup import setup_mesh
 from ..models.run import build_run_model, model_step
+from ..ownership import check_output
 from .campaign import check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, store_chunks
 from .formats import check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
-from .outputs import ForecastOutput, WriterPool
 from .progress import Progress, forecast_request
 from .rollout import Rollout, run_batches
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, replicas_fit, training_forward_rate
 from .timing import LoopTimes
+from .write_pool import ForecastOutput, WriterPool
 
 if TYPE_CHECKING:
     from ..data.analysis import Analysis

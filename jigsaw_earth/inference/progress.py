@@ -42,7 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..data.outputs import MARKER, check_output, in_progress_path, read_marker
+from ..ownership import MARKER, check_output, in_progress_path, read_marker
 from ..signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals
 from .unfinished import (
     FORMAT,
@@ -182,7 +182,7 @@ class Progress:
 
     def check(self, protected: Any = (), may_hold_outputs: Any = ()) -> None:
         """Before any work: the in-progress folder is predict's own, or new and where ``--out`` may be
-        (never the truth store, the checkpoints, ...; ``data.outputs.check_output``)."""
+        (never the truth store, the checkpoints, ...; ``ownership.check_output``)."""
         self._checked = (protected, may_hold_outputs)
         if self.folder is None:
             return

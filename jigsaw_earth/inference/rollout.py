@@ -29,11 +29,11 @@ from ..distributed.comm import ledger
 from ..models.run import model_step
 from .campaign import StepLog
 from .members import Members
-from .outputs import ForecastOutput, WriterPool
 from .progress import Progress
 from .scoring import TileScorer
 from .throughput import Pipeline
 from .timing import LoopTimes
+from .write_pool import ForecastOutput, WriterPool
 
 if TYPE_CHECKING:
     from ..data.analysis import Analysis

@@ -7,7 +7,7 @@
 * ``Pipeline``: the next batch's inputs are read on one thread, each lead's scores run in order on
   another and each batch's record (once its writes and scores are in) on a third, while the main
   thread runs the model; at most ``QUEUED`` jobs wait in each lane, and the time the main thread
-  waited for a lane is counted (``stalled``). The writes go to the writers of ``outputs.py``.
+  waited for a lane is counted (``stalled``). The writes go to the writers of ``write_pool.py``.
 * ``replicas_fit``: whether the weights a forecast gathers once (``layers/replicas.py``: fewer
   messages per step) fit in ``REPLICA_FRACTION`` of the free memory on every rank.
 * ``training_forward_rate``: the training forward (autograd on, the training batch) timed on the

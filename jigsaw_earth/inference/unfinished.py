@@ -36,8 +36,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..data.outputs import FOLDER_MARKER, IN_PROGRESS, kind_of, read_marker
 from ..locks import pid_alive, start_time
+from ..ownership import FOLDER_MARKER, IN_PROGRESS, kind_of, read_marker
 
 __all__ = [
     "OUTPUT",

@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import xarray as xr
 
-from ..data.outputs import PNG_SOURCE, check_dir_output, png_of_ours
 from ..data.store import open_dataset
+from ..ownership import PNG_SOURCE, check_dir_output, png_of_ours
 from .engine import MEMBER
 from .evaluate import normalise
 from .scorecard import published_for
@@ -91,7 +91,7 @@ def check_plot_dir(
     against: list[str] = (),
 ) -> Path:
     """``out_dir`` may receive the pictures of ``regions`` and ``variables``
-    (``data.outputs.check_dir_output``): not in a store or a run's records, and every PNG of the
+    (``ownership.check_dir_output``): not in a store or a run's records, and every PNG of the
     same name already there is one jigsaw-earth drew."""
     files = dict.fromkeys(plot_files(regions, variables, against), png_of_ours)
     return check_dir_output(out_dir, option, files, protected=protected, what="picture")

@@ -236,9 +236,9 @@ def check_scores_output(
     prefix: str | os.PathLike, option: str, protected: tuple[tuple[str, Any], ...] = ()
 ) -> tuple[Path, Path, Path]:
     """``PREFIX.json``, ``PREFIX.csv`` and ``PREFIX-stats.nc``, checked as outputs
-    (``data.outputs.check_file_output``: never a run's record, never inside a store or ``protected``,
+    (``ownership.check_file_output``: never a run's record, never inside a store or ``protected``,
     never over a file other than an earlier score file, table or statistics file)."""
-    from ..data.outputs import check_file_output, json_with_keys
+    from ..ownership import check_file_output, json_with_keys
     from .statistics import Statistics, stats_path
 
     prefix = Path(prefix)

@@ -41,9 +41,9 @@ import yaml
 from ..checkpoint import latest_checkpoint, list_checkpoints, read_meta
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
-from ..data.outputs import check_run_dir
 from ..data.preflight import default_climatology_path
 from ..locks import LockHeld, PathLock, describe_holder
+from ..ownership import check_run_dir
 from .continuity import (
     HISTORY_FILE,
     RunFinished,
@@ -167,7 +167,7 @@ def _refuse_if_held(run_dir: Path) -> None:
 def check_place(
     cfg: TrainConfig, config_file: str | Path | None = None, overrides: Sequence[str] = ()
 ) -> None:
-    """``run.dir`` is a place for a run (``data.outputs.check_run_dir``): not in or around the data
+    """``run.dir`` is a place for a run (``ownership.check_run_dir``): not in or around the data
     or climatology store, and no file a run writes that another hand put there (``config_file``,
     the config being trained, may be its ``config.yaml``); no live run holds it; and the config
     file is not another run directory's ``config.yaml`` (``check_config_home``)."""

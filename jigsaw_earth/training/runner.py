@@ -8,7 +8,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ..config.schema import TrainConfig
-from ..launch import setup_mesh
+from ..mesh_setup import setup_mesh
 
 __all__ = ["run_training"]
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
-from ..data.outputs import MARKER
+from ..ownership import MARKER
 
 __all__ = ["cf_dataset", "write_netcdf"]
 

@@ -1,4 +1,4 @@
-"""What commands write: checked before any work (``data.outputs``: never a run's record, never
+"""What commands write: checked before any work (``ownership``: never a run's record, never
 inside a store, never over a file that is not an earlier output of the same kind), then written
 whole or not at all."""
 
@@ -9,7 +9,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from ..data.outputs import Recognise, check_file_output, json_with_keys
+from ..ownership import Recognise, check_file_output, json_with_keys
 
 __all__ = ["check_json", "write_json", "write_text"]
 
