@@ -99,9 +99,10 @@ class PeerWatch:
     news), so nothing here waits on a lost host."""
 
     def __init__(self, rank: int, world: int, hosts: list[str], timeout_s: float,
-                 describe: Callable[[Verdict], str] = lambda v: "") -> None:  # fmt: skip
+                 describe: Callable[[Verdict], str] = lambda v: "",
+                 on_end: Callable[[], None] = lambda: None) -> None:  # fmt: skip
         self.rank, self.world, self.hosts, self.timeout_s = rank, world, hosts, timeout_s
-        self.describe = describe
+        self.describe, self.on_end = describe, on_end
         self.interval_s = interval_for(timeout_s)
         # silence that makes a verdict: the rest of timeout_s covers the judge's tick and the goodbye
         self.silence_s = timeout_s - 3 * self.interval_s
@@ -119,22 +120,33 @@ class PeerWatch:
         self._why: dict[int, str] = {}
 
     # ------------------------------------------------------------------ life cycle
-    def start(self) -> None:
-        """Connect to the rendezvous store, make this rank's counter, start beating (collective)."""
+    def start(self) -> bool:
+        """Connect to the rendezvous store, make this rank's counter, start beating (collective).
+        False (every rank alike, with a warning) when a rank cannot reach the store: no watch."""
         addr, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         run = os.environ.get("TORCHELASTIC_RUN_ID", os.environ.get("SLURM_JOB_ID", ""))
-        client = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=self.timeout_s),
-                               wait_for_workers=False)  # fmt: skip
-        self.store = dist.PrefixStore(f"jigsaw-earth/heartbeat/{run}/{attempt}", client)
-        self.store.add(self._key(self.rank), 1)
+        failure = ""
+        try:
+            client = dist.TCPStore(addr, port, is_master=False, timeout=timedelta(seconds=self.timeout_s),
+                                   wait_for_workers=False)  # fmt: skip
+            self.store = dist.PrefixStore(f"jigsaw-earth/heartbeat/{run}/{attempt}", client)
+            self.store.add(self._key(self.rank), 1)
+        except Exception as err:
+            failure = f"rank {self.rank}: {str(err).splitlines()[0] if str(err) else type(err).__name__}"
         flags: list = [None] * self.world
-        dist.all_gather_object(flags, _on_store_host(addr, port))  # every counter exists after this
-        self.store_host = [r for r, f in enumerate(flags) if f]
-        self._record(self.store.multi_get([self._key(r) for r in range(self.world)]))
+        dist.all_gather_object(flags, (failure, _on_store_host(addr, port)))  # every counter exists now
+        failed = [f for f, _ in flags if f]
+        if failed:
+            log.warning("no heartbeat: the rendezvous store %s:%d is out of reach (%s); a lost host may "
+                        "leave this job waiting", addr, port, "; ".join(failed))  # fmt: skip
+            return False
+        self.store_host = [r for r, (_, here) in enumerate(flags) if here]
+        self._record(self.store.multi_get([self._key(r) for r in range(self.world)]))  # type: ignore[union-attr]
         for target, name in ((self._beat, "jigsaw-heartbeat"), (self._judge, "jigsaw-peer-watch")):
             threading.Thread(target=target, name=name, daemon=True).start()
         log.debug("heartbeat every %.1f s; a peer silent for %g s is lost", self.interval_s, self.timeout_s)
+        return True
 
     def leave(self, why: str) -> None:
         """Stop judging and tell the peers why this rank goes (``done``, ``stopped``, ``failed: …``),
@@ -197,12 +209,15 @@ class PeerWatch:
 
     def silent(self) -> Verdict | None:
         """A verdict once the store or a peer has been silent for ``silence_s``; else None. Peers
-        silent for three beats by then are named with it (they fell silent at the same moment)."""
+        silent for three beats by then are named with it (they fell silent at the same moment).
+        While the store does not answer this rank, its peers' silence is not theirs to answer for."""
         now, limit = time.monotonic(), self.silence_s
         with self._news:
             if now - self._store_ok > limit:
                 silent = f"the rendezvous store did not answer for {limit:.0f} s"
                 return Verdict(self._store_host_peers(), silent)
+            if now - self._store_ok > 2 * self.interval_s:
+                return None
             quiet = [r for r in range(self.world) if self._seen[r] < LEFT and r != self.rank]
             if not any(now - self._moved[r] > limit for r in quiet):
                 return None
@@ -249,6 +264,10 @@ class PeerWatch:
         log.error("%s; %s stops (exit %d)%s", verdict.describe(self.hosts), me, verdict.exit_code,
                   f"; {extra}" if extra else "")  # fmt: skip
         self._go("stopped: a peer is gone")
+        try:
+            self.on_end()  # what must not outlive this process (a lock another host cannot judge)
+        except Exception as err:
+            log.debug("heartbeat: on_end failed (%s)", err)
         for handler in logging.getLogger().handlers:
             handler.flush()
         sys.stdout.flush()
@@ -277,16 +296,19 @@ def communication_error(err: BaseException) -> bool:
 
 
 @contextlib.contextmanager
-def watched(rank: int, world: int, hosts: list[str], timeout_s: float,
-            describe: Callable[[Verdict], str]) -> Iterator[PeerWatch | None]:  # fmt: skip
+def watched(rank: int, world: int, hosts: list[str], timeout_s: float, describe: Callable[[Verdict], str],
+            on_end: Callable[[], None] = lambda: None) -> Iterator[PeerWatch | None]:  # fmt: skip
     """Run the block under this rank's ``PeerWatch`` (none for one process or without a rendezvous
     store): a communication error escaping it first asks the roll call (``conclude``); leaving it
-    tells the peers why (done, stopped on a signal, failed with the error's first line)."""
+    tells the peers why (done, stopped on a signal, failed with the error's first line). ``on_end``
+    runs before a verdict ends the process (``finally`` blocks do not run then)."""
     if world < 2 or not dist.is_initialized() or "MASTER_ADDR" not in os.environ:
         yield None
         return
-    watch = PeerWatch(rank, world, hosts, timeout_s, describe)
-    watch.start()
+    watch = PeerWatch(rank, world, hosts, timeout_s, describe, on_end)
+    if not watch.start():
+        yield None
+        return
     try:
         yield watch
     except BaseException as err:

@@ -237,7 +237,9 @@ def _watched(cfg: TrainConfig, mesh: DomainMesh, progress: Progress) -> Any:
     """The run under a ``PeerWatch``: a lost host ends every rank fast, the recorded batches kept."""
     kept = f"the batches recorded so far stay in {progress.folder}; " if progress.folder else ""
     hint = f"{kept}resume: {rerun_hint()}"
-    return watched(mesh.rank, mesh.shape.world_size, mesh.hosts, cfg.distributed.timeout_s, lambda v: hint)
+    release = progress.lock.release if progress.lock is not None else lambda: None  # any host resumes
+    return watched(mesh.rank, mesh.shape.world_size, mesh.hosts, cfg.distributed.timeout_s, lambda v: hint,
+                   release)  # fmt: skip
 
 
 def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bool,
