@@ -79,8 +79,10 @@ def _fault(hosts: SimulatedHosts, fault: str, store: Path, root: Path, timeout_s
 
     run_dir = root / f"fault-{k}"
     subprocess.run(["rm", "-rf", str(run_dir)], check=True)
-    more = ("checkpoint.every=2", f"distributed.timeout_s={timeout_s:g}", "training.steps=100000")
-    procs = hosts.launch(hosts.names, _train(store, run_dir, 100000, *more), per_host=2, logs=root, cwd=ROOT,
+    more = ("checkpoint.every=2", f"distributed.timeout_s={timeout_s:g}")
+    logs = root / f"fault-{k}-logs"
+    logs.mkdir(exist_ok=True)
+    procs = hosts.launch(hosts.names, _train(store, run_dir, 100000, *more), per_host=2, logs=logs, cwd=ROOT,
                          port=29500 + k % 1000)  # fmt: skip
     latest = run_dir / "checkpoints" / "latest"
     while not (latest.is_file() and int(latest.read_text().strip().split("_")[1]) >= 4):
@@ -183,7 +185,7 @@ def main() -> None:
         ratios = sorted(g["step_s"] / b["step_s"] for g, b in zip(got[config], base))
         comm = statistics.median(g["comm_s"] for g in got[config])
         print(f"{config:<40} step {statistics.median(steps) * 1e3:7.1f} ms (median of {len(steps)}), "
-              f"x{statistics.median(ratios):.3f} of 1 host x 4 [{ratios[0]:.3f}, {ratios[-1]:.3f}], "
+              f"x{statistics.median(ratios):.3f} of {configs[0]} [{ratios[0]:.3f}, {ratios[-1]:.3f}], "
               f"exposed comm {comm * 1e3:.1f} ms")  # fmt: skip
     if args.mbit:
         shaped, free = got[configs[-1]], got[CONFIGS[1]]
