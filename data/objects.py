@@ -74,10 +74,11 @@ _stores_lock = threading.Lock()
 
 
 def object_store(url: str) -> Any:
-    """The obstore store of ``url`` (bucket and prefix), one per URL in this process."""
+    """The obstore store of ``url`` (bucket and prefix), one per URL and endpoint in this process."""
     url = url.rstrip("/")
+    key = f"{url} {os.environ.get('AWS_ENDPOINT_URL', '')}"
     with _stores_lock:
-        if url not in _stores:
+        if key not in _stores:
             try:
                 from obstore.store import from_url
             except ImportError:
@@ -87,8 +88,8 @@ def object_store(url: str) -> Any:
             kwargs: dict[str, Any] = {}
             if url.startswith("gs://") and not any(os.environ.get(k) for k in GOOGLE_CREDENTIALS):
                 kwargs["skip_signature"] = True  # public buckets (WB2, ARCO-ERA5) read anonymously
-            _stores[url] = from_url(url, **kwargs)
-        return _stores[url]
+            _stores[key] = from_url(url, **kwargs)
+        return _stores[key]
 
 
 def zarr_object_store(url: str, read_only: bool = True) -> Any:
