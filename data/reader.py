@@ -189,7 +189,7 @@ class TileReader:
         mesh_lon: int,
         domain_index: int,
         halo: Halo,
-        threads: int = 1,
+        threads: int | str = 1,
     ) -> TileReader:
         grid = TileGrid(*view.grid_shape, mesh_lat, mesh_lon)
         return cls(view, spec, grid, grid.tile_of(domain_index), halo, threads)
