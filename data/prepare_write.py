@@ -201,7 +201,8 @@ def write_blocks(
         group = zarr.open_group(target.store, mode="r")
         last = max((i for i in range(start) if in_stats[i]), default=None)
         stats = _restore_stats(recorded["stats"], group, last)
-        log.info("%s: resuming at time %d of %d (%s)", target.at, start, len(times), str(times[start])[:13])
+        at = str(times[start])[:13] if start < len(times) else "all written: the statistics and marker"
+        log.info("%s: resuming at time %d of %d (%s)", target.at, start, len(times), at)
     else:
         if recorded is not None or target.marker() is not None:
             log.info("%s: an unfinished prepare of another request; starting again", target.at)

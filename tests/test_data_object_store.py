@@ -30,6 +30,7 @@ from jigsaw_earth.data.writer import ChunkLayout
 from jigsaw_earth.cli import main
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.mesh import MeshShape
+from jigsaw_earth.ownership import check_output, check_run_dir
 from tests.data_helpers import dataset, truth, write
 from tests.object_store import WHY_MISSING, S3Server, upload, weed_binary
 
@@ -188,3 +189,48 @@ def test_prepare_from_a_bucket_into_a_bucket_equals_the_local_prepare(arco, tmp_
     assert StoreView.open(out).store is not None  # complete: opens
     with pytest.raises(ValueError, match="already holds a complete store; pass --overwrite"):
         prepare_store(url_src, out, layout=layout, progress=False)
+
+
+def test_io_report_and_bench_io_for_a_bucket_count_what_the_local_store_counts(tiles, tmp_path, capsys):
+    local, url = tiles
+    reports = {}
+    for where, path in (("local", str(local)), ("bucket", url)):
+        out = tmp_path / f"{where}.json"
+        assert main(["data", "io-report", path, "--mesh", "2x2", "--json", str(out)]) == 0
+        (reports[where],) = json.loads(out.read_text())  # one record per mesh
+    for mine, theirs in zip(reports["bucket"]["ranks"], reports["local"]["ranks"]):
+        assert mine["bytes_read"] == theirs["bytes_read"] > 0, (mine, theirs)
+    argv = ["bench", "io", url, "--mesh", "2x2", "--repeats", "1", "--cache", "warm", "--json"]
+    assert main([*argv, str(tmp_path / "bench.json")]) == 0
+    (result,) = json.loads((tmp_path / "bench.json").read_text())
+    (rank,) = result["results"]
+    assert {"reader", "raw1", "raw64"} <= rank["methods"].keys()
+    assert rank["bytes"] == 4 * 14 * 2 * 16 * 32 // 4  # its share of a sample (indexes cached)
+    assert min(m["x_raw"] for n, m in rank["methods"].items() if n.startswith("raw")) == 1.0
+
+
+def test_prepare_refuses_nans_of_a_bucket_source_as_it_reads_and_keeps_nothing(s3, tmp_path):
+    t = truth(n_lat=8, n_lon=16, n_time=6)
+    t["fields"]["temperature"][4, 0, 2, 3] = np.nan
+    local = tmp_path / "nan.zarr"
+    write(dataset(t), local, zarr_format=2)
+    url = upload(local, "s3://era5/nan.zarr")
+    with pytest.raises(
+        ValueError, match=r"temperature: 1 NaNs in the times from 2020-01-02T00.*Nothing was kept"
+    ):
+        prepare_store(url, "s3://era5/nan-tiles.zarr", progress=False, memory_mb=0.001)
+    import obstore
+
+    assert not list(obstore.list(object_store("s3://era5/nan-tiles.zarr")).collect())
+
+
+@pytest.mark.parametrize(
+    "check",
+    [
+        lambda: check_output("s3://forecasts/fc.zarr", "forecast", overwrite=False),  # predict --out
+        lambda: check_run_dir("s3://runs/demo"),  # run.dir: its checkpoints
+    ],
+)
+def test_predict_and_checkpoints_refuse_a_bucket_naming_what_buckets_serve(check):
+    with pytest.raises(ValueError, match=r"must be (a )?local.*object stores.*data prepare --out"):
+        check()
