@@ -8,7 +8,8 @@ the array is not sharded) that the box touches, that object's chunks as one arra
 
 - an uncompressed, densely written shard on local disk is a memory map of the file itself, so
   the bytes are copied once, from the page cache straight into the caller's output;
-- otherwise the needed chunks' bytes are fetched (coalesced byte ranges, one round trip per object)
+- otherwise the needed chunks' bytes are fetched (coalesced byte ranges, one round trip per object;
+  from a bucket through ``objects.RangeReader``: hedged, many in flight across the reading threads)
   and decoded into a reused scratch buffer.
 
 Arrays whose codecs this module does not know (array→array codecs, v2 filters) are read through

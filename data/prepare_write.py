@@ -204,7 +204,10 @@ def write_blocks(
         at = str(times[start])[:13] if start < len(times) else "all written: the statistics and marker"
         log.info("%s: resuming at time %d of %d (%s)", target.at, start, len(times), at)
     else:
-        if recorded is not None or target.marker() is not None:
+        marker = target.marker()
+        if marker is not None and marker.get("complete"):
+            log.info("%s: replacing the complete store (--overwrite)", target.at)
+        elif recorded is not None or marker is not None:
             log.info("%s: an unfinished prepare of another request; starting again", target.at)
         target.clear()
         template = ds.copy()
