@@ -140,9 +140,9 @@ class Monitor:
         setting = f"data.read_threads={d.read_threads}"
         if remote:
             reading = (
-                f"{setting} keeps {threads} requests in flight per rank to the bucket: raise it for a link "
+                f"{setting} keeps {threads} requests in flight per rank to the bucket: raise it for a "
+                "link with more latency per request"
             )
-            reading += "with more latency per request"
         elif threads < cores:
             reading = f"Raise data.read_threads ({setting}: {threads} of this rank's {cores} cores read)"
         else:  # auto, or as many: one thread per core
