@@ -41,14 +41,15 @@ def _run(url: str, endpoint: str, hedge: bool, a: argparse.Namespace) -> list[fl
     inits = [rng.integers(0, n, a.batch) for _ in range(a.steps + a.prefetch)]
     read = lambda s: reader.read_batch(inits[s], inits[s][:, None] + 1)  # noqa: E731
     reader.read_batch(inits[0], inits[0][:, None] + 1)  # metadata, connections, shard indexes warm
-    pool = ThreadPoolExecutor(a.prefetch)
+    pool = ThreadPoolExecutor(max(1, a.prefetch))
     queued = {s: pool.submit(read, s) for s in range(a.prefetch)}
     waits = []
     for s in range(a.steps):
         t0 = time.perf_counter()
-        queued.pop(s).result()
+        queued.pop(s).result() if a.prefetch else read(s)  # prefetch 0: read in the step
         waits.append(time.perf_counter() - t0)
-        queued[s + a.prefetch] = pool.submit(read, s + a.prefetch)
+        if a.prefetch:
+            queued[s + a.prefetch] = pool.submit(read, s + a.prefetch)
         time.sleep(a.step_ms / 1e3)
     for f in queued.values():
         f.result()
@@ -63,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--mesh", default="2x2")
     p.add_argument("--rank", type=int, default=0)
     p.add_argument("--batch", type=int, default=8, help="samples per step (the demo's global batch)")
-    p.add_argument("--prefetch", type=int, default=2, help="data.prefetch")
+    p.add_argument("--prefetch", type=int, default=2, help="data.prefetch (0: the step reads its batch)")
     p.add_argument("--step-ms", type=float, default=390.0, help="the step's compute, slept")
     p.add_argument("--steps", type=int, default=100)
     p.add_argument("--repeats", type=int, default=2)
