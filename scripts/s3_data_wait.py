@@ -86,7 +86,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"  {key:<24} {np.percentile(ms, 50):>8.1f} {np.percentile(ms, 99):>8.1f} {ms.max():>8.1f}")
     if a.json:
         with open(a.json, "w") as f:
-            json.dump({"args": vars(a), "waits_s": waits}, f)
+            settings = {k: v for k, v in vars(a).items() if k not in ("json", "endpoint")}
+            json.dump({"settings": {**settings, "endpoints": list(endpoints)}, "waits_s": waits}, f)
     return 0
 
 
