@@ -17,9 +17,10 @@ import numpy as np
 import xarray as xr
 
 from ..data.store import open_dataset
-from ..ownership import PNG_SOURCE, check_dir_output, png_of_ours
+from ..ownership import check_dir_output, png_of_ours
 from .engine import MEMBER
 from .evaluate import normalise
+from .figures import pyplot, save_figure
 from .scorecard import published_for
 from .significance_card import card_name, plot_significance
 
@@ -50,21 +51,11 @@ STYLE = {
 }
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _label(var: str, level: Any) -> str:
     return var if level is None else f"{var} @ {level} hPa"
 
 
 TITLE_CHARS = 44  # a panel title's line at fontsize 10 fits a 5-inch panel (wrapped beyond)
-SAVE = {"metadata": {"Source": PNG_SOURCE}, "bbox_inches": "tight", "pad_inches": 0.1}
 
 
 def _title(ax, text: str, fontsize: float = 10) -> None:
@@ -116,24 +107,20 @@ def plot_scorecard(
     """``scorecard-REGION.png``: per variable RMSE and ACC against lead (days); upper-air variables
     at their headline level (``HEADLINE_LEVELS``). An ensemble adds its spread (ensemble stddev,
     dashed) to the RMSE panel, as WB2's spread-and-skill plot, and a CRPS panel."""
-    plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for region in dict.fromkeys(r.get("region", "global") for r in rows):
-        fig = scorecard_figure(rows, baselines, resolution, region)
-        path = out_dir / f"scorecard-{region}.png"
-        fig.savefig(path, dpi=110, **SAVE)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+    regions = dict.fromkeys(r.get("region", "global") for r in rows)
+    return [
+        save_figure(scorecard_figure(rows, baselines, resolution, r), out_dir / f"scorecard-{r}.png", 110)
+        for r in regions
+    ]
 
 
 def scorecard_figure(
     rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str, region: str
 ) -> Any:
     """The scorecard figure of ``region`` (a matplotlib ``Figure``, laid out, not saved)."""
-    plt = _pyplot()
+    plt = pyplot()
     series: dict[tuple, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     bands: dict[tuple, dict[float, tuple[float, float]]] = defaultdict(dict)  # the intervals, shaded
     units: dict[tuple, str] = {}
@@ -257,7 +244,7 @@ def plot_maps(
     """``map-VARIABLE.png``: forecast, truth at the valid time and their difference, for one init
     and lead (default: the first init, the last lead); upper-air variables at 500 hPa when present.
     An ensemble shows its mean, and its spread (standard deviation over members, ddof 1) beside."""
-    plt = _pyplot()
+    plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     forecast, truth = normalise(forecast, "forecast"), normalise(truth, "truth")
@@ -311,10 +298,7 @@ def plot_maps(
             fig.colorbar(mesh, ax=ax, shrink=0.8, label=str(forecast[name].attrs.get("units", "")))
         fig.suptitle(title, fontsize=11)
         fig.tight_layout()
-        path = out_dir / f"map-{name}.png"
-        fig.savefig(path, dpi=100, **SAVE)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_figure(fig, out_dir / f"map-{name}.png", 100))
     return paths
 
 
