@@ -302,10 +302,6 @@ class StoreView:
     def grid_shape(self) -> tuple[int, int]:
         return len(self.lat), len(self.lon)
 
-    @property
-    def lat_descending_in_storage(self) -> bool:
-        return bool(np.all(self.lat_storage == np.arange(len(self.lat))))
-
     # ---- variables ------------------------------------------------------------------------
     def available(self) -> list[str]:
         """Data variables of the store (store names)."""
