@@ -36,7 +36,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 
-from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from ..checkpoint import (
+    SaveRequest,
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from ..checkpoint.background import BackgroundSaver
 from ..config.advice import check_learnable
 from ..config.schema import TrainConfig
@@ -236,17 +243,11 @@ class Trainer:
         state.update(run_record=run_record(self.cfg, self.data), init_from=self.lineage)
         save = self.saver.save if background and self.cfg.checkpoint.background else save_checkpoint
         self.saver.wait()  # one save at a time: the one in flight first
-        return save(
-            self.run_dir,
-            self.step,
-            self.model,
-            self.optimizer,
-            self.mesh,
-            state,
-            rank_state=capture_rng(),
-            keep_last=self.cfg.checkpoint.keep,
-            expected_bytes=self.checkpoint_bytes,
-        )
+        request = SaveRequest(
+            self.run_dir, self.step, self.model, self.optimizer, self.mesh, state, rank_state=capture_rng(),
+            keep_last=self.cfg.checkpoint.keep, expected_bytes=self.checkpoint_bytes,
+        )  # fmt: skip
+        return save(request)
 
     # ------------------------------------------------------------------ compute
     def forward(
