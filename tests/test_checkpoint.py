@@ -205,7 +205,7 @@ def test_background_save_while_training_resumes_exactly(runs):
 
 
 KILLED_WRITER = """
-import json, sys, time
+import json, sys, threading, time
 from pathlib import Path
 from torch.distributed.checkpoint import filesystem
 from jigsaw_earth.checkpoint import SaveRequest
@@ -222,9 +222,11 @@ saver = BackgroundSaver()
 saver.save(SaveRequest(run, 1, model, opt, mesh))
 saver.wait()
 real = filesystem._write_item
+printed = threading.Event()  # the marker only once the caller has gone on (a loaded machine included)
 
 def stalled(*args, **kwargs):
     out = real(*args, **kwargs)  # one tensor of step 2 written, then the process is killed
+    printed.wait(120)
     marker.write_text("writing")
     time.sleep(600)
     return out
@@ -233,6 +235,7 @@ filesystem._write_item = stalled
 _step(domain, model, opt, 1)
 saver.save(SaveRequest(run, 2, model, opt, mesh))
 print("saving in the background", flush=True)
+printed.set()
 _step(domain, model, opt, 2)  # training goes on while the thread writes
 time.sleep(600)
 """
