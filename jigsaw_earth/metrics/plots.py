@@ -17,6 +17,7 @@ import numpy as np
 import xarray as xr
 
 from ..data.store import open_dataset
+from ..data.variables import VARIABLES
 from ..ownership import check_dir_output, png_of_ours
 from .engine import MEMBER
 from .evaluate import normalise
@@ -36,15 +37,10 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# One level per upper-air variable in the scorecard picture (WB2's headline levels); the printed
-# scorecard and the score files have every level.
-HEADLINE_LEVELS = {
-    "geopotential": 500,
-    "temperature": 850,
-    "specific_humidity": 700,
-    "u_component_of_wind": 850,
-    "v_component_of_wind": 850,
-}
+# One level per upper-air variable in the scorecard picture (WB2's headline levels, from the table of
+# variables); the printed scorecard and the score files have every level.
+HEADLINE_LEVELS = {v.name: v.headline_level for v in VARIABLES if v.headline_level is not None}
+CMAPS = {v.name: v.cmap for v in VARIABLES}  # the colour map of each variable's maps
 STYLE = {
     "persistence": {"color": "tab:gray", "linestyle": "--"},
     "climatology": {"color": "tab:brown", "linestyle": ":"},
@@ -279,8 +275,8 @@ def plot_maps(
         lon, lat = f["longitude"].values, f["latitude"].values
         what = "ensemble mean" if MEMBER in forecast[name].dims else "forecast"
         panels = [
-            (axes[0], f, what, {"vmin": vmin, "vmax": vmax, "cmap": "viridis"}),
-            (axes[1], o, "truth", {"vmin": vmin, "vmax": vmax, "cmap": "viridis"}),
+            (axes[0], f, what, {"vmin": vmin, "vmax": vmax, "cmap": CMAPS.get(name, "viridis")}),
+            (axes[1], o, "truth", {"vmin": vmin, "vmax": vmax, "cmap": CMAPS.get(name, "viridis")}),
             (axes[2], err, f"{what} − truth", {"vmin": -lim, "vmax": lim, "cmap": "RdBu_r"}),
         ]
         if spread is not None:
