@@ -132,8 +132,8 @@ class SaveRequest:
 
     ``state`` (JSON-ready; rank 0's copy is stored) holds what else a resume needs: data-loader
     position, scheduler state, config hash. ``rank_state`` is per rank (e.g. ``capture_rng()``).
-    The newest ``keep_last`` checkpoints are kept (``None``: all), never the one ``latest`` names
-    removed. With ``expected_bytes`` (the checkpoint's estimated size) and too little free space, the
+    The save keeps the newest ``keep_last`` checkpoints (``None``: all) and never removes the one
+    ``latest`` names. With ``expected_bytes`` (the checkpoint's estimated size) and too little free space, the
     checkpoints that this save would prune anyway are pruned *before* it (never ``latest``'s).
     """
 
