@@ -1,7 +1,8 @@
 """The one table of variables (``data/variables.py``): every entry complete and consistent (its GRIB keys
 checked against ecCodes), and a variable added to it at run time reaching every reader: the naming
-table, a store's variables, scoring's renames, units and CF attributes, the validation tables' short
-names, the headline fields, the maps' colours and a GRIB message written and read back."""
+table, a store's variables, scoring's renames, units and CF attributes, the headline levels and the
+maps' colours of the pictures, and a GRIB message written and read back (the validation tables' short
+names and the planner's headline fields are checked to be the table's)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from jigsaw_earth.data.variables import LEVEL_TYPES, VARIABLES
+from jigsaw_earth.data.variables import LEVEL_TYPES, VARIABLES, headline_channels
 
 
 def test_every_entry_is_complete() -> None:
@@ -50,6 +51,19 @@ def test_the_grib_keys_are_what_eccodes_says() -> None:
         assert (level == "isobaricInhPa") == v.upper_air, (v.name, level)
 
 
+def test_the_short_names_and_headline_fields_are_the_tables() -> None:
+    """The validation tables' short names and ``plan --evaluate``'s headline fields are made from the
+    table, nothing else (the trainer's and the planner's modules are too slow to import for the test
+    below)."""
+    from jigsaw_earth.models.plan_eval import HEADLINE
+
+    from jigsaw_earth.training.evaluate import SHORT_NAMES, short_name
+
+    assert {v.name: v.short for v in VARIABLES} == SHORT_NAMES
+    assert short_name("geopotential@500") == "z500" and short_name("2m_temperature") == "t2m"
+    assert headline_channels() == HEADLINE and len(HEADLINE) == 9 and "specific_humidity@700" in HEADLINE
+
+
 ADDED = """
 import json, sys
 import numpy as np
@@ -67,8 +81,6 @@ from jigsaw_earth.inference.write_grib import PACKING_BOUND, GribField, check_gr
 from jigsaw_earth.metrics.evaluate import normalise
 from jigsaw_earth.metrics.plots import CMAPS, HEADLINE_LEVELS
 from jigsaw_earth.metrics.units import CF_ATTRS, unit_of
-from jigsaw_earth.models.plan_eval import HEADLINE
-from jigsaw_earth.training.evaluate import short_name
 
 lat, lon = np.linspace(60.0, -60.0, 5), np.arange(0.0, 360.0, 45.0)
 values = np.random.default_rng(0).uniform(0, 100, (1, 2, 5, 8)).astype(np.float32)
@@ -90,8 +102,7 @@ print(json.dumps({
     "scored": sorted(normalise(ds.rename(hur="r")).data_vars),
     "units": unit_of("relative_humidity"),
     "cf": CF_ATTRS["relative_humidity"],
-    "short": short_name("relative_humidity@850"),
-    "headline": ["relative_humidity@850" in HEADLINE, HEADLINE_LEVELS["relative_humidity"]],
+    "headline": HEADLINE_LEVELS["relative_humidity"],
     "cmap": CMAPS["relative_humidity"],
     "grib": sorted(back.data_vars),
     "grib_error": float(np.abs(back["relative_humidity"].values[0, 0] - values[0, 1]).max()),
@@ -114,5 +125,5 @@ def test_a_variable_added_to_the_table_reaches_every_reader(tmp_path: Path) -> N
     assert got["store"] == ["relative_humidity"] and got["canonical"] == ["relative_humidity"], got
     assert got["scored"] == ["relative_humidity"], got
     assert got["units"] == "%" and got["cf"]["standard_name"] == "relative_humidity", got
-    assert got["short"] == "r850" and got["headline"] == [True, 850] and got["cmap"] == "Blues", got
+    assert got["headline"] == 850 and got["cmap"] == "Blues", got
     assert got["grib"] == ["relative_humidity"] and got["grib_error"] <= got["bound"], got
