@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ..argtypes import one_input
 from ..bench.io import bench_io, format_io
 from ..data.batch import VariableSpec
 from ..data.objects import is_object_url
@@ -19,10 +20,7 @@ log = logging.getLogger(__name__)
 
 
 def run_io(args: argparse.Namespace) -> int:
-    if len(args.inputs) != 1:
-        raise ValueError(
-            f"bench io takes one store, got {len(args.inputs)}: jigsaw-earth bench io STORE --mesh 2x2"
-        )
+    one_input(args.inputs, "bench io", "store", "jigsaw-earth bench io STORE --mesh 2x2")
     path = str(args.inputs[0])
     shape = parse_mesh(args.mesh)
     if args.lead_steps < 1:
