@@ -9,7 +9,8 @@ each file (``create_files``); every rank then writes its blocks into place (``wr
 ``os.pwrite`` per contiguous run of the block, straight from the tensor's memory). No rank
 gathers a tensor, and none holds more than its own blocks (a block on a GPU crosses to the host
 one tensor at a time). The files are plain safetensors: ``safetensors.torch.load_file`` reads
-them whole, and ``read_block`` reads one rank's block of a tensor (``safe_open``'s slices).
+them whole; ``SafetensorsFiles`` reads one rank's blocks back the same way, run by run, into the
+rank's tensors.
 """
 
 from __future__ import annotations
@@ -31,9 +32,9 @@ from .planner import Block
 __all__ = [
     "DTYPES",
     "FileLayout",
+    "SafetensorsFiles",
     "create_files",
     "plan_files",
-    "read_block",
     "read_header",
     "write_block",
 ]
@@ -162,24 +163,20 @@ def write_block(folder: Path, layout: FileLayout, name: str, block: Block) -> in
         return 0
     host = t.to("cpu").contiguous().reshape(-1).view(torch.uint8).numpy()
     item = _ITEM[dtype]
-    view = memoryview(host)
     fd = os.open(folder / layout.name, os.O_WRONLY)
     try:
-        for global_at, local_at, n in _runs(shape, tuple(block.offsets), tuple(t.shape)):
-            data = view[local_at * item : (local_at + n) * item]
-            at = start + global_at * item
-            while data:
-                written = os.pwrite(fd, data, at)
-                data, at = data[written:], at + written
+        _copy_runs(
+            fd, memoryview(host), item, start, _runs(shape, tuple(block.offsets), tuple(t.shape)), True
+        )
         os.fsync(fd)
     finally:
         os.close(fd)
     return t.numel() * item
 
 
-def read_header(path: Path) -> tuple[dict[str, Any], int]:
-    """A safetensors file's header (tensors and ``__metadata__``) and the bytes it declares in
-    all; ``ValueError`` naming the file when it is not one."""
+def read_header(path: Path) -> tuple[dict[str, Any], int, int]:
+    """A safetensors file's header (tensors and ``__metadata__``), where its data start and the
+    bytes it declares in all; ``ValueError`` naming the file when it is not one."""
     try:
         with open(path, "rb") as f:
             head = f.read(8)
@@ -192,13 +189,92 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{path.name}: its header is not JSON ({err}): not a safetensors file") from None
     ends = [v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"]
-    return header, 8 + n + max(ends, default=0)
+    return header, 8 + n, 8 + n + max(ends, default=0)
 
 
-def read_block(handle: Any, name: str, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
-    """``full[offsets : offsets + sizes]`` of tensor ``name`` from an open ``safetensors.safe_open``
-    handle, reading only those bytes."""
-    part = handle.get_slice(name)
-    if not sizes:
-        return part[...] if hasattr(part, "__getitem__") else handle.get_tensor(name)
-    return part[tuple(slice(o, o + n) for o, n in zip(offsets, sizes, strict=True))]
+def _copy_runs(fd: int, view: memoryview, item: int, start: int, runs: Iterator[tuple[int, int, int]],
+               write: bool) -> None:  # fmt: skip
+    """``pwrite`` (``write``) or ``preadv`` every run between the block's bytes ``view`` and the file."""
+    for global_at, local_at, n in runs:
+        data = view[local_at * item : (local_at + n) * item]
+        at = start + global_at * item
+        while data:
+            done = os.pwrite(fd, data, at) if write else os.preadv(fd, [data], at)
+            if done <= 0:
+                raise OSError(f"the file ends at byte {at}, inside a tensor: it is truncated")
+            data, at = data[done:], at + done
+
+
+class SafetensorsFiles:
+    """A folder's safetensors files, read block by block (a context manager): each file's header is
+    checked by ``safetensors`` itself (``safe_open``) and read once; a block is read with
+    ``os.preadv``, one call per contiguous run, straight into the target tensor when it is a
+    contiguous CPU tensor of the file's dtype (else into a host buffer of the block): no rank maps
+    or reads more than its blocks."""
+
+    def __init__(self, folder: Path, fix: str = ""):
+        self.folder, self.fix = Path(folder), fix
+        self.headers: dict[str, tuple[dict[str, Any], int]] = {}
+
+    def __enter__(self) -> SafetensorsFiles:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.headers.clear()
+
+    def header(self, file: str) -> tuple[dict[str, Any], int]:
+        """The file's header and where its data start, the file checked by ``safetensors``."""
+        from safetensors import safe_open
+
+        if file not in self.headers:
+            path = self.folder / file
+            try:
+                with safe_open(str(path), framework="pt", device="cpu") as f:
+                    f.metadata()
+            except Exception as err:  # safetensors raises its own error types on a bad file
+                raise ValueError(f"{path} is not a readable safetensors file ({err}); {self.fix}") from None
+            header, data_start, _ = read_header(path)
+            self.headers[file] = (header, data_start)
+        return self.headers[file]
+
+    def _into(self, file: str, name: str, offsets: tuple[int, ...], out: torch.Tensor) -> None:
+        header, data_start = self.header(file)
+        info = header.get(name)
+        if info is None:
+            raise ValueError(f"{self.folder / file} holds no tensor {name!r}; {self.fix}")
+        shape, dtype = tuple(info["shape"]), info["dtype"]
+        if DTYPES.get(out.dtype) != dtype:
+            raise ValueError(f"{self.folder / file}: {name} is {dtype}, not {out.dtype}; {self.fix}")
+        if out.numel() == 0:
+            return
+        view = memoryview(out.reshape(-1).view(torch.uint8).numpy())
+        fd = os.open(self.folder / file, os.O_RDONLY)
+        try:
+            runs = _runs(shape, offsets, tuple(out.shape))
+            _copy_runs(fd, view, _ITEM[dtype], data_start + info["data_offsets"][0], runs, write=False)
+        except OSError as err:
+            raise ValueError(f"cannot read {name} from {self.folder / file}: {err}; {self.fix}") from None
+        finally:
+            os.close(fd)
+
+    def read(self, file: str, name: str, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
+        """A new CPU tensor holding ``full[offsets : offsets + sizes]`` of tensor ``name`` of ``file``."""
+        header, _ = self.header(file)
+        dtype = {v: k for k, v in DTYPES.items()}[header[name]["dtype"]] if name in header else torch.float32
+        out = torch.empty(sizes, dtype=dtype)
+        self._into(file, name, offsets, out)
+        return out
+
+    @torch.no_grad()
+    def fill(
+        self, weight_map: Mapping[str, str], targets: Mapping[str, Block], prefix: str = "model/"
+    ) -> None:
+        """Read into each target block (keys ``PREFIX<name>``) its part of tensor ``name`` of the file
+        ``weight_map`` names: each rank reads only its blocks, one at a time."""
+        for key, block in targets.items():
+            name = key.removeprefix(prefix)
+            t = block.tensor
+            if t.device.type == "cpu" and t.is_contiguous():
+                self._into(weight_map[name], name, tuple(block.offsets), t)
+            else:
+                t.copy_(self.read(weight_map[name], name, tuple(block.offsets), tuple(t.shape)))

@@ -16,7 +16,8 @@ Layout (everything a user needs, nothing else; it uploads to Hugging Face as it 
 than the export wrote (truncated), a ``contract.json`` changed since the export (its SHA-256 is in
 the record and in every weight file's header) or a weight file that is not safetensors. Loading
 refuses weights whose shapes differ from the model the contract builds, naming file and tensor.
-``verify_files`` compares every file's SHA-256 with the record (``model verify``).
+``verify_files`` compares every file's SHA-256 with the record (``model verify``). The model card
+``README.md`` is the publisher's to edit (a hub edits it too): it is recorded, never checked.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,7 +33,7 @@ import torch
 from torch import nn
 
 from ..checkpoint.planner import Block
-from ..checkpoint.safetensors_files import read_block, read_header
+from ..checkpoint.safetensors_files import SafetensorsFiles, read_header
 from ..checkpoint.state import model_blocks
 from ..ownership import FOLDER_MARKER, read_marker
 from .contract import FORMAT, VERSION
@@ -108,7 +107,7 @@ class ModelFolder:
                     f"{path} lacks {name}, which the export wrote ({info['bytes']} bytes); {FIX}"
                 )
             size = file.stat().st_size
-            if size != info["bytes"]:
+            if size != info["bytes"] and name not in (CONTRACT, CARD):  # the contract: by its hash below
                 what = "truncated" if size < info["bytes"] else "longer than the export wrote"
                 raise ValueError(f"{file} is {size} bytes, the export wrote {info['bytes']}: {what}; {FIX}")
         contract_file = path / CONTRACT
@@ -122,7 +121,7 @@ class ModelFolder:
         index = json.loads((path / INDEX).read_text())
         folder = cls(path, contract, record, dict(index["weight_map"]))
         for file in sorted(set(folder.weight_map.values())):
-            header, declared = read_header(path / file)
+            header, _, declared = read_header(path / file)
             meta = header.get("__metadata__", {})
             if meta.get("contract_sha256") != record["contract_sha256"]:
                 raise ValueError(
@@ -142,7 +141,7 @@ class ModelFolder:
         """Every weight's global shape and the file holding it, from the files' headers."""
         out = {}
         for file in sorted(set(self.weight_map.values())):
-            header, _ = read_header(self.path / file)
+            header, _, _ = read_header(self.path / file)
             for name, info in header.items():
                 if name != "__metadata__":
                     out[name] = (tuple(info["shape"]), file)
@@ -174,22 +173,10 @@ class ModelFolder:
                 )
         return {f"model/{k}": v[0] for k, v in saved.items()}
 
-    @contextmanager
-    def _files(self) -> Iterator[_Opener]:
-        opener = _Opener(self.path)
-        try:
-            yield opener
-        finally:
-            opener.handles.clear()
-
     def fill(self, targets: dict[str, Block]) -> None:
         """Read each target block (keys ``model/<name>``) from the weight files, only its bytes."""
-        with self._files() as open_file, torch.no_grad():
-            for key, block in targets.items():
-                name = key.removeprefix("model/")
-                handle = open_file(self.weight_map[name])
-                part = read_block(handle, name, tuple(block.offsets), tuple(block.tensor.shape))
-                block.tensor.copy_(part.to(block.tensor.dtype))
+        with SafetensorsFiles(self.path, FIX) as files:
+            files.fill(self.weight_map, targets)
 
     def load(self, model: nn.Module) -> int:
         """Fill this rank's blocks of ``model`` (built from the contract, on any mesh) from the weights;
@@ -204,35 +191,15 @@ class ModelFolder:
 
     def read(self, file: str, name: str, offsets: tuple[int, ...], sizes: tuple[int, ...]) -> torch.Tensor:
         """A block of tensor ``name`` of ``file`` (static fields, the reference state)."""
-        with self._files() as open_file:
-            return read_block(open_file(file), name, offsets, sizes)
+        with SafetensorsFiles(self.path, FIX) as files:
+            return files.read(file, name, offsets, sizes)
 
     def verify_files(self) -> list[str]:
         """One line per file whose SHA-256 differs from the export's record (empty: all as written)."""
         bad = []
         for name, info in sorted(self.record["files"].items()):
-            if file_sha256(self.path / name) != info["sha256"]:
+            if name != CARD and file_sha256(self.path / name) != info["sha256"]:
                 bad.append(
                     f"{name}: its SHA-256 differs from the export's ({info['sha256'][:16]}…): changed since"
                 )
         return bad
-
-
-class _Opener:
-    """``safe_open`` handles of a folder's files, each opened once while in use."""
-
-    def __init__(self, folder: Path):
-        self.folder = folder
-        self.handles: dict[str, Any] = {}
-
-    def __call__(self, file: str) -> Any:
-        from safetensors import safe_open
-
-        if file not in self.handles:
-            try:
-                self.handles[file] = safe_open(str(self.folder / file), framework="pt", device="cpu")
-            except Exception as err:  # safetensors raises its own error type on a bad file
-                raise ValueError(
-                    f"{self.folder / file} is not a readable safetensors file ({err}); {FIX}"
-                ) from None
-        return self.handles[file]
