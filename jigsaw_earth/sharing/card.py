@@ -9,6 +9,7 @@ forecast, how to run, verify, load and fine-tune it, and its limits.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -39,11 +40,12 @@ def _scores(scores: tuple[list[dict[str, Any]], dict[str, Any]] | None) -> list[
     from ..metrics.significance_card import format_comparisons
 
     rows, info = scores
+    forecast, truth = (Path(str(info.get(k) or "?")).name for k in ("forecast", "truth"))
     table = format_scorecard(rows, [], info.get("resolution") or "?", _period(info),
                              members=info.get("members"), interval=info.get("interval"))  # fmt: skip
     lines = [
-        f"Scored by `jigsaw-earth score`: the forecast {info.get('forecast') or '?'} against",
-        f"{info.get('truth') or '?'}. RMSE, ACC and bias per lead beside persistence and climatology,",
+        f"Scored by `jigsaw-earth score`: the forecast `{forecast}` against `{truth}`. RMSE, ACC and bias",
+        "per lead beside persistence and climatology,",
         "each `value±h` with h half the width of its interval; then the relative differences with their",
         "intervals (`*`: significant).",
         "",
@@ -172,4 +174,9 @@ def model_card(
         f"- Its scores hold for its validation period ({_span(d['val_period'])}) on `{d['store']}`;",
         "  other data, seasons or resolutions are untested.",
     ]
+    if d.get("source") == "synth":
+        lines += [
+            "- It was trained on synthetic data (`jigsaw-earth data synth`): a demonstration of the toolkit,",
+            "  not a forecast of the real atmosphere.",
+        ]
     return "\n".join(lines) + "\n"

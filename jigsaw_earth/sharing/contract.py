@@ -57,6 +57,12 @@ def layout_sha256(view: StoreView) -> str:
     return hashlib.sha256(json.dumps(layout, sort_keys=True).encode()).hexdigest()
 
 
+def _source(view: StoreView) -> str | None:
+    """What wrote the training store, from its record (``synth``, ``prepare``, …; None: unknown)."""
+    record = view.group.attrs.get("jigsaw_earth") if view.group is not None else None
+    return str(record["source"]) if isinstance(record, dict) and record.get("source") else None
+
+
 def make_contract(
     cfg: TrainConfig, data: TrainData, channels: dict[str, list[str]], training: dict[str, Any]
 ) -> dict[str, Any]:
@@ -101,6 +107,7 @@ def make_contract(
             "val_period": list(d.val_period),
             "times": [str(times[0]), str(times[-1]), len(times)] if len(times) else [],
             "layout_sha256": layout_sha256(view),
+            "source": _source(view),
         },
         "precision": cfg.training.precision,
         "training": training,
