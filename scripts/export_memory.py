@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from jigsaw_earth.models import build_model
 
 from jigsaw_earth.argtypes import parse_bytes, parse_grid
 from jigsaw_earth.checkpoint.safetensors_files import SafetensorsFiles
@@ -33,10 +34,13 @@ from jigsaw_earth.checkpoint.state import model_blocks
 from jigsaw_earth.distributed.mesh import DomainMesh, parse_mesh
 from jigsaw_earth.distributed.spawn import spawn
 from jigsaw_earth.layers.base import Domain, init_model, parameter_bytes
-from jigsaw_earth.models import build_model
 from jigsaw_earth.sharing.export import write_weights
 
-CHANNELS = (69, 3, 0)  # the Jigsaw paper's 1.1 B model: 69 state, 3 static, no time features (models/paper.py)
+CHANNELS = (
+    69,
+    3,
+    0,
+)  # the Jigsaw paper's 1.1 B model: 69 state, 3 static, no time features (models/paper.py)
 INDEX = "weight_map.json"
 
 
