@@ -123,8 +123,10 @@ def main() -> int:
     wrote = spawn(parse_mesh(args.export_mesh), _export, args.preset, grid, str(out), max_bytes)
     read = spawn(parse_mesh(args.load_mesh), _load, args.preset, grid, str(out))
     files = wrote[0]["files"]
-    print(f"weathermixer {args.preset} on {grid[0]}x{grid[1]}: {len(files)} file(s), largest "
-          f"{_mib(max(s for _, s in files)).strip()}, {_mib(sum(s for _, s in files)).strip()} in all")  # fmt: skip
+    largest, total = _mib(max(s for _, s in files)).strip(), _mib(sum(s for _, s in files)).strip()
+    print(
+        f"weathermixer {args.preset} on {grid[0]}x{grid[1]}: {len(files)} file(s), largest {largest}, {total} in all"
+    )
     print(f"export on {args.export_mesh}: rank, share (its parameters), resident before, peak during, extra")
     for r in wrote:
         extra = r["peak"] - r["before"]
@@ -133,8 +135,9 @@ def main() -> int:
     print(f"load on {args.load_mesh}: rank, share, resident before, peak while reading, extra, largest block")
     for r in read:
         extra = r["peak"] - r["before"]
+        counts = f"{r['blocks']} blocks, {len(r['differ'])} differ, read {r['read_s']:.1f} s"
         print(f"  {r['rank']}  {_mib(r['share'])} {_mib(r['before'])} {_mib(r['peak'])} {_mib(extra)} "
-              f"{_mib(r['largest_block'])}  {r['blocks']} blocks, {len(r['differ'])} differ, read {r['read_s']:.1f} s")  # fmt: skip
+              f"{_mib(r['largest_block'])}  {counts}")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps({"export": wrote, "load": read, "args": vars(args)}, indent=1))
     return 0 if not any(r["differ"] for r in read) else 1
