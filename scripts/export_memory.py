@@ -125,7 +125,8 @@ def main() -> int:
     files = wrote[0]["files"]
     largest, total = _mib(max(s for _, s in files)).strip(), _mib(sum(s for _, s in files)).strip()
     print(
-        f"weathermixer {args.preset} on {grid[0]}x{grid[1]}: {len(files)} file(s), largest {largest}, {total} in all"
+        f"weathermixer {args.preset} on {grid[0]}x{grid[1]}: {len(files)} file(s), largest {largest}, "
+        f"{total} in all"
     )
     print(f"export on {args.export_mesh}: rank, share (its parameters), resident before, peak during, extra")
     for r in wrote:
