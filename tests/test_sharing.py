@@ -80,8 +80,9 @@ def _config(tmp: Path, mesh: tuple[int, int] = (1, 1), **extra: Any) -> dict[str
     }
 
 
-def _export_on_mesh(mesh: DomainMesh, raw: dict[str, Any], ckpt: str, out: str) -> str:
-    export_model(parse_config(raw), Path(ckpt), ExportRequest(Path(out), "apache-2.0"), mesh=mesh)
+def _export_on_mesh(mesh: DomainMesh, raw: dict[str, Any], ckpt: str, out: str, scores: str) -> str:
+    request = ExportRequest(Path(out), "apache-2.0", scores=Path(scores), datasets=("synthetic",))
+    export_model(parse_config(raw), Path(ckpt), request, mesh=mesh)
     return out
 
 
@@ -109,9 +110,13 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     run_training(parse_config(raw))
     ckpt = latest_checkpoint(tmp / "run")
     assert ckpt is not None
-    spawn(MeshShape(1, 2, 2), _export_on_mesh, _config(tmp, (2, 2)), str(ckpt), str(tmp / "model"))
     fc = tmp / "fc-run.zarr"
     run_prediction(parse_config(raw), fc, start="2020-01-11", end="2020-01-13", steps=3, max_inits=3)
+    clim = str(tmp / "data-climatology.zarr")
+    assert main(["score", str(fc), "--truth", str(tmp / "data.zarr"), "--climatology", clim, "--out",
+                 str(tmp / "scores")]) == 0  # fmt: skip
+    spawn(MeshShape(1, 2, 2), _export_on_mesh, _config(tmp, (2, 2)), str(ckpt), str(tmp / "model"),
+          str(tmp / "scores.json"))  # fmt: skip
     return {"tmp": tmp, "store": tmp / "data.zarr", "run": tmp / "run", "ckpt": ckpt, "model": tmp / "model",
             "fc": fc}  # fmt: skip
 
@@ -129,7 +134,14 @@ def test_export_from_2x2_writes_the_checkpoints_tensors_as_safetensors(world: di
     assert set(index["weight_map"]) == set(saved)
     card = (folder / "README.md").read_text()
     assert card.startswith("---\nlicense: apache-2.0\nlibrary_name: jigsaw-earth\n")
-    assert "weathermixer" in card and "## Validation scores" in card and "## Limits" in card
+    assert (
+        "\ndatasets:\n- synthetic\n---\n" in card
+        and "## Limits" in card
+        and "trained on synthetic data" in card
+    )
+    scores = card[card.index("## Validation scores") : card.index("## Reference forecast")]
+    assert "global · geopotential @ 500 hPa [m2/s2]" in scores and "±" in scores  # score's table, intervals
+    assert "forecast against persistence: relative difference" in scores
     contract = json.loads((folder / "contract.json").read_text())
     assert contract["channels"]["inputs"]["state"] == CHANNELS and contract["levels"] == [500, 850]
     assert contract["variables"]["surface"] == [{"name": "2m_temperature", "units": "K"}]
@@ -207,13 +219,12 @@ def _copy(world: dict[str, Path], tmp_path: Path, name: str = "copy") -> Path:
 
 
 def _bump(file: Path, tensor: str, by: float) -> None:
-    """Add ``by`` to every element of float32 ``tensor`` of a safetensors file, in place."""
+    """Add ``by`` to the first element of float32 ``tensor`` of a safetensors file, in place."""
     raw = bytearray(file.read_bytes())
     (n,) = struct.unpack("<Q", raw[:8])
-    begin, end = json.loads(raw[8 : 8 + n])[tensor]["data_offsets"]
-    start = 8 + n
-    values = np.frombuffer(bytes(raw[start + begin : start + end]), np.float32) + np.float32(by)
-    raw[start + begin : start + end] = values.tobytes()
+    at = 8 + n + json.loads(raw[8 : 8 + n])[tensor]["data_offsets"][0]
+    value = np.frombuffer(bytes(raw[at : at + 4]), np.float32) + np.float32(by)
+    raw[at : at + 4] = value.tobytes()
     file.write_bytes(bytes(raw))
 
 
@@ -223,8 +234,9 @@ def test_verify_passes_on_a_copy_and_names_the_fields_a_changed_weight_moves(
     copy = _copy(world, tmp_path)
     code, text = _cli(["model", "verify", str(copy)], capsys)
     assert code == 0 and "matches" in text and "DIFFERS" not in text, text[-3000:]
-    bias = next(n for n in load_file(copy / "model.safetensors") if n.endswith("bias") and "recover" in n)
-    _bump(copy / "model.safetensors", bias, 0.5)
+    _bump(
+        copy / "model.safetensors", "recover.bias", 0.5
+    )  # one weight: geopotential@500's, one pixel a patch
     code, text = _cli(["model", "verify", str(copy)], capsys)
     assert code == 1 and "does NOT match" in text, text[-3000:]
     assert "DIFFERS  model.safetensors: its SHA-256 differs" in text
