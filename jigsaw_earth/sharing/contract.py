@@ -74,7 +74,7 @@ def make_contract(
     return {
         "format": FORMAT,
         "version": VERSION,
-        "model": {**to_dict(cfg.model), "parameters": int(training.pop("parameters"))},
+        "model": {**to_dict(cfg.model), "parameters": int(training["parameters"])},
         "variables": {
             "upper_air": [{"name": v, "units": contract_unit(v, _attrs(view, v, True))} for v in d.upper_air],
             "surface": [{"name": v, "units": contract_unit(v, _attrs(view, v, False))} for v in d.surface],
@@ -110,7 +110,7 @@ def make_contract(
             "source": _source(view),
         },
         "precision": cfg.training.precision,
-        "training": training,
+        "training": {k: v for k, v in training.items() if k != "parameters"},
     }
 
 
