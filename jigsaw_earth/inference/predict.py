@@ -45,7 +45,7 @@ from ..mesh_setup import setup_mesh
 from ..models.run import build_run_model, model_step
 from ..ownership import check_output
 from ..sharing.folder import ModelFolder
-from ..sharing.use import check_analysis, check_store, use_contract
+from ..sharing.use import check_analysis, check_config, check_store, use_contract
 from .campaign import check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, store_chunks
 from .formats import check_format, open_writer
@@ -211,8 +211,9 @@ def run_prediction(
     if out is not None:
         check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
     progress.check(protected, run_dir)
-    if shared is not None:
-        check_store(shared, cfg.data.store)  # the contract, before any model is built
+    if shared is not None:  # the contract, before any model is built
+        check_config(shared, cfg)
+        check_store(shared, cfg.data.store)
     else:
         check_against_checkpoint(cfg, ckpt)
     analysis = None

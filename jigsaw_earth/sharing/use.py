@@ -12,6 +12,7 @@ own normalisation and static fields (not the store's).
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from typing import TYPE_CHECKING, Any
@@ -28,14 +29,15 @@ from .folder import STATIC, ModelFolder
 if TYPE_CHECKING:
     from ..data.analysis import Analysis
 
-__all__ = ["check_analysis", "check_store", "fit_mesh", "model_config", "use_contract"]
+__all__ = ["check_analysis", "check_config", "check_store", "fit_mesh", "model_config", "use_contract"]
 
 log = logging.getLogger(__name__)
 
 
 def _raw(folder: ModelFolder) -> dict[str, Any]:
-    """The configuration the contract describes (as a YAML config would hold it)."""
-    c = folder.contract
+    """The configuration the contract describes (as a YAML config would hold it): a copy, which
+    overrides may change in place."""
+    c = copy.deepcopy(folder.contract)
     names = {k: [i["name"] for i in c["variables"][k]] for k in ("upper_air", "surface", "static")}
     model = {k: v for k, v in c["model"].items() if k != "parameters"}
     return {
@@ -75,10 +77,15 @@ def fit_mesh(raw: dict[str, Any], overrides: list[str] | None, world_size: int) 
 def model_config(folder: ModelFolder, overrides: list[str] | None, world_size: int) -> TrainConfig:
     """The forecast's configuration for a job of ``world_size`` ranks (collective-free)."""
     cfg = parse_config(fit_mesh(_raw(folder), overrides, world_size), overrides)
+    check_config(folder, cfg)
     cfg.check(world_size)
+    return cfg
+
+
+def check_config(folder: ModelFolder, cfg: TrainConfig) -> None:
+    """Refuse a configuration whose model or channels are not the contract's, naming the item."""
     compare_shape_keys(cfg, to_dict(parse_config(_raw(folder))), f"{folder.path / 'contract.json'}",
                        "predict with the model as exported (drop the override of {item})")  # fmt: skip
-    return cfg
 
 
 def _warn(lines: list[str]) -> None:
