@@ -335,8 +335,8 @@ def test_predict_model_stops_before_the_model_loads_on_a_store_or_analysis_that_
                        *PERIOD], capsys)  # fmt: skip
     _error(code, text, "lacks 2m_temperature")
     assert "loaded" not in text and not out.exists()
-    code, text = _cli(["predict", "--model", str(world["model"]), "model.overrides.patch=4", "--out", str(out),
-                       *PERIOD], capsys)  # fmt: skip
+    argv = ["predict", "--model", str(world["model"]), "model.overrides.patch=4", "--out", str(out), *PERIOD]
+    code, text = _cli(argv, capsys)
     _error(
         code, text, "model.overrides.patch=4 differs from 2 in", "drop the override of model.overrides.patch"
     )
