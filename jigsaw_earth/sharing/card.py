@@ -99,11 +99,16 @@ def _model(contract: dict[str, Any], weights: list[str], size: int) -> list[str]
 def _training(contract: dict[str, Any]) -> list[str]:
     t, d = contract["training"], contract["training_data"]
     times = f"{d['times'][2]} times, {d['times'][0]} … {d['times'][1]}" if d["times"] else "no times"
+    how = ""
+    if "train_wall_s" in t:
+        how = f" in {t['train_wall_s']:.0f} s ({t.get('samples_per_s', float('nan')):.3g} samples/s)"
+    if "final_loss" in t:
+        how += f", final loss {t['final_loss']:.6g}"
     return [
         f"- data: `{d['store']}` ({times}; layout SHA-256 `{d['layout_sha256'][:16]}…`): training inits "
         f"{_span(d['train_period'])}, validation {_span(d['val_period'])}",
-        f"- {t['step']} steps of run `{t.get('run')}`, its checkpoint written on mesh {t['mesh']}; exported "
-        f"on {t['exported_on']} with torch {t['torch']}",
+        f"- {t['step']} steps of run `{t.get('run')}` on mesh {t['mesh']}{how}; exported on "
+        f"{t['exported_on']} with torch {t['torch']}",
         "- normalisation: each channel's mean and std over the training store (`contract.json`, "
         "`normalisation`)",
     ]

@@ -196,6 +196,7 @@ def _export(cfg: TrainConfig, ckpt: Path, request: ExportRequest, mesh: DomainMe
         "torch": torch.__version__,
         "exported_on": f"{mesh.shape} ranks, {mesh.device.type}",
         "parameters": n_params,
+        **_run_summary(Path(cfg.run.dir), step),
     }
     ch = model_channels(cfg, data)
     channels = {"state": list(ch.state), "static": list(ch.static), "time": list(ch.time)}
@@ -228,6 +229,19 @@ def _export(cfg: TrainConfig, ckpt: Path, request: ExportRequest, mesh: DomainMe
         log.info("exported %s (step %d of run %r, %d parameters in %d weight file(s)) to %s", ckpt, step,
                  cfg.run.name, n_params, len(layouts), request.out)  # fmt: skip
     return Path(request.out)
+
+
+def _run_summary(run_dir: Path, step: int) -> dict[str, Any]:
+    """The training's wall time, rate and final loss from the run's ``summary.json`` when it ended at
+    ``step`` (empty otherwise: the checkpoint is an earlier one, or the run left none)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if summary.get("steps") != step:
+        return {}
+    keys = ("train_wall_s", "samples_per_s", "final_loss")
+    return {k: summary[k] for k in keys if isinstance(summary.get(k), int | float)}
 
 
 def _make_tmp(out: Path) -> Path:
