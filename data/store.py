@@ -24,6 +24,7 @@ import numpy as np
 import xarray as xr
 import zarr
 import zarr.storage
+from jigsaw_earth.data.objects import is_object_url, zarr_object_store
 from jigsaw_earth.data.times import decode_times
 
 __all__ = [
@@ -143,11 +144,14 @@ def _is_url(path: str) -> bool:
 
 
 def open_store(path: str | Path, *, count: bool = False, read_only: bool = True) -> Any:
-    """A zarr store for a local path or any fsspec URL (``gs://``, ``memory://``, ...)."""
+    """A zarr store for a local path, a bucket URL (``s3://``, ``gs://``: ``objects.zarr_object_store``)
+    or any other fsspec URL (``memory://``, ...)."""
     text = str(path)
-    if _is_url(text) and not text.startswith("file://"):
+    if is_object_url(text):
+        store: Any = zarr_object_store(text, read_only=read_only)
+    elif _is_url(text) and not text.startswith("file://"):
         try:
-            store: Any = zarr.storage.FsspecStore.from_url(text, read_only=read_only)
+            store = zarr.storage.FsspecStore.from_url(text, read_only=read_only)
         except (ImportError, ValueError) as err:
             protocol = text.split("://", 1)[0]
             raise ValueError(
