@@ -35,7 +35,7 @@ SUMMARIES = {
     "validate": "check every distributed op, layer and model against its serial counterpart",
     "data": "synthesise, prepare, inspect ERA5-style Zarr stores; per-rank I/O report",
     "bench": "jigsaw layers and models against plain-PyTorch twins; matmul micro-benchmark",
-    "model": "model summary: parameters, per-rank memory and communication without allocating",
+    "model": "model summary (parameters, memory, communication); export a trained model, verify one",
     "plan": "rank the data × lat × lon meshes of a world size: memory, bytes, step time, a pick",
     "train": "train from a YAML config (single process, torchrun or Slurm srun)",
     "config": "validate or show a training config",

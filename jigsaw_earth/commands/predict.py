@@ -65,6 +65,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
     p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="a shared model's folder (`model export`) instead of a run's CONFIG: on any mesh, its input "
+        "contract checked before it loads; KEY=VALUE overrides such as data.store=STORE",
+    )
+    p.add_argument(
         "--first-init", "--start", dest="start", metavar="TIME",
         help="first initialisation time (default: data.val_period[0]); --first-init works under torchrun, "
         "which takes --start for its own --start-method",
@@ -244,7 +250,7 @@ _FORECAST_OPTIONS = (("config", "CONFIG"), ("overrides", "KEY=VALUE"), ("out", "
                      ("levels", "--levels"), ("lead_hours", "--lead-hours"), ("lead_every", "--lead-every"),
                      ("batch_size", "--batch-size"), ("overwrite", "--overwrite"), ("members", "--members"),
                      ("seed", "--seed"), ("score", "--score"), ("scores", "--scores"), ("init", "--init"),
-                     ("time", "--time"), ("template", "--template"))  # fmt: skip
+                     ("time", "--time"), ("template", "--template"), ("model", "--model"))  # fmt: skip
 
 
 def _unfinished(args: argparse.Namespace) -> int:
@@ -275,6 +281,23 @@ def _unfinished(args: argparse.Namespace) -> int:
     return 0
 
 
+def _model_config(args: argparse.Namespace) -> TrainConfig:
+    """``--model DIR``: the configuration its contract describes, with the KEY=VALUE overrides."""
+    from ..mesh_setup import world_size_from_env
+    from ..sharing.folder import ModelFolder
+    from ..sharing.use import model_config
+
+    if args.config is not None and "=" in args.config:  # an override where CONFIG would stand
+        args.overrides, args.config = [args.config, *args.overrides], None
+    if args.config is not None or args.checkpoint is not None:
+        given = "CONFIG " + args.config if args.config is not None else "--checkpoint"
+        raise ValueError(
+            f"--model {args.model} is the model to forecast with; leave out {given} (set the store with "
+            "data.store=STORE)"
+        )
+    return model_config(ModelFolder.open(args.model), args.overrides, world_size_from_env())
+
+
 def run(args: argparse.Namespace) -> int:
     from ..inference.predict import run_prediction
     from ..inference.progress import Stopped
@@ -283,10 +306,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.unfinished is not None or args.remove_unfinished:
         return _unfinished(args)
-    if args.config is None:
-        raise ValueError("give the run's config (predict CONFIG --out STORE ...), or --unfinished [DIR]")
+    if args.model is not None:
+        cfg = _model_config(args)
+    elif args.config is None:
+        raise ValueError(
+            "give the run's config (predict CONFIG --out STORE ...), a shared model (predict --model DIR "
+            "...), or --unfinished [DIR]"
+        )
+    else:
+        cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-    cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
     start, end = _init_period(args, cfg)
     if args.seed is not None and args.members is None:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
@@ -326,6 +355,7 @@ def run(args: argparse.Namespace) -> int:
             init_times=[t for item in args.time for t in item.split(",") if t] if args.time else None,
             fmt=args.format,
             template=args.template,
+            model=args.model,
         )
     except Stopped as err:
         if rank == 0:

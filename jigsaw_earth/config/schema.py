@@ -204,11 +204,12 @@ class TrainingConfig(Section):
     )
     max_skipped_steps: int = doc("with nan_policy=skip: stop after this many skipped steps", 10, ge=0)
     init_from: str | None = doc(
-        "fine-tune: start from another run's weights, a checkpoint (RUN_DIR/checkpoints/step_N) or a run "
-        "directory (its newest checkpoint), with a fresh optimizer, step and schedule; data, mesh, loss "
-        "and schedule may differ; channels are matched by name (added ones start at zero weight, removed "
-        "ones are dropped); another model or grid is refused (docs/training.md, Fine-tuning). Read at the "
-        "run's first start only: a resume continues from the run's own checkpoints; null = from run.seed",
+        "fine-tune: start from another run's weights, a checkpoint (RUN_DIR/checkpoints/step_N), a run "
+        "directory (its newest checkpoint) or a shared model's folder (model export), with a fresh "
+        "optimizer, step and schedule; data, mesh, loss and schedule may differ; channels are matched by "
+        "name (added ones start at zero weight, removed ones are dropped); another model or grid is refused "
+        "(docs/training.md, Fine-tuning). Read at the run's first start only: a resume continues from the "
+        "run's own checkpoints; null = from run.seed",
         None,
     )
     freeze: list[str] = doc(

@@ -44,6 +44,8 @@ from ..layers.replicas import replicated_weights
 from ..mesh_setup import setup_mesh
 from ..models.run import build_run_model, model_step
 from ..ownership import check_output
+from ..sharing.folder import ModelFolder
+from ..sharing.use import check_analysis, check_config, check_store, use_contract
 from .campaign import check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, store_chunks
 from .formats import check_format, open_writer
@@ -166,6 +168,7 @@ def run_prediction(
     init_times: list[str] | None = None,
     fmt: str = "zarr",
     template: str | None = None,
+    model: str | Path | None = None,
 ) -> Prediction:
     """Forecast from every selected init (``init``: from the initial states of that analysis, at
     ``init_times`` or all of its times, instead of the store's inits in ``start`` … ``end``); write the
@@ -176,7 +179,9 @@ def run_prediction(
     numbered from ``first_member`` (further members of the same ensemble). ``scores``: the prefix the
     scores are written to, which names a score-only run's in-progress folder (``PREFIX.in-progress``);
     a stop signal raises ``progress.Stopped`` after recording what is done. ``fmt``: ``zarr`` (one
-    store), ``grib2`` or ``netcdf`` (a folder of files named by ``template``, ``formats.py``)."""
+    store), ``grib2`` or ``netcdf`` (a folder of files named by ``template``, ``formats.py``). ``model``:
+    a shared model's folder (``model export``) instead of ``cfg.run.dir``'s checkpoint, its contract
+    checked against the store and ``init`` before the model is built (``sharing/use.py``)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
     if members is not None:
         check(cfg, members, cfg.mesh.ensemble, first_member)
@@ -193,22 +198,29 @@ def run_prediction(
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
     progress = Progress.for_output(out, scores)
-    ckpt = find_checkpoint(cfg, progress.checkpoint(checkpoint))
-    protected = protected_paths(cfg, ckpt)
+    shared = None if model is None else ModelFolder.open(model)
+    ckpt = shared.path if shared is not None else find_checkpoint(cfg, progress.checkpoint(checkpoint))
+    protected = protected_paths(cfg, ckpt, shared is not None)
     if init is not None:
         protected += (("--init source", init),)
     if score is not None:
         protected += (("--truth store", score.truth), ("--climatology", score.climatology))
-    run_dir = (("run directory run.dir", cfg.run.dir),)
+    run_dir = () if shared is not None else (("run directory run.dir", cfg.run.dir),)
     if out is not None:
         check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
     progress.check(protected, run_dir)
-    check_against_checkpoint(cfg, ckpt)
+    if shared is not None:  # the contract, before any model is built
+        check_config(shared, cfg)
+        check_store(shared, cfg.data.store)
+    else:
+        check_against_checkpoint(cfg, ckpt)
     analysis = None
     if init is not None:  # checked against the model's grid, variables and levels before any model is built
         from ..data.analysis import open_analysis
 
         analysis = open_analysis(init, cfg.data, init_times)
+        if shared is not None:
+            check_analysis(shared, analysis)
     own = mesh is None
     if mesh is not None and mesh.shape != cfg.mesh.shape:
         raise ValueError(f"mesh {mesh.shape} differs from the config's mesh {cfg.mesh.shape}")
@@ -220,7 +232,7 @@ def run_prediction(
             ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member)
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
                             progress.batch_size(batch_size), overwrite, score, ens, progress, analysis, fmt,
-                            template)  # fmt: skip
+                            template, shared)  # fmt: skip
         finally:
             if lock is not None:
                 lock.release()
@@ -249,11 +261,13 @@ def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
     score: ScoreRequest | None, ens: Members | None, progress: Progress, analysis: Analysis | None = None,
-    fmt: str = "zarr", template: str | None = None,
+    fmt: str = "zarr", template: str | None = None, shared: ModelFolder | None = None,
 ) -> Prediction:  # fmt: skip
     from ..data.sources import build_data
 
     data = build_data(cfg, mesh, training=False)
+    if shared is not None:
+        use_contract(shared, data)  # the model's own normalisation and static fields
     dev = mesh.device
     set_precision(cfg.training.precision)
     steps = selection.steps
@@ -291,8 +305,11 @@ def _predict(
         first = (
             (mine[:batch_size], pipe.read(partial(rollout.read, mine[:batch_size]))) if len(mine) else None
         )
-        with pinned(ckpt):
-            step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
+        if shared is not None:
+            step = shared.load(model)
+        else:
+            with pinned(ckpt):
+                step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
         model.eval()
         source = None if analysis is None else analysis.path
         request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size,
