@@ -278,6 +278,11 @@ class StoreView:
     def grid_shape(self) -> tuple[int, int]:
         return len(self.lat), len(self.lon)
 
+    @property
+    def lat_descending_in_storage(self) -> bool:
+        """Whether the store keeps latitude north to south (its rows in the normalised order)."""
+        return bool(np.all(self.lat_storage == np.arange(len(self.lat))))
+
     # ---- variables ------------------------------------------------------------------------
     def available(self) -> list[str]:
         """Data variables of the store (store names)."""
