@@ -31,6 +31,7 @@ class DelayProxy:
         self.target, self.latency, self.fraction, self.delay = target, latency, fraction, delay
         self.random = random.Random(seed)
         self.responses = self.delayed = 0
+        self.clients: set[asyncio.StreamWriter] = set()
 
     async def _client_to_server(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                                 state: dict[str, bool]) -> None:  # fmt: skip
@@ -63,17 +64,19 @@ class DelayProxy:
             client_w.close()
             return
         state = {"request": False}
+        self.clients.add(client_w)
         tasks = [
             asyncio.create_task(self._client_to_server(client_r, server_w, state)),
             asyncio.create_task(self._server_to_client(server_r, client_w, state)),
         ]
         try:
             await asyncio.gather(*tasks)
-        except (ConnectionError, OSError):
+        except (ConnectionError, OSError, asyncio.CancelledError):  # cancelled: the proxy is stopping
             pass
         finally:
             for t in tasks:
                 t.cancel()
+            self.clients.discard(client_w)
             for w in (client_w, server_w):
                 w.close()
 
@@ -85,8 +88,11 @@ async def _serve(proxy: DelayProxy, host: str, port: int) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    async with server:
-        await stop.wait()
+    await stop.wait()
+    # Clients keep idle connections open: close them too (a server's wait_closed() waits for them).
+    server.close()
+    for writer in list(proxy.clients):
+        writer.close()
     print(f"responses {proxy.responses} delayed {proxy.delayed}", file=sys.stderr, flush=True)
 
 
