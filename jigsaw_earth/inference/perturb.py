@@ -39,6 +39,7 @@ from ..config.schema import TrainConfig
 __all__ = [
     "DEFAULT_AMPLITUDE",
     "SCHEMES",
+    "SETTINGS_KIND",
     "Perturbation",
     "check_history",
     "check_perturbation",
