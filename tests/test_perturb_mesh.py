@@ -5,6 +5,8 @@ index only) — their initial states (default run) and their forecasts through `
 
 from __future__ import annotations
 
+import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -123,10 +125,14 @@ def test_every_scheme_gives_the_same_forecast_on_every_mesh(run: Path, tmp_path:
                 assert np.abs(dx - dy).max() <= 1e-3 * np.abs(dx).max(), (name, lat_lon, var)
 
 
-def test_pairs_control_and_further_members(run: Path, tmp_path: Path) -> None:
-    """Member 0 is the unperturbed forecast with ``--control``; a ± pair's perturbations are opposite (its
-    mean is the control after no step: checked on the first lead to first order); ``--first-member``
-    draws the same members as one larger run."""
+def test_pairs_control_further_members_and_the_paired_crps(run: Path, tmp_path: Path, capsys) -> None:
+    """Member 0 is the unperturbed forecast with ``--control``; a ± pair's perturbations are opposite (so
+    their first steps nearly so); ``--first-member`` draws the same members as one larger run. ``score``
+    compares the ensemble's CRPS with the deterministic forecast's, which it scores as one member: its
+    MAE, paired on the inits."""
+    from jigsaw_earth.cli import main
+    from jigsaw_earth.sphere import latitude_weights
+
     cfg = parse_config(_config(run, (1, 1)))
     plain, five = tmp_path / "plain.zarr", tmp_path / "five.zarr"
     run_prediction(cfg, plain, steps=1, **PERIOD)
@@ -140,8 +146,101 @@ def test_pairs_control_and_further_members(run: Path, tmp_path: Path) -> None:
         np.testing.assert_array_equal(b[var].isel(number=0).values, a[var].values, err_msg=var)
         np.testing.assert_array_equal(c[var].values, b[var].isel(number=[3, 4]).values, err_msg=var)
     z = b["geopotential"].values[:, 0]  # (time, number, level, lat, lon) at 6 h
-    plus, minus, control = z[:, 1] - z[:, 0], z[:, 2] - z[:, 0], z[:, 0]
+    plus, minus = z[:, 1] - z[:, 0], z[:, 2] - z[:, 0]
     assert np.abs(plus).max() > 0 and np.abs(z[:, 3] - z[:, 1]).max() > 0  # two different draws
-    # opposite perturbations grow (nearly) oppositely over one step of a smooth model
     assert np.abs(plus + minus).max() < 0.05 * np.abs(plus).max(), np.abs(plus + minus).max()
-    assert np.isfinite(control).all()
+
+    truth = run / "data.zarr"
+    assert (
+        main(
+            ["score", str(five), "--truth", str(truth), "--against", str(plain), "--out", str(tmp_path / "s")]
+        )
+        == 0
+    )
+    assert "forecast against plain" in capsys.readouterr().out
+    rows = json.loads((tmp_path / "s.json").read_text())
+    crps = {(r["variable"], r["level"]): r for r in rows["comparisons"] if r["metric"] == "crps"}
+    mine = {(r["variable"], r["level"]): r["value"] for r in rows["scores"]
+            if r["metric"] == "crps" and r["model"] == "forecast" and r["region"] == "global"}  # fmt: skip
+    row = crps[("geopotential", 500)]
+    assert row["against"] == "plain" and row["lower"] <= row["value"] <= row["upper"]
+    t = xr.open_zarr(truth, chunks=None)["geopotential"].sel(level=500)
+    fc = a["geopotential"].sel(level=500).isel(prediction_timedelta=0)
+    valid = fc["time"].values + fc["prediction_timedelta"].values
+    w = latitude_weights(fc["latitude"].values)[:, None]
+    mae = np.mean([(np.abs(fc.values[i] - t.sel(time=v).values) * w).mean() for i, v in enumerate(valid)])
+    assert math.isclose(row["value"], mine[("geopotential", 500)] - mae, rel_tol=1e-5), (row["value"], mae)
+
+
+def _write_config(run: Path, tmp_path: Path) -> Path:
+    import yaml
+
+    config = tmp_path / "config.yaml"
+    config.write_text(yaml.safe_dump(_config(run, (1, 1))))
+    return config
+
+
+def _predict_argv(config: Path, out: Path, *extra: str, period: bool = True) -> list[str]:
+    argv = ["predict", str(config), "training.steps=1000", "--steps", "1", "--out", str(out)]
+    if period:
+        argv += ["--first-init", PERIOD["start"], "--last-init", PERIOD["end"], "--max-inits", "2"]
+    return argv + list(extra)
+
+
+LAGGED = ["--members", "4", "--perturb", "lagged"]
+BAD = [
+    (["--members", "4", "--perturb", "gaussian", "--amplitude", "-0.1"], "--amplitude -0.1: must be"),
+    ([*LAGGED, "--first-init", "2020-01-01T00", "--last-init", "2020-01-01T06"],
+     "member 1 is the forecast from 1 × 6 h before init 2020-01-01T00"),
+    ([*LAGGED, "--first-member", "60"], "member 60 is the forecast from 60 × 6 h before init 2020-01-11T00"),
+    (["--members", "3", "--first-member", "1", "--perturb", "correlated", "--pairs"],
+     "--pairs: perturbed members come in ± pairs from member 0; --members 3 --first-member 1 would split"),
+    (["--members", "2", "--perturb", "bred", "--init", "analysis.nc"], "--perturb bred makes its members"),
+    (["--members", "3"], "or perturb their initial states (--perturb gaussian|correlated|bred|lagged"),
+    (["--members", "2", "--amplitude", "0.1"], "--amplitude is a setting of --perturb; add --perturb"),
+    (["--perturb", "gaussian"], "--perturb gaussian perturbs an ensemble's members; add --members N"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("extra", "words"), BAD)
+def test_bad_requests_get_one_line_and_write_nothing(run: Path, tmp_path: Path, capsys, extra, words) -> None:
+    from jigsaw_earth.cli import main
+
+    out = tmp_path / "fc.zarr"
+    argv = _predict_argv(_write_config(run, tmp_path), out, *extra, period="--init" not in extra)
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
+    assert not list(tmp_path.glob("fc.zarr*"))
+
+
+def test_calibrate_writes_the_settings_predict_reads(run: Path, tmp_path: Path, capsys) -> None:
+    """``ensemble calibrate`` sweeps, refines around the best amplitude, prints the table and writes the
+    choice; ``predict --perturb`` with those settings is the forecast with that ``--amplitude``."""
+    from jigsaw_earth.cli import main
+    from jigsaw_earth.inference.perturb import resolve
+
+    config, settings = _write_config(run, tmp_path), tmp_path / "gaussian.json"
+    argv = ["ensemble", "calibrate", str(config), "training.steps=1000", "--perturb", "gaussian", "--pairs",
+            "--members", "2", "--lead-hours", "6", "--amplitudes", "0.02", "0.2",
+            "--fields", "geopotential@500", "temperature@850", "--first-init", PERIOD["start"],
+            "--last-init", PERIOD["end"], "--max-inits", "3", "--out", str(settings)]  # fmt: skip
+    assert main(argv) == 0, capsys.readouterr().err
+    out = capsys.readouterr().out
+    chosen = json.loads(settings.read_text())
+    assert chosen["scheme"] == "gaussian" and chosen["pairs"] is True
+    amplitudes = [r["amplitude"] for r in chosen["calibration"]["table"]]
+    assert len(amplitudes) == 3 and math.isclose(amplitudes[1], math.sqrt(0.02 * 0.2))  # refined once
+    assert "geopotential@500 spread/skill" in out and "<- chosen" in out and f"wrote {settings}" in out
+    best = min(chosen["calibration"]["table"], key=lambda r: r["objective"])
+    assert chosen["amplitude"] == best["amplitude"]
+    a, b = tmp_path / "a.zarr", tmp_path / "b.zarr"
+    common = ["--members", "2", "--perturb", "gaussian"]
+    assert main(_predict_argv(config, a, *common, "--perturb-settings", str(settings))) == 0
+    assert main(_predict_argv(config, b, *common, "--pairs", "--amplitude", str(chosen["amplitude"]))) == 0
+    np.testing.assert_array_equal(_open(a)["geopotential"].values, _open(b)["geopotential"].values)
+    # a calibration in the run directory is predict's default for that scheme
+    cfg = parse_config({**_config(run, (1, 1)), "run": {"dir": str(tmp_path), "seed": 1}})
+    (tmp_path / "perturb-gaussian.json").write_text(settings.read_text())
+    assert resolve(cfg, "gaussian", {}).amplitude == chosen["amplitude"]
+    assert resolve(cfg, "gaussian", {"amplitude": 0.5}).amplitude == 0.5
