@@ -93,6 +93,7 @@ def test_member_draws_pairs_control_and_lags() -> None:
     assert [both.draw(m) for m in range(6)] == [None, (0, 1.0), (0, -1.0), (1, 1.0), (1, -1.0), (2, 1.0)]
     lagged = Perturbation("lagged", 1.0)
     assert [lagged.draw(m) for m in range(3)] == [None, (1, 1.0), (2, 1.0)]
+    assert Perturbation("bred", 2.0).describe()["scale"] == "tendency"
     assert lagged.describe() == {"scheme": "lagged", "amplitude": 1.0, "pairs": False, "control": False,
                                  "lag_hours": 0}  # fmt: skip
 
@@ -101,6 +102,7 @@ def test_member_draws_pairs_control_and_lags() -> None:
     ("p", "total", "first", "init", "words"),
     [
         (Perturbation("gaussian", -0.1), 4, 0, False, "--amplitude -0.1: must be positive"),
+        (Perturbation("gaussian", 0.1, scale="var"), 4, 0, False, "--scale 'var': choose tendency or std"),
         (Perturbation("correlated", float("nan")), 4, 0, False, "--amplitude nan: must be positive"),
         (Perturbation("bred", 0.1), 4, 0, True, "--perturb bred makes its members from data.store's earlier"),
         (Perturbation("lagged", 1.0), 4, 0, True, "--perturb lagged makes its members from data.store's"),

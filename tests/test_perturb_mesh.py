@@ -27,9 +27,9 @@ from tests.test_predict_scale import PERIOD, _config, _make_store
 
 #: every scheme, with the options that change its fields (pairs and the control where it has them)
 SCHEMES = {
-    "gaussian": Perturbation("gaussian", 0.1, pairs=True, control=True),
-    "correlated": Perturbation("correlated", 0.2, pairs=True, length_scale_km=2000.0),
-    "bred": Perturbation("bred", 0.2, control=True, bred_cycles=2),
+    "gaussian": Perturbation("gaussian", 2.0, pairs=True, control=True),
+    "correlated": Perturbation("correlated", 0.2, pairs=True, scale="std", length_scale_km=2000.0),
+    "bred": Perturbation("bred", 4.0, control=True, bred_cycles=2),
     "lagged": Perturbation("lagged", 1.0, lag_hours=12),
 }
 MEMBERS = {"gaussian": 5, "correlated": 4, "bred": 3, "lagged": 3}
@@ -136,7 +136,7 @@ def test_pairs_control_further_members_and_the_paired_crps(run: Path, tmp_path: 
     cfg = parse_config(_config(run, (1, 1)))
     plain, five = tmp_path / "plain.zarr", tmp_path / "five.zarr"
     run_prediction(cfg, plain, steps=1, **PERIOD)
-    p = Perturbation("gaussian", 0.01, pairs=True, control=True).with_defaults(6)
+    p = Perturbation("gaussian", 0.01, pairs=True, control=True, scale="std").with_defaults(6)
     run_prediction(cfg, five, steps=1, members=5, perturb=p, **PERIOD)
     more = tmp_path / "more.zarr"
     run_prediction(cfg, more, steps=1, members=2, first_member=3, perturb=p, **PERIOD)

@@ -5,6 +5,7 @@ validation inits, print the table and write the choice for ``predict --perturb``
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from ..config import load_config
@@ -33,7 +34,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         nargs="+",
         type=float,
         metavar="A",
-        help="the coarse sweep (default 0.01 0.03 0.1 0.3 1; lagged 0.25 … 2)",
+        help="the coarse sweep (default 0.1 0.3 1 3 10; --scale std 0.01 … 1; lagged 0.25 … 2)",
     )
     c.add_argument("--members", type=int, default=8, help="ensemble size (default 8)")
     c.add_argument("--lead-hours", type=int, default=24, help="the lead judged (default 24)")
@@ -77,7 +78,8 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from ..inference.calibrate import calibrate, format_table, settings
-    from ..inference.perturb import DEFAULT_AMPLITUDE, settings_path
+    from ..inference.perturb import settings_path
+    from ..inference.progress import Stopped
     from ..mesh_setup import world_size_from_env
 
     cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
         raise ValueError(
             "--amplitude is what calibrate chooses; give the sweep with --amplitudes (or leave it)"
         )
-    args.amplitude = DEFAULT_AMPLITUDE[args.perturb]  # a placeholder: the sweep sets it
+    args.amplitude = 1.0  # a placeholder: the sweep sets it
     base = perturbation_from_args(args, cfg)
     out = args.out or settings_path(cfg, args.perturb)
     check_json(out, "--out", *KEYS, protected=(("data store data.store", cfg.data.store),))
@@ -94,22 +96,27 @@ def run(args: argparse.Namespace) -> int:
     start, end = args.start or period[0], args.end or period[-1]
     if not start or not end:
         raise ValueError("give --first-init and --last-init (the config has no data.val_period)")
-    result = calibrate(
-        cfg,
-        base,
-        amplitudes=args.amplitudes,
-        members=args.members,
-        lead_hours=args.lead_hours,
-        by=args.by,
-        fields=args.fields,
-        start=start,
-        end=end,
-        every_hours=args.every_hours,
-        max_inits=args.max_inits,
-        seed=args.seed,
-        checkpoint=args.checkpoint,
-        batch_size=args.batch_size,
-    )
+    try:
+        result = calibrate(
+            cfg,
+            base,
+            amplitudes=args.amplitudes,
+            members=args.members,
+            lead_hours=args.lead_hours,
+            by=args.by,
+            fields=args.fields,
+            start=start,
+            end=end,
+            every_hours=args.every_hours,
+            max_inits=args.max_inits,
+            seed=args.seed,
+            checkpoint=args.checkpoint,
+            batch_size=args.batch_size,
+        )
+    except Stopped as err:
+        if rank == 0:
+            print(f"jigsaw-earth ensemble: {err}; nothing was written", file=sys.stderr)
+        return err.exit_code
     if rank == 0:
         print(format_table(result))
         write_json(out, settings(result, args.checkpoint), "--out", *KEYS)

@@ -12,13 +12,14 @@ if TYPE_CHECKING:
 __all__ = ["OPTIONS", "add_perturb_arguments", "perturbation_from_args"]
 
 #: dest → option, for the settings of a scheme (None when not given)
-OPTIONS = {"amplitude": "--amplitude", "length_scale_km": "--length-scale", "bred_cycles": "--bred-cycles",
-           "bred_cycle_hours": "--bred-cycle-hours", "lag_hours": "--lag-hours"}  # fmt: skip
+OPTIONS = {"amplitude": "--amplitude", "scale": "--scale", "length_scale_km": "--length-scale",
+           "bred_cycles": "--bred-cycles", "bred_cycle_hours": "--bred-cycle-hours",
+           "lag_hours": "--lag-hours"}  # fmt: skip
 
 
 def add_perturb_arguments(p: argparse.ArgumentParser, scheme_required: bool = False) -> None:
     """``--perturb SCHEME`` and its settings (docs/ensembles.md, "Ensembles from any model")."""
-    from ..inference.perturb import SCHEMES
+    from ..inference.perturb import SCALES, SCHEMES
 
     g = p.add_argument_group("perturbed initial conditions (any model; docs/ensembles.md)")
     g.add_argument(
@@ -26,9 +27,15 @@ def add_perturb_arguments(p: argparse.ArgumentParser, scheme_required: bool = Fa
         help=f"perturb each member's initial state: {', '.join(SCHEMES)} (with --members N)",
     )  # fmt: skip
     g.add_argument(
-        "--amplitude", type=float, metavar="A",
-        help="RMS of the perturbation in standard deviations of each variable (lagged: a multiple of the "
-        "lag difference); default: the calibration's (RUN_DIR/perturb-SCHEME.json), else the scheme's",
+        "--amplitude",
+        type=float,
+        metavar="A",
+        help="RMS of the perturbation in units of each variable (--scale; lagged: a multiple of the lag "
+        "difference); default: the calibration's (RUN_DIR/perturb-SCHEME.json), else 1",
+    )
+    g.add_argument(
+        "--scale", choices=SCALES,
+        help="a variable's unit: tendency, the std of its one-step change (default), or std, its std",
     )  # fmt: skip
     g.add_argument("--length-scale", dest="length_scale_km", type=float, metavar="KM",
                    help="correlated: the field's length scale in km (default 1000)")  # fmt: skip

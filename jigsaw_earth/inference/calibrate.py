@@ -34,11 +34,11 @@ BY = ("spread-skill", "crps")
 METRICS = ("spread_skill", "crps", "rmse", "ensemble_stddev")
 
 
-def default_amplitudes(scheme: str) -> list[float]:
-    """The coarse sweep of a scheme (standard deviations; lagged: multiples of the lag difference)."""
+def default_amplitudes(scheme: str, scale: str = "tendency") -> list[float]:
+    """The coarse sweep of a scheme (in units of ``scale``; lagged: multiples of the lag difference)."""
     if scheme == "lagged":
         return [0.25, 0.5, 1.0, 1.5, 2.0]
-    return [0.01, 0.03, 0.1, 0.3, 1.0]
+    return [0.01, 0.03, 0.1, 0.3, 1.0] if scale == "std" else [0.1, 0.3, 1.0, 3.0, 10.0]
 
 
 @dataclass
@@ -104,7 +104,7 @@ def calibrate(cfg: TrainConfig, base: Perturbation, *, amplitudes: list[float] |
             f"--members {members}: an ensemble's spread needs at least 2 members; e.g. --members 8"
         )
     fields = list(fields or cfg.validation.variables)
-    sweep = list(amplitudes or default_amplitudes(base.scheme))
+    sweep = list(amplitudes or default_amplitudes(base.scheme, base.scale))
     for a in sweep:
         if not (math.isfinite(a) and a > 0):
             raise ValueError(

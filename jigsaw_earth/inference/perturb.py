@@ -4,18 +4,20 @@ A ``Perturbation`` is the request: the scheme, its amplitude and settings, ± pa
 member 0. Which perturbation a member gets is a pure function of its global number (``draw``), so a
 member is the same in any run that holds it (``--first-member K`` continues an ensemble); its field is a
 function of ``(seed, draw, init time, global grid index)`` only (``perturb_fields.py`` makes it on each
-rank's tile). Perturbations are added to the normalised initial state, where one unit is one standard
-deviation of that variable and level:
+rank's tile). Perturbations are added to the normalised initial state in units of each variable and
+level (``scale``): ``tendency`` (default), the standard deviation of its one-step (6-hour) change, or
+``std``, its standard deviation:
 
-* ``gaussian``: white noise, ``amplitude`` standard deviations at every point;
+* ``gaussian``: white noise, ``amplitude`` units at every point;
 * ``correlated``: a Gaussian random field on the sphere of unit variance and a Gaussian angular power
-  spectrum of ``length_scale_km`` (``sphere_field.py``), times ``amplitude``, independent per channel;
+  spectrum of ``length_scale_km`` (``sphere_field.py``), times ``amplitude`` units, independent per
+  channel;
 * ``bred``: a Gaussian start grown by the model over ``bred_cycles`` cycles of ``bred_cycle_hours``
   ending at the init, each cycle's growth rescaled to an area-weighted RMS (WB2 latitude weights, every
-  channel, in standard deviations) of ``amplitude``;
+  channel, in units) of ``amplitude``;
 * ``lagged``: member ``m`` is the forecast from ``m × lag_hours`` before the init, valid at the init:
   the perturbation is ``amplitude × (that forecast − the init's state)`` (``amplitude`` 1: the plain
-  lagged ensemble). Member 0 is the init itself.
+  lagged ensemble; ``scale`` does not apply). Member 0 is the init itself.
 
 Member numbers: with ``control`` member 0 is unperturbed and members ``1, 2, …`` take draws ``0, 1, …``;
 with ``pairs`` consecutive perturbed members take the same draw with ``+`` and ``−`` (``draw``).
@@ -37,12 +39,13 @@ import numpy as np
 from ..config.schema import TrainConfig
 
 __all__ = [
-    "DEFAULT_AMPLITUDE",
+    "SCALES",
     "SCHEMES",
     "SETTINGS_KIND",
     "Perturbation",
     "check_history",
     "check_perturbation",
+    "default_amplitude",
     "earlier_times",
     "read_settings",
     "resolve",
@@ -52,8 +55,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 SCHEMES = ("gaussian", "correlated", "bred", "lagged")
-#: amplitudes used when neither the command line nor a calibration gives one
-DEFAULT_AMPLITUDE = {"gaussian": 0.05, "correlated": 0.1, "bred": 0.1, "lagged": 1.0}
+SCALES = ("tendency", "std")  # a perturbation's unit per channel: its 6-hour change's std, or its std
 SETTINGS_KIND = "jigsaw-earth perturbation"
 
 
@@ -65,6 +67,7 @@ class Perturbation:
     amplitude: float
     pairs: bool = False
     control: bool = False
+    scale: str = "tendency"  # gaussian, correlated, bred
     length_scale_km: float = 1000.0  # correlated
     bred_cycles: int = 3  # bred
     bred_cycle_hours: int = 0
@@ -87,14 +90,20 @@ class Perturbation:
 
     def describe(self) -> dict[str, Any]:
         """The settings that decide the fields (JSON), only the scheme's own."""
-        own = {"correlated": ("length_scale_km",), "bred": ("bred_cycles", "bred_cycle_hours"),
-               "lagged": ("lag_hours",)}.get(self.scheme, ())  # fmt: skip
+        own = {"gaussian": ("scale",), "correlated": ("scale", "length_scale_km"), "lagged": ("lag_hours",),
+               "bred": ("scale", "bred_cycles", "bred_cycle_hours")}[self.scheme]  # fmt: skip
         keep = ("scheme", "amplitude", "pairs", "control", *own)
         return {k: v for k, v in asdict(self).items() if k in keep}
 
     def text(self) -> str:
         """One line for logs and tables."""
         return ", ".join(f"{k} {v}" for k, v in self.describe().items())
+
+
+def default_amplitude(scheme: str, scale: str = "tendency") -> float:
+    """The amplitude when neither the command line nor a calibration gives one: one unit of ``tendency``
+    (a 6-hour change), 0.05 of ``std``, the plain lagged ensemble."""
+    return 0.05 if scale == "std" and scheme != "lagged" else 1.0
 
 
 def settings_path(cfg: TrainConfig, scheme: str) -> Path:
@@ -125,16 +134,17 @@ def resolve(cfg: TrainConfig, scheme: str, given: dict[str, Any], settings: str 
     calibration's settings (``settings``, or ``settings_path`` if it exists) over the defaults."""
     if scheme not in SCHEMES:
         raise ValueError(f"--perturb {scheme!r} is not one of {', '.join(SCHEMES)}")
-    values: dict[str, Any] = {"scheme": scheme, "amplitude": DEFAULT_AMPLITUDE[scheme]}
+    values: dict[str, Any] = {"scheme": scheme}
     path = Path(settings) if settings is not None else settings_path(cfg, scheme)
     if settings is not None or path.is_file():
         values.update(read_settings(path, scheme))
         log.info("--perturb %s: settings of %s", scheme, path)
-    elif given.get("amplitude") is None:
+    values.update({k: v for k, v in given.items() if v is not None})
+    if "amplitude" not in values:
+        values["amplitude"] = default_amplitude(scheme, values.get("scale", "tendency"))
         log.warning("--perturb %s: no calibration at %s; amplitude %g (uncalibrated): run `jigsaw-earth "
                     "ensemble calibrate CONFIG --perturb %s` or give --amplitude", scheme, path,
                     values["amplitude"], scheme)  # fmt: skip
-    values.update({k: v for k, v in given.items() if v is not None})
     return Perturbation(**values).with_defaults(cfg.data.step_hours)
 
 
@@ -144,15 +154,17 @@ def check_perturbation(p: Perturbation, total: int, first: int, step_hours: int,
     store's earlier analyses with ``--init``."""
     if not (math.isfinite(p.amplitude) and p.amplitude > 0):
         raise ValueError(
-            f"--amplitude {p.amplitude}: must be positive (the perturbation's size in standard deviations "
-            f"of each variable; lagged: a multiple of the lag difference); e.g. --amplitude "
-            f"{DEFAULT_AMPLITUDE[p.scheme]}"
+            f"--amplitude {p.amplitude}: must be positive (the perturbation's size in units of each "
+            f"variable, --scale; lagged: a multiple of the lag difference); e.g. --amplitude "
+            f"{default_amplitude(p.scheme, p.scale)}"
         )
     if p.scheme in ("bred", "lagged") and from_analysis:
         raise ValueError(
             f"--perturb {p.scheme} makes its members from data.store's earlier analyses; --init gives only "
             f"its own states: use --perturb gaussian or correlated with --init"
         )
+    if p.scale not in SCALES:
+        raise ValueError(f"--scale {p.scale!r}: choose {' or '.join(SCALES)}")
     if p.scheme == "lagged" and p.pairs:
         raise ValueError(
             "--pairs: a lagged member is an earlier forecast, with no opposite; leave --pairs out"

@@ -56,6 +56,10 @@ class Perturber:
         self.p, self.ens, self.data, self.step = p, ens, data, step
         self.channels = len(data.channels)
         self.grid = (data.grid.n_lat, data.grid.n_lon)
+        unit = data.tendency_std if p.scale == "tendency" else torch.ones(self.channels)
+        self.unit = unit.to(data.mesh.device).view(
+            1, -1, 1, 1
+        )  # each channel's unit (``Perturbation.scale``)
         self.field: TileField | None = None
         if p.scheme == "correlated":
             l_max = degree_cutoff(p.length_scale_km, *self.grid)
@@ -86,7 +90,7 @@ class Perturber:
         elif self.p.scheme == "bred":
             made = self._bred(wanted, inits, samples, state.device)
         else:
-            made = {k: self.p.amplitude * self._random(k, samples, state.device) for k in wanted}
+            made = {k: self.p.amplitude * self.unit * self._random(k, samples, state.device) for k in wanted}
         out = state.clone()
         for i, m in enumerate(self.ens.mine):
             if draws[m] is not None:
@@ -96,10 +100,10 @@ class Perturber:
 
     # ------------------------------------------------------------------------------ bred vectors
     def _norm(self, x: torch.Tensor) -> torch.Tensor:
-        """Area-weighted RMS ``(N, 1, 1, 1)`` of each row over every channel and the whole globe (one
-        all-reduce over the domain)."""
+        """Area-weighted RMS ``(N, 1, 1, 1)`` in units of each row over every channel and the whole globe
+        (one all-reduce over the domain)."""
         w = self.data.lat_weights.to(x.device).view(1, 1, -1, 1)
-        local = (x * x * w).sum(dim=(1, 2, 3))
+        local = ((x / self.unit) ** 2 * w).sum(dim=(1, 2, 3))
         with comm_site("predict.perturb"):
             total = all_reduce(local, self.data.mesh.domain)
         count = self.channels * self.grid[0] * self.grid[1]
@@ -127,7 +131,7 @@ class Perturber:
               ) -> dict[int, torch.Tensor]:  # fmt: skip
         """Each draw's bred vector ``(B, C, h, w)`` valid at the inits, of norm ``amplitude``."""
         p, b, a = self.p, len(inits), self.p.amplitude
-        delta = torch.cat([self._random(k, samples, device) for k in draws])
+        delta = torch.cat([self._random(k, samples, device) for k in draws]) * self.unit
         delta = a * delta / self._norm(delta)
         steps = p.bred_cycle_hours // self.data.step_hours
         for c in range(p.bred_cycles, 0, -1):  # the cycle that ends c - 1 cycles before the init
