@@ -230,7 +230,7 @@ def test_calibrate_writes_the_settings_predict_reads(run: Path, tmp_path: Path, 
     chosen = json.loads(settings.read_text())
     assert chosen["scheme"] == "gaussian" and chosen["pairs"] is True
     amplitudes = [r["amplitude"] for r in chosen["calibration"]["table"]]
-    assert len(amplitudes) == 3 and math.isclose(amplitudes[1], math.sqrt(0.02 * 0.2))  # refined once
+    assert len(amplitudes) >= 3 and any(math.isclose(a, math.sqrt(0.02 * 0.2)) for a in amplitudes)
     assert "geopotential@500 spread/skill" in out and "<- chosen" in out and f"wrote {settings}" in out
     best = min(chosen["calibration"]["table"], key=lambda r: r["objective"])
     assert chosen["amplitude"] == best["amplitude"]

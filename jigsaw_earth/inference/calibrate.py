@@ -3,9 +3,12 @@
 For each amplitude of a sweep, ``predict --members N --perturb SCHEME --score`` runs on validation inits
 (scored as it runs, nothing written) and the chosen fields are scored at one lead: the spread/skill
 ratio (WB2's ensemble standard deviation over the ensemble mean's RMSE) and the CRPS, with their
-intervals. The sweep is a coarse geometric list, then the geometric midpoints on either side of the best
-one (``refine``). The best amplitude has the mean ``|log spread/skill|`` over the fields closest to 0
+intervals. The best amplitude has the mean ``|log spread/skill|`` over the fields closest to 0
 (``by="spread-skill"``), or the lowest mean CRPS relative to each field's lowest (``by="crps"``). The
+sweep is a coarse geometric list, then the geometric midpoints on either side of the best one, then one
+amplitude aimed at the optimum (``aim``): where the mean ``log spread/skill`` crosses 0 between two
+neighbours (interpolated in ``log amplitude``), or the vertex of the parabola through the best CRPS and
+its neighbours. The
 choice, its settings and the table go to a JSON file that ``predict --perturb SCHEME`` reads
 (``perturb.settings_path``).
 """
@@ -26,7 +29,7 @@ from .perturb import SETTINGS_KIND, Perturbation
 from .predict import run_prediction
 from .scoring import ScoreRequest
 
-__all__ = ["BY", "Calibration", "calibrate", "default_amplitudes", "format_table", "settings"]
+__all__ = ["BY", "Calibration", "aim", "calibrate", "default_amplitudes", "format_table", "settings"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +83,25 @@ def _objective(rows: list[dict[str, Any]], fields: list[str], by: str) -> None:
             r["objective"] = float(np.mean([r[f]["crps"] / best[f] for f in fields]))
 
 
+def aim(rows: list[dict[str, Any]], fields: list[str], by: str) -> list[float]:
+    """One amplitude where the optimum lies between the sampled ones (none if it does not)."""
+    rows = sorted(rows, key=lambda r: r["amplitude"])
+    x = [math.log(r["amplitude"]) for r in rows]
+    if by == "spread-skill":
+        y = [float(np.mean([math.log(max(r[f]["spread_skill"], 1e-12)) for f in fields])) for r in rows]
+        for i in range(len(rows) - 1):
+            if y[i] < 0 <= y[i + 1] or y[i] > 0 >= y[i + 1]:
+                return [math.exp(x[i] - y[i] * (x[i + 1] - x[i]) / (y[i + 1] - y[i]))]
+        return []
+    i = min(range(len(rows)), key=lambda k: rows[k]["objective"])
+    if 0 < i < len(rows) - 1:
+        xs, ys = x[i - 1 : i + 2], [r["objective"] for r in rows[i - 1 : i + 2]]
+        a, b, _ = np.polyfit(xs, ys, 2)
+        if a > 0 and xs[0] < -b / (2 * a) < xs[2]:
+            return [math.exp(-b / (2 * a))]
+    return []
+
+
 def refine(amplitudes: list[float], best: float) -> list[float]:
     """The geometric midpoints between ``best`` and its neighbours in the sorted sweep."""
     a = sorted(amplitudes)
@@ -119,7 +141,7 @@ def calibrate(cfg: TrainConfig, base: Perturbation, *, amplitudes: list[float] |
     level = progress_log.level
     progress_log.setLevel(logging.ERROR)  # each forecast is scored as it runs and redone if stopped
     try:
-        for stage in range(2):
+        for stage in range(3):
             for a in sweep:
                 if any(math.isclose(a, r["amplitude"]) for r in rows):
                     continue
@@ -136,7 +158,7 @@ def calibrate(cfg: TrainConfig, base: Perturbation, *, amplitudes: list[float] |
                     log.info("amplitude %g: %s", a, _line(rows[-1], fields))
             _objective(rows, fields, by)
             best = min(rows, key=lambda r: r["objective"])["amplitude"]
-            sweep = refine([r["amplitude"] for r in rows], best) if stage == 0 else []
+            sweep = refine([r["amplitude"] for r in rows], best) if stage == 0 else aim(rows, fields, by)
     finally:
         progress_log.setLevel(level)
         if dist.is_initialized():
