@@ -30,7 +30,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ __all__ = [
     "check_perturbation",
     "default_amplitude",
     "earlier_times",
+    "log_choice",
     "read_settings",
     "resolve",
     "settings_path",
@@ -57,6 +58,7 @@ log = logging.getLogger(__name__)
 SCHEMES = ("gaussian", "correlated", "bred", "lagged")
 SCALES = ("tendency", "std")  # a perturbation's unit per channel: its 6-hour change's std, or its std
 SETTINGS_KIND = "jigsaw-earth perturbation"
+UNCALIBRATED = "uncalibrated amplitude"
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Perturbation:
     bred_cycles: int = 3  # bred
     bred_cycle_hours: int = 0
     lag_hours: int = 0  # lagged
+    source: str = field(default="", compare=False)  # where the settings came from (logs only)
 
     def with_defaults(self, step_hours: int) -> Perturbation:
         """Hours left at 0 set to one model step."""
@@ -137,15 +140,22 @@ def resolve(cfg: TrainConfig, scheme: str, given: dict[str, Any], settings: str 
     values: dict[str, Any] = {"scheme": scheme}
     path = Path(settings) if settings is not None else settings_path(cfg, scheme)
     if settings is not None or path.is_file():
-        values.update(read_settings(path, scheme))
-        log.info("--perturb %s: settings of %s", scheme, path)
+        values.update(read_settings(path, scheme), source=f"settings of {path}")
     values.update({k: v for k, v in given.items() if v is not None})
     if "amplitude" not in values:
         values["amplitude"] = default_amplitude(scheme, values.get("scale", "tendency"))
-        log.warning("--perturb %s: no calibration at %s; amplitude %g (uncalibrated): run `jigsaw-earth "
-                    "ensemble calibrate CONFIG --perturb %s` or give --amplitude", scheme, path,
-                    values["amplitude"], scheme)  # fmt: skip
+        values["source"] = f"{UNCALIBRATED} (no {path})"
     return Perturbation(**values).with_defaults(cfg.data.step_hours)
+
+
+def log_choice(p: Perturbation) -> None:
+    """One line saying which perturbation the members get and where its settings came from (a warning
+    when its amplitude is nobody's choice)."""
+    if p.source.startswith(UNCALIBRATED):
+        log.warning("--perturb %s: %s, %s: run `jigsaw-earth ensemble calibrate CONFIG --perturb %s` or "
+                    "give --amplitude", p.scheme, p.text(), p.source, p.scheme)  # fmt: skip
+    else:
+        log.info("members perturbed: %s%s", p.text(), f" ({p.source})" if p.source else "")
 
 
 def check_perturbation(p: Perturbation, total: int, first: int, step_hours: int, from_analysis: bool) -> None:

@@ -50,7 +50,7 @@ from .forecast_store import KIND, ForecastLayout, store_chunks
 from .formats import check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
-from .perturb import Perturbation, check_history, check_perturbation
+from .perturb import Perturbation, check_history, check_perturbation, log_choice
 from .progress import Progress, forecast_request
 from .rollout import Rollout, run_batches
 from .scoring import ScoreRequest, TileScorer
@@ -290,6 +290,8 @@ def _predict(
         init_times = inits = analysis.times
     if perturb is not None and ens is not None:  # the earlier analyses bred and lagged members need
         check_history(perturb, range(ens.first, ens.first + ens.total), data.times, inits)
+        if mesh.rank == 0:
+            log_choice(perturb)
     total = None if ens is None else ens.total
     layout = _layout(data, init_times, selection, total, 0 if ens is None else ens.first)
     check_format(fmt, template, layout)
