@@ -5,7 +5,8 @@ For each amplitude of a sweep, ``predict --members N --perturb SCHEME --score`` 
 ratio (WB2's ensemble standard deviation over the ensemble mean's RMSE) and the CRPS, with their
 intervals. The best amplitude has the mean ``|log spread/skill|`` over the fields closest to 0
 (``by="spread-skill"``), or the lowest mean CRPS relative to each field's lowest (``by="crps"``). The
-sweep is a coarse geometric list, then the geometric midpoints on either side of the best one, then one
+sweep is a coarse geometric list, then the geometric midpoints on either side of the best one (and a
+step beyond it when it is at an end of the sweep), then one
 amplitude aimed at the optimum (``aim``): where the mean ``log spread/skill`` crosses 0 between two
 neighbours (interpolated in ``log amplitude``), or the vertex of the parabola through the best CRPS and
 its neighbours. The
@@ -103,10 +104,16 @@ def aim(rows: list[dict[str, Any]], fields: list[str], by: str) -> list[float]:
 
 
 def refine(amplitudes: list[float], best: float) -> list[float]:
-    """The geometric midpoints between ``best`` and its neighbours in the sorted sweep."""
+    """The geometric midpoints between ``best`` and its neighbours in the sorted sweep, and a third of or
+    three times ``best`` where it is the sweep's smallest or largest (the optimum may lie beyond)."""
     a = sorted(amplitudes)
     i = a.index(best)
-    return [math.sqrt(a[j] * best) for j in (i - 1, i + 1) if 0 <= j < len(a)]
+    out = [math.sqrt(a[j] * best) for j in (i - 1, i + 1) if 0 <= j < len(a)]
+    if i == 0:
+        out.append(best / 3)
+    if i == len(a) - 1:
+        out.append(best * 3)
+    return out
 
 
 def calibrate(cfg: TrainConfig, base: Perturbation, *, amplitudes: list[float] | None = None,
@@ -201,6 +208,10 @@ def format_table(c: Calibration) -> str:
             cells.append(f"{r[f]['spread_skill']:>12.3f} [{lo:6.3f}, {hi:6.3f}]  {r[f]['crps']:>9.4g}")
         mark = "  <- chosen" if math.isclose(r["amplitude"], c.chosen.amplitude) else ""
         lines.append(f"{r['amplitude']:>10.4g}  " + "  ".join(cells) + f"  {r['objective']:9.4f}{mark}")
+    ends = (c.rows[0]["amplitude"], c.rows[-1]["amplitude"])
+    if any(math.isclose(c.chosen.amplitude, e) for e in ends):
+        lines.append(f"the chosen amplitude is at an end of the sweep: the optimum may lie beyond it (widen "
+                     f"--amplitudes, or for {c.chosen.scheme} try other settings)")  # fmt: skip
     return "\n".join(lines)
 
 
