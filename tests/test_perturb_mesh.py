@@ -244,3 +244,20 @@ def test_calibrate_writes_the_settings_predict_reads(run: Path, tmp_path: Path, 
     (tmp_path / "perturb-gaussian.json").write_text(settings.read_text())
     assert resolve(cfg, "gaussian", {}).amplitude == chosen["amplitude"]
     assert resolve(cfg, "gaussian", {"amplitude": 0.5}).amplitude == 0.5
+
+
+def test_a_lagged_member_is_the_earlier_forecast_valid_at_the_same_time(run: Path, tmp_path: Path) -> None:
+    """Lagged member 1 (lag 6 h, amplitude 1) of the init at 00 UTC, at 6 h, is the deterministic forecast
+    from 18 UTC the day before at 12 h: the earlier forecast, valid at the same times."""
+    cfg = parse_config(_config(run, (1, 1)))
+    earlier, lagged = tmp_path / "earlier.zarr", tmp_path / "lagged.zarr"
+    run_prediction(cfg, earlier, steps=2, start="2020-01-10T18", end="2020-01-10T18", every_hours=6)
+    p = Perturbation("lagged", 1.0).with_defaults(6)
+    run_prediction(cfg, lagged, steps=1, members=2, perturb=p, start="2020-01-11T00", end="2020-01-11T00")
+    a, b = _open(earlier), _open(lagged)
+    for var in a.data_vars:
+        x, y = (
+            a[var].isel(prediction_timedelta=1).values,
+            b[var].isel(number=1, prediction_timedelta=0).values,
+        )
+        np.testing.assert_allclose(y, x, rtol=1e-5, atol=1e-5 * np.abs(x).max(), err_msg=var)
