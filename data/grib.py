@@ -43,14 +43,14 @@ from jigsaw_earth.data.grib_messages import (
     scan,
 )
 from jigsaw_earth.data.store import ACCUMULATION_ATTR, canonical_name
+from jigsaw_earth.data.variables import VARIABLES
 
-__all__ = ["GRAVITY", "GRIB_SUFFIXES", "GribMessages", "eccodes_module", "is_grib"]
+__all__ = ["GRIB_SUFFIXES", "GribMessages", "eccodes_module", "is_grib"]
 
 log = logging.getLogger(__name__)
 
-GRAVITY = 9.80665  # m s-2, WMO's standard gravity: geopotential = g × geopotential height
-# shortNames holding a known variable in other units: shortName → (canonical name, factor)
-CONVERTED = {"gh": ("geopotential", GRAVITY)}
+# shortNames holding a known variable in other units: shortName → (canonical name, factor) (the table's)
+CONVERTED = {short: (v.name, factor) for v in VARIABLES for short, factor in v.scaled}
 
 
 @dataclass

@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 from jigsaw_earth.data.batch import Batch
-from jigsaw_earth.data.times import period_mask, sample_index, time_features
+from jigsaw_earth.data.times import evenly_spaced, period_mask, sample_index, time_features
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.mesh import DomainMesh
@@ -311,9 +311,7 @@ class TrainData:
                 f"the validation period holds no initialisation time with "
                 f"{lead_steps * self.step_hours} h of targets; widen data.val_period"
             )
-        if max_samples and len(idx) > max_samples:
-            idx = idx[np.linspace(0, len(idx) - 1, max_samples).round().astype(int)]
-        return idx
+        return evenly_spaced(idx, max_samples)
 
     def val_batches(self, lead_steps: int, max_samples: int, batch_size: int) -> Iterator[Batch]:
         """This replica's share (round-robin) of the validation inits, in batches."""

@@ -24,7 +24,9 @@ import numpy as np
 import xarray as xr
 import zarr
 import zarr.storage
+from jigsaw_earth.data.objects import is_object_url, zarr_object_store
 from jigsaw_earth.data.times import decode_times
+from jigsaw_earth.data.variables import VARIABLES, names_of
 
 __all__ = [
     "ACCUMULATED",
@@ -43,50 +45,21 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-UPPER_AIR_VARIABLES = (
-    "geopotential",
-    "temperature",
-    "u_component_of_wind",
-    "v_component_of_wind",
-    "specific_humidity",
-    "vertical_velocity",
-)
-SURFACE_VARIABLES = (
-    "2m_temperature",
-    "10m_u_component_of_wind",
-    "10m_v_component_of_wind",
-    "mean_sea_level_pressure",
-    "total_precipitation_6hr",
-    "total_precipitation",
-    "land_sea_mask",
-    "geopotential_at_surface",
-)
-STATIC_VARIABLES = ("land_sea_mask", "geopotential_at_surface")
-# Accumulated fields: canonical name -> accumulation period in hours (None: read it from the
-# variable's ``accumulation_hours`` attribute; ERA5 ``tp`` from the CDS is a 1-hour accumulation
-# whatever the time spacing of the file, so it maps to ``total_precipitation``, never ``_6hr``).
-ACCUMULATED: dict[str, int | None] = {"total_precipitation_6hr": 6, "total_precipitation": 1}
+# The variable lists and the naming table come from the one table of variables (``variables.py``).
+UPPER_AIR_VARIABLES = names_of("pressure")
+SURFACE_VARIABLES = names_of("surface", "static")
+STATIC_VARIABLES = names_of("static")
+# Accumulated fields: canonical name -> accumulation period in hours (see ``variables.py``).
+ACCUMULATED: dict[str, int | None] = {v.name: v.accumulation_hours for v in VARIABLES if v.accumulation_hours}
 ACCUMULATION_ATTR = "accumulation_hours"
 # THE naming table: canonical (WB2) name -> other names ERA5 files use (CDS netCDF short names,
-# GRIB shortNames, CMIP names). Upper-air aliases only match variables with a level dimension and
-# surface aliases only ones without, so ``z`` maps to geopotential in a pressure-level file and to
-# geopotential_at_surface in a single-level one (the CDS pair of files both hold ``z``; merging
-# them goes through this table, see ``prepare.open_source``).
+# GRIB shortNames, CMIP names), the variables' from ``variables.py``, then the coordinates'. Upper-air
+# aliases only match variables with a level dimension and surface aliases only ones without, so ``z``
+# maps to geopotential in a pressure-level file and to geopotential_at_surface in a single-level one
+# (the CDS pair of files both hold ``z``; merging them goes through this table, see
+# ``prepare.open_source``).
 ALIASES: dict[str, tuple[str, ...]] = {
-    "geopotential": ("z", "zg"),
-    "temperature": ("t", "ta"),
-    "u_component_of_wind": ("u", "ua"),
-    "v_component_of_wind": ("v", "va"),
-    "specific_humidity": ("q", "hus"),
-    "vertical_velocity": ("w", "wap"),
-    "2m_temperature": ("t2m", "2t", "tas"),
-    "10m_u_component_of_wind": ("u10", "10u", "uas"),
-    "10m_v_component_of_wind": ("v10", "10v", "vas"),
-    "mean_sea_level_pressure": ("msl", "psl", "prmsl"),  # prmsl: NCEP's GRIB shortName
-    "total_precipitation_6hr": ("tp6h", "tp_6hr"),
-    "total_precipitation": ("tp",),
-    "land_sea_mask": ("lsm", "sftlf"),
-    "geopotential_at_surface": ("z", "orog_geopotential", "zs"),
+    **{v.name: v.names for v in VARIABLES},
     "latitude": ("lat", "nav_lat", "y"),
     "longitude": ("lon", "nav_lon", "x"),
     "level": ("plev", "pressure_level", "isobaricInhPa", "lev", "pressure"),
@@ -143,11 +116,14 @@ def _is_url(path: str) -> bool:
 
 
 def open_store(path: str | Path, *, count: bool = False, read_only: bool = True) -> Any:
-    """A zarr store for a local path or any fsspec URL (``gs://``, ``memory://``, ...)."""
+    """A zarr store for a local path, a bucket URL (``s3://``, ``gs://``: ``objects.zarr_object_store``)
+    or any other fsspec URL (``memory://``, ...)."""
     text = str(path)
-    if _is_url(text) and not text.startswith("file://"):
+    if is_object_url(text):
+        store: Any = zarr_object_store(text, read_only=read_only)
+    elif _is_url(text) and not text.startswith("file://"):
         try:
-            store: Any = zarr.storage.FsspecStore.from_url(text, read_only=read_only)
+            store = zarr.storage.FsspecStore.from_url(text, read_only=read_only)
         except (ImportError, ValueError) as err:
             protocol = text.split("://", 1)[0]
             raise ValueError(
@@ -301,10 +277,6 @@ class StoreView:
     @property
     def grid_shape(self) -> tuple[int, int]:
         return len(self.lat), len(self.lon)
-
-    @property
-    def lat_descending_in_storage(self) -> bool:
-        return bool(np.all(self.lat_storage == np.arange(len(self.lat))))
 
     # ---- variables ------------------------------------------------------------------------
     def available(self) -> list[str]:

@@ -11,7 +11,7 @@ import re
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-__all__ = ["BYTE_UNITS", "parse_bytes", "parse_grid", "parse_ints", "parse_list"]
+__all__ = ["BYTE_UNITS", "one_input", "parse_bytes", "parse_grid", "parse_ints", "parse_list"]
 
 T = TypeVar("T")
 
@@ -67,3 +67,10 @@ def parse_list(
     except ValueError:
         eg = f", e.g. {example}" if example else ""
         raise ValueError(f"{what} {','.join(texts)!r}: write a comma list{eg}") from None
+
+
+def one_input(inputs: Sequence[object], command: str, what: str, example: str) -> None:
+    """A command that takes exactly one positional input (``bench io STORE``): an error naming how many
+    came, and ``example``, otherwise."""
+    if len(inputs) != 1:
+        raise ValueError(f"{command} takes one {what}, got {len(inputs)}: {example}")

@@ -136,7 +136,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_compile_parser(kinds)
 
     io = kinds.add_parser("io", help="a training sample per rank through the tile reader, against raw reads")
-    io.add_argument("inputs", nargs="*", type=Path, metavar="STORE", help="the Zarr store")
+    io.add_argument("inputs", nargs="*", metavar="STORE", help="the Zarr store (a path or a bucket URL)")
     io.add_argument("--mesh", default="2x2", metavar="LATxLON", help="the mesh (default 2x2)")
     io.add_argument(
         "--ranks",
@@ -150,7 +150,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="halo width read around each tile, across the pole (default 0: as training)",
     )
-    io.add_argument("--read-threads", type=int, default=2, help="the reader's threads (default 2)")
+    io.add_argument(
+        "--read-threads",
+        type=int,
+        help="the reader's threads (default 2; from a bucket: data.read_threads' auto, the requests in "
+        "flight)",
+    )
+    io.add_argument(
+        "--no-hedge",
+        action="store_true",
+        help="from a bucket: never send a slow request again (default: hedge)",
+    )
     io.add_argument(
         "--cache",
         choices=["warm", "cold", "both"],

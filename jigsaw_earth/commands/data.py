@@ -99,7 +99,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     r = dsub.add_parser("prepare", help="convert a WB2-layout store or netCDF folder to the training layout")
     r.add_argument("src", help="Zarr store (path or fsspec URL), netCDF/GRIB file, or a folder/glob of them")
-    r.add_argument("--out", required=True, type=Path, help="training store to write (local path)")
+    r.add_argument(
+        "--out", required=True, help="training store to write: a local path or a bucket URL (s3://, gs://)"
+    )
     _variables(r)
     r.add_argument("--start", help="first time to keep")
     r.add_argument("--end", help="last time to keep")
@@ -136,8 +138,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--nans",
         choices=["refuse", "fill", "keep"],
         default="refuse",
-        help="NaNs in the source (scanned before writing): refuse (default: report them per variable), "
+        help="NaNs in the source (a local one scanned before writing, a bucket's as it is read): refuse "
+        "(default: report them per variable), "
         "fill with each variable's mean, or keep them unscanned",
+    )
+    r.add_argument(
+        "--memory-mb",
+        type=float,
+        default=1024,
+        help="about the memory of one block of times read at once (default 1024; two blocks are held, "
+        "one read while the other is written)",
     )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     _layout_args(r)
@@ -283,6 +293,7 @@ def _prepare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
         nans=args.nans,
+        memory_mb=args.memory_mb,
     )
     if info["nans_filled"]:
         print(f"filled NaNs with each variable's mean: {info['nans_filled']}")

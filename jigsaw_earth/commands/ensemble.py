@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     c.add_argument("config", help="the run's YAML config (e.g. configs/demo.yaml)")
     c.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
-    add_perturb_arguments(c, scheme_required=True)
+    add_perturb_arguments(c, calibrating=True)
     c.add_argument(
         "--amplitudes",
         nargs="+",
@@ -61,7 +61,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--last-init", "--end", dest="end", metavar="TIME", help="last init (default val_period[1])"
     )
     c.add_argument("--every-hours", type=int, default=12, help="inits at multiples of this hour (default 12)")
-    c.add_argument("--max-inits", type=int, default=32, help="at most this many inits, evenly spaced (32)")
+    c.add_argument("--max-inits", type=int, default=32, help="at most this many inits, evenly spaced")
     c.add_argument("--seed", type=int, help="the perturbations' seed (default run.seed)")
     c.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
     c.add_argument("--batch-size", type=int, help="inits per forward (default: what memory holds)")
@@ -84,10 +84,6 @@ def run(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-    if args.amplitude is not None:
-        raise ValueError(
-            "--amplitude is what calibrate chooses; give the sweep with --amplitudes (or leave it)"
-        )
     args.amplitude = 1.0  # a placeholder: the sweep sets it
     base = perturbation_from_args(args, cfg)
     out = args.out or settings_path(cfg, args.perturb)

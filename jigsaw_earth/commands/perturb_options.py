@@ -17,22 +17,25 @@ OPTIONS = {"amplitude": "--amplitude", "scale": "--scale", "length_scale_km": "-
            "lag_hours": "--lag-hours"}  # fmt: skip
 
 
-def add_perturb_arguments(p: argparse.ArgumentParser, scheme_required: bool = False) -> None:
-    """``--perturb SCHEME`` and its settings (docs/ensembles.md, "Ensembles from any model")."""
+def add_perturb_arguments(p: argparse.ArgumentParser, calibrating: bool = False) -> None:
+    """``--perturb SCHEME`` and its settings (docs/ensembles.md, "Ensembles from any model");
+    ``calibrating``: the scheme is required, and the amplitude is what is sought (no ``--amplitude``,
+    no ``--perturb-settings``)."""
     from ..inference.perturb import SCALES, SCHEMES
 
     g = p.add_argument_group("perturbed initial conditions (any model; docs/ensembles.md)")
     g.add_argument(
-        "--perturb", choices=SCHEMES, required=scheme_required, metavar="SCHEME",
+        "--perturb", choices=SCHEMES, required=calibrating, metavar="SCHEME",
         help=f"perturb each member's initial state: {', '.join(SCHEMES)} (with --members N)",
     )  # fmt: skip
-    g.add_argument(
-        "--amplitude",
-        type=float,
-        metavar="A",
-        help="RMS of the perturbation in units of each variable (--scale; lagged: a multiple of the lag "
-        "difference); default: the calibration's (RUN_DIR/perturb-SCHEME.json), else 1",
-    )
+    if not calibrating:
+        g.add_argument(
+            "--amplitude",
+            type=float,
+            metavar="A",
+            help="RMS of the perturbation in units of each variable (--scale; lagged: a multiple of the lag "
+            "difference); default: the calibration's (RUN_DIR/perturb-SCHEME.json), else 1",
+        )
     g.add_argument(
         "--scale", choices=SCALES,
         help="a variable's unit: tendency, the std of its one-step change (default), or std, its std",
@@ -61,9 +64,9 @@ def perturbation_from_args(args: argparse.Namespace, cfg: TrainConfig) -> Pertur
     if args.perturb is None:
         named = {**OPTIONS, "pairs": "--pairs", "control": "--control"}
         extra = [named[k] for k, v in given.items() if v is not None]
-        if args.perturb_settings:
+        if getattr(args, "perturb_settings", None):
             extra.append("--perturb-settings")
         if extra:
             raise ValueError(f"{extra[0]} is a setting of --perturb; add --perturb SCHEME or leave it out")
         return None
-    return resolve(cfg, args.perturb, given, args.perturb_settings)
+    return resolve(cfg, args.perturb, given, getattr(args, "perturb_settings", None))

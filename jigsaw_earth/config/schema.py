@@ -129,7 +129,8 @@ class DataConfig(Section):
         "threads reading one batch's fields in parallel (file reads, decompression and copies release "
         "the GIL); auto = the cores this rank has: the CPUs the process may run on (its affinity) "
         "shared by the ranks of its host (LOCAL_WORLD_SIZE, or Slurm's tasks per node); a number is "
-        "capped at that too",
+        "capped at that too. From a bucket (s3://, gs://) the threads mostly wait on the link: auto = 16 "
+        "requests in flight per rank (docs/data.md, Object storage), a number as given",
         "auto",
     )
 

@@ -37,7 +37,7 @@ import torch.distributed as dist
 from ..checkpoint import load_checkpoint, pinned
 from ..config.schema import TrainConfig
 from ..data.samples import TrainData
-from ..data.times import hour_dayofyear, period_mask
+from ..data.times import evenly_spaced, hour_dayofyear, period_mask
 from ..device import set_precision
 from ..distributed.mesh import DomainMesh
 from ..distributed.rank0 import on_rank0
@@ -81,9 +81,7 @@ def select_inits(
             f"no initialisation time in [{start}, {end}] every {every_hours} h has {steps} forecast "
             f"steps inside the store ({times[0]} … {times[-1]}); widen --start/--end or lower --steps"
         )
-    if max_inits and len(idx) > max_inits:
-        idx = idx[np.linspace(0, len(idx) - 1, max_inits).round().astype(int)]
-    return idx
+    return evenly_spaced(idx, max_inits)
 
 
 def _layout(data: TrainData, init_times: np.ndarray, selection: Selection, members: int | None,

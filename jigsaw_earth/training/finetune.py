@@ -52,7 +52,6 @@ __all__ = [
     "ParentPlan",
     "apply_freeze",
     "frozen_parameters",
-    "init_from_parent",
     "load_parent",
     "model_channels",
     "parent_record",
@@ -353,8 +352,3 @@ def load_parent(plan: ParentPlan, mesh: DomainMesh, model: nn.Module) -> dict[st
             f" (the kept channels': {note} from the parent's)" if note else "",
         )
     return lineage
-
-
-def init_from_parent(cfg: TrainConfig, mesh: DomainMesh, model: nn.Module, data: TrainData) -> dict[str, Any]:
-    """``plan_init_from`` then ``load_parent`` (collective)."""
-    return load_parent(plan_init_from(cfg, model, data), mesh, model)
