@@ -27,6 +27,7 @@ COMMANDS = {
     "predict": "jigsaw_earth.commands.predict",
     "selftest": "jigsaw_earth.commands.selftest",
     "launch": "jigsaw_earth.commands.launch",
+    "ensemble": "jigsaw_earth.commands.ensemble",
 }
 
 # One line per command for ``--help``; a command's module (and its heavy imports) is loaded only
@@ -44,6 +45,7 @@ SUMMARIES = {
     "predict": "sharded inference: forecasts written by all ranks into one WB2-layout Zarr",
     "selftest": "is this machine ready? versions, GEMM rate, a tiny run on the device against the CPU",
     "launch": "N ranks of a command on this node, exiting with their status (75 after a stop signal)",
+    "ensemble": "ensembles from any model: calibrate a predict --perturb scheme's amplitude",
 }
 
 

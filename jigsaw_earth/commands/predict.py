@@ -1,6 +1,7 @@
 """``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store (``--format
 grib2|netcdf``: a folder of GRIB 2 or CF netCDF files); ``--members N`` writes an ensemble (a
-``number`` dimension) of a stochastic model; ``--init SOURCE`` starts from an analysis (GRIB, netCDF,
+``number`` dimension) of a stochastic model, or of any model with ``--perturb SCHEME`` (perturbed
+initial states: ``perturb_options.py``); ``--init SOURCE`` starts from an analysis (GRIB, netCDF,
 Zarr) instead of ``data.store``.
 
 Exit codes: 0 done; 2 a bad config, input or filesystem fault (one line names it and the fix); 75
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import load_config
+from .perturb_options import add_perturb_arguments, perturbation_from_args
 
 if TYPE_CHECKING:
     from ..config.schema import TrainConfig
@@ -94,7 +96,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--members",
         type=int,
         metavar="N",
-        help="an ensemble of N members (store dimension 'number'; a stochastic model: model.noise_channels)",
+        help="an ensemble of N members (store dimension 'number'): a stochastic model (model.noise_channels) "
+        "or any model with --perturb",
     )
     p.add_argument("--seed", type=int, help="the ensemble's noise seed (default run.seed); with --members")
     p.add_argument(
@@ -105,6 +108,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="number the members K … K+N-1: further members of the same ensemble (the same seed), e.g. "
         "--members 10 --first-member 10 after a first --members 10 run",
     )
+    add_perturb_arguments(p)
     g = p.add_argument_group("scoring while forecasting (--score)")
     g.add_argument(
         "--score", action="store_true", help="WB2 RMSE/bias/ACC (ensembles: CRPS …) as it runs, as `score`"
@@ -250,7 +254,8 @@ _FORECAST_OPTIONS = (("config", "CONFIG"), ("overrides", "KEY=VALUE"), ("out", "
                      ("levels", "--levels"), ("lead_hours", "--lead-hours"), ("lead_every", "--lead-every"),
                      ("batch_size", "--batch-size"), ("overwrite", "--overwrite"), ("members", "--members"),
                      ("seed", "--seed"), ("score", "--score"), ("scores", "--scores"), ("init", "--init"),
-                     ("time", "--time"), ("template", "--template"), ("model", "--model"))  # fmt: skip
+                     ("time", "--time"), ("template", "--template"), ("model", "--model"),
+                     ("perturb", "--perturb"))  # fmt: skip
 
 
 def _unfinished(args: argparse.Namespace) -> int:
@@ -324,6 +329,7 @@ def run(args: argparse.Namespace) -> int:
             f"--first-member {args.first_member} numbers an ensemble's members; add --members N or leave "
             f"it out"
         )
+    perturb = perturbation_from_args(args, cfg)
     score = _score_request(args)
     if args.scores:  # before any work: the one output check (never a run record, never in a store)
         from ..metrics.scorecard import check_scores_output
@@ -356,6 +362,7 @@ def run(args: argparse.Namespace) -> int:
             fmt=args.format,
             template=args.template,
             model=args.model,
+            perturb=perturb,
         )
     except Stopped as err:
         if rank == 0:

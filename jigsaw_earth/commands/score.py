@@ -2,8 +2,10 @@
 climatology and the published baselines at the same resolution; optionally pictures (``--plot``).
 A store with a member dimension (``number``) is scored as an ensemble (WB2's CRPS, spread/skill …).
 Every score has an interval (``--method``, ``--confidence``); the forecast is compared with the
-baselines and ``--against`` another forecast (differences, p-values, corrected over the cells); the
-per-init statistics are written beside the scores, and FORECAST may be such files instead of a store."""
+baselines and ``--against`` another forecast (differences, p-values, corrected over the cells; a
+deterministic ``--against`` store beside an ensemble is scored as a one-member ensemble, whose CRPS is its
+MAE, so the CRPS difference is paired too); the per-init statistics are written beside the scores, and
+FORECAST may be such files instead of a store."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ import numpy as np
 import xarray as xr
 
 from ..data.store import open_dataset
+from ..metrics.engine import MEMBER
 from ..metrics.evaluate import check_times, evaluate_statistics, normalise
 from ..metrics.intervals import METHODS
 from ..metrics.regions import REGIONS
@@ -172,9 +175,13 @@ def _name_of(path: Path) -> str:
 
 
 def _store_statistics(
-    args: argparse.Namespace, path: Path, truth: xr.Dataset, clim: xr.Dataset | None, baselines: bool = True
-) -> Statistics:
+    args: argparse.Namespace, path: Path, truth: xr.Dataset, clim: xr.Dataset | None, baselines: bool = True,
+    one_member: bool = False,
+) -> Statistics:  # fmt: skip
+    """``one_member``: a deterministic store is scored as an ensemble of one member (CRPS = MAE)."""
     forecast = normalise(_open(path, "forecast"), "forecast")
+    if one_member and MEMBER not in forecast.dims:
+        forecast = forecast.expand_dims({MEMBER: [0]}, axis=2)
     if "time" in forecast.dims:
         check_times(forecast["time"].values, f"forecast {path}: init times")
     if args.start or args.end:
@@ -203,13 +210,15 @@ def _read_statistics(args: argparse.Namespace) -> Statistics:
     return stats
 
 
-def _against(args: argparse.Namespace, truth, clim) -> Statistics:
+def _against(args: argparse.Namespace, truth, clim, ensemble: bool = False) -> Statistics:
+    """The ``--against`` forecast's statistics (``ensemble``: FORECAST is one, so a deterministic store is
+    scored as a one-member ensemble beside it)."""
     if args.against.suffix == ".nc" and args.against.is_file():
         other = Statistics.read(args.against)
     else:
         if truth is None:
             raise ValueError(f"--against {args.against} is a forecast store: give --truth to score it")
-        other = _store_statistics(args, args.against, truth, clim, baselines=False)
+        other = _store_statistics(args, args.against, truth, clim, baselines=False, one_member=ensemble)
     return other.renamed(_model(other), "against")
 
 
@@ -246,7 +255,7 @@ def run(args: argparse.Namespace) -> int:
         if base in stats.models:
             comparisons += compare_rows(stats, model, stats, base, opts)
     if args.against is not None:
-        other = _against(args, truth, clim)
+        other = _against(args, truth, clim, ensemble=stats.ds.attrs.get("members") is not None)
         comparisons += compare_rows(stats, model, other, "against", opts, _name_of(args.against))
     times = stats.times
     first, last = (str(np.datetime_as_string(t, unit="h")) for t in (times.min(), times.max()))

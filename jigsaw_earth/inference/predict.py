@@ -4,7 +4,8 @@ Every rank reads only its tile of the initial conditions, runs the model on its 
 sharded as in training), and writes its tile of every forecast into one Zarr store
 (``ForecastWriter``). Data-parallel replicas take disjoint initialisation times. With ``members``
 the store has a member dimension ``number`` and every rank runs its members batched, each with its
-own noise stream (``members.py``). The forecast step is the trainer's (``models.run.model_step``:
+own noise stream (``members.py``), its initial state perturbed with ``perturb`` (``perturb.py``,
+made on the tiles by ``perturb_fields.py``). The forecast step is the trainer's (``models.run.model_step``:
 autocast and tendency scaling as configured), and the weights come from a sharded checkpoint written
 on any mesh. The batches run in ``rollout.py`` (outputs through ``write_pool.py``, its account in
 ``timing.py``), on weights gathered once when several ranks share the domain and they fit
@@ -51,6 +52,7 @@ from .forecast_store import KIND, ForecastLayout, store_chunks
 from .formats import check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
+from .perturb import Perturbation, check_history, check_perturbation, log_choice
 from .progress import Progress, forecast_request
 from .rollout import Rollout, run_batches
 from .scoring import ScoreRequest, TileScorer
@@ -169,6 +171,7 @@ def run_prediction(
     fmt: str = "zarr",
     template: str | None = None,
     model: str | Path | None = None,
+    perturb: Perturbation | None = None,
 ) -> Prediction:
     """Forecast from every selected init (``init``: from the initial states of that analysis, at
     ``init_times`` or all of its times, instead of the store's inits in ``start`` … ``end``); write the
@@ -181,10 +184,15 @@ def run_prediction(
     a stop signal raises ``progress.Stopped`` after recording what is done. ``fmt``: ``zarr`` (one
     store), ``grib2`` or ``netcdf`` (a folder of files named by ``template``, ``formats.py``). ``model``:
     a shared model's folder (``model export``) instead of ``cfg.run.dir``'s checkpoint, its contract
-    checked against the store and ``init`` before the model is built (``sharing/use.py``)."""
+    checked against the store and ``init`` before the model is built (``sharing/use.py``).
+    ``perturb``: the members' initial states perturbed so (any model; ``perturb.py``)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
+    if perturb is not None:
+        if members is None:
+            raise ValueError(f"--perturb {perturb.scheme} perturbs an ensemble's members; add --members N")
+        check_perturbation(perturb, members, first_member, cfg.data.step_hours, init is not None)
     if members is not None:
-        check(cfg, members, cfg.mesh.ensemble, first_member)
+        check(cfg, members, cfg.mesh.ensemble, first_member, perturb is not None)
     elif cfg.mesh.ensemble > 1:
         raise ValueError(
             f"mesh.ensemble={cfg.mesh.ensemble} spreads ensemble members over groups of ranks; give "
@@ -229,10 +237,11 @@ def run_prediction(
         lock = None
         try:
             lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
-            ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member)
+            ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member,
+                                                            perturb is not None)  # fmt: skip
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
                             progress.batch_size(batch_size), overwrite, score, ens, progress, analysis, fmt,
-                            template, shared)  # fmt: skip
+                            template, shared, perturb)  # fmt: skip
         finally:
             if lock is not None:
                 lock.release()
@@ -257,11 +266,27 @@ def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bo
     return training_forward_rate(model, forward, data.local_batch * data.mesh.axis("data").size)
 
 
+def _perturber(perturb: Perturbation | None, ens: Members | None, data: TrainData, model: torch.nn.Module,
+               bf16: bool, tendency: torch.Tensor | None) -> Any:  # fmt: skip
+    """The members' perturbations on this rank's tile, made with the forecast's model step."""
+    if perturb is None or ens is None:
+        return None
+    from .perturb_fields import Perturber
+
+    def step(
+        x: torch.Tensor, static: torch.Tensor, tf: torch.Tensor, noise: torch.Tensor | None
+    ) -> torch.Tensor:
+        return model_step(model, x, static, tf, bf16=bf16, tendency=tendency, noise=noise)
+
+    return Perturber(perturb, ens, data, step)
+
+
 def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
     score: ScoreRequest | None, ens: Members | None, progress: Progress, analysis: Analysis | None = None,
     fmt: str = "zarr", template: str | None = None, shared: ModelFolder | None = None,
+    perturb: Perturbation | None = None,
 ) -> Prediction:  # fmt: skip
     from ..data.sources import build_data
 
@@ -276,6 +301,10 @@ def _predict(
         init_times = np.asarray(data.times)[inits]
     else:
         init_times = inits = analysis.times
+    if perturb is not None and ens is not None:  # the earlier analyses bred and lagged members need
+        check_history(perturb, range(ens.first, ens.first + ens.total), data.times, inits)
+        if mesh.rank == 0:
+            log_choice(perturb)
     total = None if ens is None else ens.total
     layout = _layout(data, init_times, selection, total, 0 if ens is None else ens.first)
     check_format(fmt, template, layout)
@@ -298,7 +327,7 @@ def _predict(
         batch_size = max(1, auto_batch(model, data, max(1, len(mine)) * per_init, 2 if bf16 else 4, mesh)
                          // per_init)  # fmt: skip
     rollout = Rollout(model, data, inits, steps, lead_of, chans, bf16, tendency, ens, layout.init_times,
-                      analysis)  # fmt: skip
+                      analysis, _perturber(perturb, ens, data, model, bf16, tendency))  # fmt: skip
     pipe, pool, writer, output = Pipeline(), None, None, None
     try:
         # the first batch's inputs are read while the checkpoint loads (a resume reads its own)
@@ -313,7 +342,7 @@ def _predict(
         model.eval()
         source = None if analysis is None else analysis.path
         request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size,
-                                   score, source)  # fmt: skip
+                                   score, source, perturb)  # fmt: skip
         progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
         if out is not None:
             # a file format converts its store at the end, field by field: one field a chunk there

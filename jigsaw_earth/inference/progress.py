@@ -94,7 +94,7 @@ def _where(path: str | Path) -> str:
 
 def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarray, selection: Any,
                      members: Any, mesh: Any, batch_size: int, score: Any,
-                     init: str | None = None) -> dict[str, Any]:  # fmt: skip
+                     init: str | None = None, perturb: Any = None) -> dict[str, Any]:  # fmt: skip
     """What decides a forecast's numbers: a resume must ask for exactly this (JSON values); ``init``:
     the analysis the initial states come from (``--init``; None: ``data.store``)."""
     times = [str(t) for t in np.asarray(init_times).astype("datetime64[h]")]
@@ -118,6 +118,7 @@ def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarr
         "members (--members)": None if members is None else members.total,
         "noise seed (--seed)": None if members is None else members.seed,
         "first member (--first-member)": None if members is None else members.first,
+        "perturbation (--perturb, --amplitude …)": None if perturb is None else perturb.describe(),
         "mesh (data x [ensemble x] lat x lon)": str(mesh.shape),
         BATCH: batch_size,
         "precision (training.precision)": cfg.training.precision,
