@@ -15,8 +15,9 @@ Inference is read-only on the run (``load.py``): no run-directory claim, no ``co
 ``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
 before any work (``ownership.check_output``): never the truth store, the checkpoints, or a
 path that is not predict's own. The store is written as ``OUT.in-progress`` and renamed when complete;
-SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next batch with every earlier batch recorded
-there, and the same command resumes it (``progress.py``). Rank 0 holds ``OUT.lock`` while writing,
+SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next model step with every batch done recorded
+there, and the same command resumes it (``progress.py``); on a complete ``--out`` of the same request it
+does nothing (``rerun.py``). Rank 0 holds ``OUT.lock`` while writing,
 refuses a store its filesystem cannot hold, and logs the model steps done (``campaign.py``).
 """
 
@@ -33,7 +34,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import load_checkpoint, pinned
+from ..checkpoint import load_checkpoint, pinned, read_meta
 from ..config.schema import TrainConfig
 from ..data.samples import TrainData
 from ..data.times import hour_dayofyear, period_mask
@@ -46,10 +47,11 @@ from ..models.run import build_run_model, model_step
 from ..ownership import check_output
 from .campaign import check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, store_chunks
-from .formats import check_format, open_writer
+from .formats import TEMPLATES, check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
-from .progress import Progress, forecast_request
+from .progress import BATCH, Progress, forecast_request
+from .rerun import finished, finished_request
 from .rollout import Rollout, run_batches
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
@@ -139,6 +141,7 @@ class Prediction:
     members: int | None = None
     statistics: Any = None  # the per-init statistics of ``rows`` (``metrics.statistics.Statistics``)
     times: LoopTimes | None = None  # where the forecast loop's time went (the slowest rank's)
+    complete: bool = False  # ``path`` already held this forecast: nothing was run or written
 
 
 @torch.no_grad()
@@ -195,6 +198,7 @@ def run_prediction(
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
     progress = Progress.for_output(out, scores)
+    recorded = finished_request(out)  # a complete output of predict's: the same request is a no-op
     ckpt = find_checkpoint(cfg, progress.checkpoint(checkpoint))
     protected = protected_paths(cfg, ckpt)
     if init is not None:
@@ -203,7 +207,8 @@ def run_prediction(
         protected += (("--truth store", score.truth), ("--climatology", score.climatology))
     run_dir = (("run directory run.dir", cfg.run.dir),)
     if out is not None:
-        check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
+        check_output(out, KIND, overwrite=overwrite or recorded is not None, protected=protected,
+                     may_hold_outputs=run_dir)  # fmt: skip
     progress.check(protected, run_dir)
     check_against_checkpoint(cfg, ckpt)
     analysis = None
@@ -220,14 +225,25 @@ def run_prediction(
         try:
             lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
             ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member)
+            batch = progress.batch_size(batch_size)
+            if batch is None and recorded is not None:  # the complete output's, as a resume's
+                batch = recorded.get(BATCH)
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
-                            progress.batch_size(batch_size), overwrite, score, ens, progress, analysis, fmt,
-                            template)  # fmt: skip
+                            batch, overwrite, score, ens, progress, analysis, fmt, template,
+                            recorded)  # fmt: skip
         finally:
             if lock is not None:
                 lock.release()
             if own and dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _shared(mesh: DomainMesh, value: Any) -> Any:
+    """Collective: rank 0's ``value`` on every rank."""
+    box = [value]
+    if mesh.is_distributed and dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bool,
@@ -251,7 +267,7 @@ def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
     score: ScoreRequest | None, ens: Members | None, progress: Progress, analysis: Analysis | None = None,
-    fmt: str = "zarr", template: str | None = None,
+    fmt: str = "zarr", template: str | None = None, recorded: dict[str, Any] | None = None,
 ) -> Prediction:  # fmt: skip
     from ..data.sources import build_data
 
@@ -267,6 +283,25 @@ def _predict(
     total = None if ens is None else ens.total
     layout = _layout(data, init_times, selection, total, 0 if ens is None else ens.first)
     check_format(fmt, template, layout)
+    files = None if fmt == "zarr" else template or TEMPLATES[fmt]
+    source = digest = None
+    if analysis is not None:  # the analysis's content, read once (rank 0), is part of the request
+        source = analysis.path
+        from ..data.analysis import fingerprint
+
+        digest = _shared(mesh, on_rank0(mesh, lambda: fingerprint(analysis.path)))
+
+    def request_for(batch: int, step: int) -> dict[str, Any]:
+        return forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch, score,
+                                source, digest, fmt, files)  # fmt: skip
+
+    if recorded is not None and batch_size is not None and out is not None:
+        step = int(read_meta(ckpt)["step"])
+        if finished(out, recorded, request_for(batch_size, step), overwrite):
+            if mesh.rank == 0:
+                log.info("--out %s already holds this forecast: nothing to do", out)
+            return Prediction(Path(out), None, layout.init_times, steps, data.grid.n_lon, float("nan"),
+                              batch_size, float("nan"), total, complete=True)  # fmt: skip
     if out is not None:  # the size of what will be written, refused before any forecast if it cannot fit
         line = on_rank0(mesh, lambda: check_room(out, layout, fmt))
         if line:
@@ -296,9 +331,7 @@ def _predict(
         with pinned(ckpt):
             step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
         model.eval()
-        source = None if analysis is None else analysis.path
-        request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size,
-                                   score, source)  # fmt: skip
+        request = request_for(batch_size, step)
         progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
         if out is not None:
             # a file format converts its store at the end, field by field: one field a chunk there
@@ -321,7 +354,7 @@ def _predict(
         times = times.reduce(mesh.world, dev)
         train_rate = float("nan") if last is None else _training_rate(model, data, last, bf16, tendency, ens)
         rows = scorer.finish() if scorer is not None else None
-        path = writer.close() if writer is not None else None
+        path = writer.close(request, progress.check_stop) if writer is not None else None
         progress.finish()
     except BaseException as err:
         progress.abort(err)

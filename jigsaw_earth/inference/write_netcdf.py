@@ -6,7 +6,8 @@ WB2 writes them: ``time`` (``forecast_reference_time``, hours since 1970), ``pre
 ``level`` (``air_pressure``, hPa, positive down), ``latitude``/``longitude`` in degrees north/east, and
 every variable with its CF ``standard_name``, ``long_name`` and ``units``. Values are the float32
 forecast, compressed losslessly (zlib level 1 with shuffle): xarray reads them back equal to the
-Zarr store's.
+Zarr store's. Variables are written in one order whatever order the store lists them in (coordinates
+in ``COORD_ORDER``, then the fields by name), so the same forecast gives the same bytes.
 """
 
 from __future__ import annotations
@@ -19,12 +20,23 @@ import xarray as xr
 
 from ..ownership import MARKER
 
-__all__ = ["cf_dataset", "write_netcdf"]
+__all__ = ["COORD_ORDER", "cf_dataset", "write_netcdf"]
+
+COORD_ORDER = ("time", "prediction_timedelta", "valid_time", "number", "level", "latitude", "longitude")
+
+
+def _ordered(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with its coordinates in ``COORD_ORDER`` (others after, by name) and its fields by name."""
+    rank = {c: k for k, c in enumerate(COORD_ORDER)}
+    coords = sorted(map(str, ds.coords), key=lambda c: (rank.get(c, len(rank)), c))
+    fields = sorted(map(str, ds.data_vars))
+    return xr.Dataset({k: ds.variables[k] for k in fields}, coords={c: ds.variables[c] for c in coords},
+                      attrs=dict(ds.attrs))  # fmt: skip
 
 
 def cf_dataset(ds: xr.Dataset) -> xr.Dataset:
     """The forecast store's (slice's) dataset with CF attributes and encodings for netCDF."""
-    out = ds.copy()
+    out = _ordered(ds)
     out.attrs = {k: v for k, v in ds.attrs.items() if k != MARKER}
     out.attrs.update(Conventions="CF-1.8", title="jigsaw-earth forecast", source="jigsaw-earth predict")
     valid = out["time"] + out["prediction_timedelta"]
@@ -46,7 +58,7 @@ def cf_dataset(ds: xr.Dataset) -> xr.Dataset:
         )
         out[name].encoding = {"zlib": True, "complevel": 1, "shuffle": True, "chunksizes": chunks,
                               "dtype": np.float32, "_FillValue": np.float32(np.nan)}  # fmt: skip
-    return out
+    return _ordered(out)
 
 
 def write_netcdf(path: Path, ds: xr.Dataset) -> None:
