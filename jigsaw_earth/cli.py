@@ -124,12 +124,18 @@ def _resumes(command: str) -> str:
     return "a training run resumes from its last checkpoint"
 
 
+#: what torch.distributed's backends say when another rank's process is gone (gloo raises a plain
+#: ``RuntimeError``, NCCL a ``DistBackendError`` naming a remote error)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing",
+             "ncclRemoteError", "remote process exited")  # fmt: skip
+
+
 def _peer_gone(err: RuntimeError) -> bool:
-    """A collective failed because another rank died (killed, out of memory): torch.distributed's own
-    errors (gloo's "Connection closed by peer", NCCL's remote errors), not this rank's fault."""
+    """A collective failed because another rank died (killed, out of memory), not by this rank's fault."""
     dist = sys.modules.get("torch.distributed")
     kind = getattr(dist, "DistError", None)
-    return kind is not None and isinstance(err, kind)
+    text = str(err)
+    return (kind is not None and isinstance(err, kind)) or any(s in text for s in PEER_GONE)
 
 
 if __name__ == "__main__":

@@ -1328,7 +1328,7 @@ OTHER_CASES: list[tuple[str, Any, list[str]]] = [
         ["of another kind ('forecast', not 'store')"],
     ),
     ("prepare-out-exists", lambda w, t: PR(w, w["store"], w["mine"]), ["already exists", "--overwrite"]),
-    ("prepare-out-url", lambda w, t: PR(w, w["store"], "memory://p.zarr"), ["'memory:/p.zarr' must be"]),
+    ("prepare-out-url", lambda w, t: PR(w, w["store"], "memory://p.zarr"), ["'memory://p.zarr' must be"]),
     ("prepare-source-missing", lambda w, t: PR(w, t / "none.zarr", t / "p.zarr"), ["does not exist"]),
     (
         "prepare-levels-missing",
