@@ -201,3 +201,53 @@ def test_a_finished_forecast_asked_again_or_otherwise(
         ]
         == 4
     )
+
+
+def test_a_stop_while_converting_to_grib_resumes_to_the_same_files(
+    trained: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, quiet_signals
+) -> None:
+    """SIGTERM after the first of 4 GRIB files: exit 75 with every batch recorded; the same command
+    converts again, to the files of a run never stopped."""
+    from jigsaw_earth.inference import formats
+
+    config = _write_config(trained, tmp_path, {})
+    base = ["predict", str(config), "--steps", "2", "--max-inits", "2", "--format", "grib2"]
+    assert _main([*base, "--out", str(tmp_path / "ref")], capsys)[0] == 0
+    grib = formats.FileWriter._grib
+
+    def signalled(self, target: Path, items) -> None:
+        grib(self, target, items)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled on this (the main) thread before the next file
+
+    monkeypatch.setattr(formats.FileWriter, "_grib", signalled)
+    out = tmp_path / "fc"
+    code, text = _main([*base, "--out", str(out)], capsys)
+    monkeypatch.undo()
+    assert (
+        code == 75 and "stopped on SIGTERM during the conversion to grib2 files (1 of 4 written)" in text
+    ), text
+    assert "1 of 1 batches (2 of 2 inits) are recorded" in text and not out.exists(), text
+    code, text = _main([*base, "--out", str(out)], capsys)
+    assert code == 0 and _files(out) == _files(tmp_path / "ref"), text
+
+
+def test_a_rank_killed_under_launch_leaves_one_line_on_the_others(trained: Path, tmp_path: Path) -> None:
+    config = _write_config(trained, tmp_path, {"lon": 2})
+    out = tmp_path / "fc.zarr"
+    argv = ["predict", str(config), "--init", str(trained / "data.zarr"), "--time", "2020-01-11T00",
+            "--steps", "5000", "--lead-every", "5000", "--out", str(out)]  # fmt: skip
+    proc = _launch(argv, tmp_path / "log.txt")
+    request = Path(f"{out}.in-progress") / "_progress" / "request.json"
+    deadline = time.monotonic() + LAUNCH_S
+    while not request.is_file():
+        assert proc.poll() is None and time.monotonic() < deadline, (tmp_path / "log.txt").read_text()[-3000:]
+        time.sleep(0.02)
+    ranks = [int(k) for task in Path(f"/proc/{proc.pid}/task").glob("*")
+             for k in (task / "children").read_text().split()]  # fmt: skip
+    os.kill(ranks[-1], signal.SIGKILL)  # as the OOM killer does
+    proc.wait(timeout=LAUNCH_S)
+    text = (tmp_path / "log.txt").read_text()
+    assert proc.returncode == 137 and "Traceback" not in text, text[-3000:]
+    assert (
+        "jigsaw-earth predict: error: another rank is gone (" in text and "its own messages say why" in text
+    )
