@@ -7,8 +7,7 @@ marker: the root attribute ``jigsaw_earth.request`` of a Zarr store, or the ``ji
 then finds the same request (``finished``): the output is complete, nothing is forecast or written, and
 the command exits 0, as a finished training run does. A different request is refused, naming each
 item that differs (``progress.differences``), unless ``--overwrite`` asks to replace the output. An
-output without a recorded request (written before predict recorded them) is treated as before: it
-exists, so only ``--overwrite`` replaces it.
+output that records no request is like any existing output: only ``--overwrite`` replaces it.
 """
 
 from __future__ import annotations

@@ -195,8 +195,11 @@ def format_scorecard(
             f"the mean member variance (ddof 1), spread/skill = ens. stddev / RMSE, as WB2."
         )
     if with_interval and interval:
+        method = interval["method"]
+        if interval.get("requested"):
+            method += f", as {interval['requested']} needs more inits"
         head += (
-            f" ±: half the width of the {interval['confidence']:.0%} interval ({interval['method']}, "
+            f" ±: half the width of the {interval['confidence']:.0%} interval ({method}, "
             f"{interval['inits']} inits)."
         )
     out = textwrap.wrap(head, WIDTH)

@@ -40,6 +40,7 @@ CORRECTIONS = ("holm", "bh", "none")
 # independent inits whatever their number.
 MIN_INITS = {"iid": 2, "ar2": 50, "ewc": 2, "dm": 50, "bootstrap": 30}
 FALLBACK = "ewc"
+_SAID: set[tuple[str, int]] = set()  # (method, inits) already warned about
 UNITLESS = ("acc", "spread_skill")
 
 
@@ -59,15 +60,14 @@ class IntervalOptions:
             raise ValueError(f"--replicates {replicates}: the bootstrap needs at least 100; e.g. 1000")
         self.method, self.confidence, self.correction = method, confidence, correction
         self.replicates, self.seed = replicates, seed
-        self._said: set[int] = set()
 
     def method_for(self, n_inits: int) -> str:
         """The method that gives ``n_inits`` a valid interval: ``method``, or ``FALLBACK`` when they are
-        fewer than it needs (``MIN_INITS``; a warning says so, once per number of inits)."""
+        fewer than it needs (``MIN_INITS``; a warning says so, once per method and number of inits)."""
         if n_inits >= MIN_INITS[self.method]:
             return self.method
-        if n_inits not in self._said:
-            self._said.add(n_inits)
+        if (self.method, n_inits) not in _SAID:  # once per process: predict and score ask more than once
+            _SAID.add((self.method, n_inits))
             log.warning("%d inits are too few for --method %s: on fewer than %d its interval is too narrow "
                         "(docs/metrics.md, 'How many inits'); the intervals are %s's, which hold their level "
                         "on few inits (and are wider)", n_inits, self.method, MIN_INITS[self.method],
