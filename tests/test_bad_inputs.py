@@ -864,7 +864,15 @@ PREDICT_CASES: list[tuple[str, Any, list[str]]] = [
         lambda w: P(w, "--overwrite", out=str(w["mine"] / "notes.txt")),
         ["is a file or link", "remove it yourself"],
     ),
-    ("out-exists", lambda w: P(w, out=str(w["fc"])), ["already exists", "--overwrite"]),
+    (
+        "out-holds-another-forecast",
+        lambda w: P(w, out=str(w["fc"])),
+        [
+            "holds a complete forecast of another request",
+            "model steps (--steps): 1 (recorded: 2)",
+            "--overwrite",
+        ],
+    ),
     ("out-user-no-overwrite", lambda w: P(w, out=str(w["mine"])), ["already exists", "--overwrite"]),
     ("checkpoint-missing", lambda w: P(w, "--checkpoint", "/nonexistent/step_1"), ["meta.json not found"]),
     (

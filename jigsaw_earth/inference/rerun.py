@@ -6,7 +6,8 @@ marker: the root attribute ``jigsaw_earth.request`` of a Zarr store, or the ``ji
 ``jigsaw_earth.json`` in a folder of GRIB or netCDF files. The same predict command on that ``--out``
 then finds the same request (``finished``): the output is complete, nothing is forecast or written, and
 the command exits 0, as a finished training run does. A different request is refused, naming each
-item that differs (``progress.differences``), unless ``--overwrite`` asks to replace the output. An
+item that differs (``progress.differences``). ``--overwrite`` asks to replace the output: it is
+forecast again, whatever it holds. An
 output that records no request is like any existing output: only ``--overwrite`` replaces it.
 """
 
@@ -38,15 +39,14 @@ def finished_request(out: str | Path | None) -> dict[str, Any] | None:
 
 def finished(out: str | Path, recorded: dict[str, Any], request: dict[str, Any], overwrite: bool) -> bool:
     """Whether the complete output ``out`` (its ``recorded`` request) already holds ``request``: True,
-    nothing to do; False, it is to be replaced (``overwrite``); a ``ValueError`` naming what differs
-    otherwise."""
+    nothing to do; False, it is to be replaced (``overwrite``: forecast again, whatever it holds); a
+    ``ValueError`` naming what differs otherwise."""
+    if overwrite:
+        log.info("--overwrite: --out %s is forecast again and replaced", out)
+        return False
     diffs = differences(recorded, request)
     if not diffs:
         return True
-    if overwrite:
-        log.info("--out %s holds a complete forecast of another request (%s); --overwrite replaces it", out,
-                 "; ".join(diffs))  # fmt: skip
-        return False
     raise ValueError(
         f"--out {out} holds a complete forecast of another request; it differs in: {'; '.join(diffs)}. "
         f"Nothing was forecast or written: pass --overwrite to replace it, choose another --out, or ask for "

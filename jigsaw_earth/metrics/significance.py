@@ -40,7 +40,6 @@ CORRECTIONS = ("holm", "bh", "none")
 # independent inits whatever their number.
 MIN_INITS = {"iid": 2, "ar2": 50, "ewc": 2, "dm": 50, "bootstrap": 30}
 FALLBACK = "ewc"
-_SAID: set[tuple[str, int]] = set()  # (method, inits) already warned about
 UNITLESS = ("acc", "spread_skill")
 
 
@@ -60,14 +59,15 @@ class IntervalOptions:
             raise ValueError(f"--replicates {replicates}: the bootstrap needs at least 100; e.g. 1000")
         self.method, self.confidence, self.correction = method, confidence, correction
         self.replicates, self.seed = replicates, seed
+        self._said: set[int] = set()  # numbers of inits warned about
 
-    def method_for(self, n_inits: int) -> str:
+    def method_for(self, n_inits: int, say: bool = True) -> str:
         """The method that gives ``n_inits`` a valid interval: ``method``, or ``FALLBACK`` when they are
-        fewer than it needs (``MIN_INITS``; a warning says so, once per method and number of inits)."""
+        fewer than it needs (``MIN_INITS``; with ``say``, a warning says so, once per number of inits)."""
         if n_inits >= MIN_INITS[self.method]:
             return self.method
-        if (self.method, n_inits) not in _SAID:  # once per process: predict and score ask more than once
-            _SAID.add((self.method, n_inits))
+        if say and n_inits not in self._said:  # once: the scores and each comparison ask
+            self._said.add(n_inits)
             log.warning("%d inits are too few for --method %s: on fewer than %d its interval is too narrow "
                         "(docs/metrics.md, 'How many inits'); the intervals are %s's, which hold their level "
                         "on few inits (and are wider)", n_inits, self.method, MIN_INITS[self.method],
@@ -77,7 +77,7 @@ class IntervalOptions:
     def info(self, n_inits: int) -> dict[str, Any]:
         """What the score file records about its intervals (``method``: the one used; ``requested``:
         the one asked for, when the inits were too few for it)."""
-        method = self.method_for(n_inits)
+        method = self.method_for(n_inits, say=False)
         out: dict[str, Any] = {"method": method, "confidence": self.confidence, "inits": n_inits}
         if method != self.method:
             out["requested"] = self.method
