@@ -125,9 +125,10 @@ def _resumes(command: str) -> str:
 
 
 #: what torch.distributed's backends say when another rank's process is gone (gloo raises a plain
-#: ``RuntimeError``, NCCL a ``DistBackendError`` naming a remote error)
+#: ``RuntimeError``, NCCL a ``DistBackendError`` naming a remote error), and the shared-memory rings
+#: (``distributed/shm.py``)
 PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing",
-             "ncclRemoteError", "remote process exited")  # fmt: skip
+             "ncclRemoteError", "remote process exited", "exited while rank")  # fmt: skip
 
 
 def _peer_gone(err: RuntimeError) -> bool:
