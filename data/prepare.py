@@ -44,7 +44,7 @@ from jigsaw_earth.data.writer import ChunkLayout
 
 from jigsaw_earth.ownership import check_output
 
-__all__ = ["NAN_POLICIES", "TimeOptions", "nan_report", "open_source", "prepare_store"]
+__all__ = ["NAN_POLICIES", "TimeOptions", "nan_report", "netcdf_files", "open_source", "prepare_store"]
 
 NAN_POLICIES = ("refuse", "fill", "keep")
 
@@ -52,7 +52,8 @@ log = logging.getLogger(__name__)
 STATIC = STATIC_VARIABLES
 
 
-def _netcdf_files(text: str) -> list[Path]:
+def netcdf_files(text: str) -> list[Path]:
+    """The netCDF and GRIB files a source names (a file, a folder of them, a glob); [] for a Zarr store."""
     local = Path(text)
     if local.is_dir() and not any((local / m).exists() for m in ("zarr.json", ".zgroup")):
         patterns = ("*.nc", "*.nc4", *(f"*{s}" for s in GRIB_SUFFIXES))
@@ -101,7 +102,7 @@ def open_source(
     source's view keeps its messages (``StoreView.messages``) to name what a selection lacks.
     """
     text = str(src)
-    files = _netcdf_files(text) if "://" not in text else []
+    files = netcdf_files(text) if "://" not in text else []
     if files:
         gribs = [f for f in files if is_grib(f)]
         messages = GribMessages(gribs, names) if gribs else None

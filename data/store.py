@@ -24,6 +24,7 @@ import numpy as np
 import xarray as xr
 import zarr
 import zarr.storage
+from jigsaw_earth.data.grib_messages import GRIB_SUFFIXES
 from jigsaw_earth.data.objects import is_object_url, zarr_object_store
 from jigsaw_earth.data.times import decode_times
 from jigsaw_earth.data.variables import VARIABLES, names_of
@@ -41,6 +42,7 @@ __all__ = [
     "canonical_name",
     "open_dataset",
     "open_store",
+    "rename_fix",
 ]
 
 log = logging.getLogger(__name__)
@@ -151,6 +153,32 @@ def open_dataset(path: str | Path, store: Any = None) -> xr.Dataset:
         return xr.open_zarr(open_store(path) if store is None else store, chunks=None, consolidated=None)
 
 
+def _store_fix(path: str | Path) -> str:
+    """What to do about a path that holds no Zarr store: convert the GRIB or netCDF files it holds, or
+    make a store."""
+    local = Path(str(path))
+    files = [local] if local.is_file() else sorted(local.iterdir()) if local.is_dir() else []
+    kinds = sorted({f.suffix.lower() for f in files if f.suffix.lower() in (*GRIB_SUFFIXES, ".nc", ".nc4")})
+    if kinds:
+        return (
+            f"it holds {'/'.join(kinds)} files, which this command does not read: convert them into a "
+            f"store with `jigsaw-earth data prepare {path} --out STORE`"
+        )
+    return "check the path or URL, or create one with `jigsaw-earth data synth --out PATH`"
+
+
+def rename_fix(canonical: str, option: bool) -> str:
+    """How to have a source's own name read as ``canonical``: ``--name`` where the command has it
+    (``data prepare``), else renaming it in the source (``predict --init``, a training store)."""
+    if option:
+        return f"Map it with --name {canonical}=NAME_IN_SOURCE"
+    return (
+        f"Rename it to {canonical!r} in the source (netCDF: `ncrename -v NAME,{canonical}`; GRIB: "
+        f"`grib_set -s shortName=…`; or convert it with jigsaw-earth data prepare SRC --name "
+        f"{canonical}=NAME --out STORE)"
+    )
+
+
 def _find(names: list[str], canonical: str, mapping: dict[str, str]) -> str | None:
     if canonical in mapping:
         return mapping[canonical] if mapping[canonical] in names else None
@@ -182,6 +210,7 @@ class StoreView:
     levels: np.ndarray | None
     names: dict[str, str] = field(default_factory=dict)
     messages: Any = None  # a GRIB source's ``grib.GribMessages``: what each variable holds, for errors
+    renamable: bool = False  # opened with a name mapping (``data prepare --name``): errors offer it
 
     @classmethod
     def open(
@@ -198,10 +227,7 @@ class StoreView:
                 ds = open_dataset(path, store)
                 group = zarr.open_group(store, mode="r")
             except FileNotFoundError:
-                raise FileNotFoundError(
-                    f"no Zarr store at {str(path)!r}; check the path or URL, or create one with "
-                    f"`jigsaw-earth data synth --out PATH`"
-                ) from None
+                raise FileNotFoundError(f"no Zarr store at {str(path)!r}; {_store_fix(path)}") from None
         info = group.attrs.get("jigsaw_earth")
         if str(path).rstrip("/").rsplit("/", 1)[-1].find(".tmp-") >= 0 or (
             isinstance(info, dict) and info.get("complete") is False
@@ -230,8 +256,8 @@ class StoreView:
             found = _find(present, c, mapping)
             if found is None and c != "level":
                 raise ValueError(
-                    f"store {str(path)!r} has no {c} coordinate; it has {sorted(present)}. Pass "
-                    f"names={{'{c}': '<name in store>'}} (CLI: --name {c}=NAME) to map it"
+                    f"store {str(path)!r} has no {c} coordinate; it has {sorted(present)}. "
+                    f"{rename_fix(c, names is not None)}"
                 )
             if found is not None:
                 coords[c] = found
@@ -271,6 +297,7 @@ class StoreView:
             levels,
         )
         view._mapping = mapping  # type: ignore[attr-defined]
+        view.renamable = names is not None  # the command maps names (data prepare's --name)
         return view
 
     # ---- grid -----------------------------------------------------------------------------
@@ -299,8 +326,8 @@ class StoreView:
             kind = "upper-air (with a level dimension)" if upper_air else "surface (no level)"
             raise ValueError(
                 f"variable {canonical!r} ({kind}) is not in store {self.path!r}; the store has "
-                f"{self.describe_variables()}. Map it with names={{'{canonical}': 'STORE_NAME'}} "
-                f"(CLI: --name {canonical}=STORE_NAME) or drop it from the variable list"
+                f"{self.describe_variables()}. {rename_fix(canonical, self.renamable)}, or drop it from "
+                f"the variable list"
             )
         self.names[canonical] = found
         return found

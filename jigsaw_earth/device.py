@@ -27,6 +27,7 @@ __all__ = [
     "PLUGIN_ENV",
     "CopyOut",
     "DeviceTimer",
+    "check_device_option",
     "copies_done",
     "default_backend",
     "device_count",
@@ -86,6 +87,17 @@ def device_count(device_type: str) -> int:
     if device_type == "cpu":
         return 0
     return int(torch.get_device_module(device_type).device_count())
+
+
+def check_device_option(device: str, option: str = "--device") -> None:
+    """A command's ``--device cuda`` on a torch that sees no GPU: one line naming the build and the fix,
+    before any rank starts."""
+    if device.partition(":")[0] == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}, but it sees no GPU" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(
+            f"{option} {device}: torch {torch.__version__} is {build}; use {option} cpu, or install the "
+            f"CUDA build of torch that matches the driver (nvidia-smi) on a machine with a GPU"
+        )
 
 
 def resolve_device(request: str = "auto", local_rank: int | None = None) -> torch.device:

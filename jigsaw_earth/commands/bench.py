@@ -31,6 +31,7 @@ import torch
 
 from ..argtypes import parse_grid, parse_list
 from ..bench.cases import SIZES
+from ..device import check_device_option
 from ..distributed.comm import ledger
 from ..distributed.matmul import (
     channel_bytes,
@@ -293,8 +294,7 @@ def _run_cases(args: argparse.Namespace) -> int:
 
     if args.inputs:
         raise ValueError(f"bench {args.what} takes no positional files; write JSON with --json PATH")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here; use --device cpu")
+    check_device_option(args.device)
     if args.threads < 1:
         raise ValueError(f"--threads {args.threads}: use 1 or more")
     meshes = [] if args.meshes == "none" else parse_list(args.meshes)

@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from ..argtypes import parse_grid, parse_list
+from ..argtypes import parse_grid, parse_list, path_or_url
 from ..distributed.halo import Halo
 from ..distributed.mesh import parse_mesh
 from .checked_write import check_json, write_json
@@ -80,7 +80,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
 
     s = dsub.add_parser("synth", help="write a synthetic ERA5-like store (WB2 layout) + climatology")
-    s.add_argument("--out", required=True, type=Path, help="store to write (its climatology goes beside it)")
+    s.add_argument(
+        "--out", required=True, type=path_or_url, help="store to write (its climatology goes beside it)"
+    )
     s.add_argument("--grid", default="32x64", metavar="LATxLON", help="global grid (default 32x64, 5.625°)")
     s.add_argument("--start", default="2019-01-01T00", help="first time (default 2019-01-01T00)")
     s.add_argument("--end", default="2020-12-31T18", help="last time, 6-hourly (default 2020-12-31T18)")
@@ -161,7 +163,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="NaN scan: none, 5 sampled times (default) or every time",
     )
     i.add_argument("--name", action="append", metavar="CANONICAL=STORE_NAME")
-    i.add_argument("--json", type=Path, metavar="PATH")
+    i.add_argument("--json", type=path_or_url, metavar="PATH")
 
     o = dsub.add_parser("io-report", help="bytes each rank of a mesh reads for one sample")
     o.add_argument("path", help="store to read one sample from")
@@ -184,7 +186,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also time N samples: tile reader vs xarray whole-field read + slicing",
     )
     _variables(o)
-    o.add_argument("--json", type=Path, metavar="PATH")
+    o.add_argument("--json", type=path_or_url, metavar="PATH")
     p.set_defaults(run=run)
 
 

@@ -4,10 +4,11 @@ grib2|netcdf``: a folder of GRIB 2 or CF netCDF files); ``--members N`` writes a
 initial states: ``perturb_options.py``); ``--init SOURCE`` starts from an analysis (GRIB, netCDF,
 Zarr) instead of ``data.store``.
 
-Exit codes: 0 done; 2 a bad config, input or filesystem fault (one line names it and the fix); 75
-stopped on SIGTERM, SIGUSR1 or Ctrl-C before a batch, with every earlier batch recorded in
-``OUT.in-progress`` (``PREFIX.in-progress`` for ``--score --scores PREFIX`` alone): the same command
-resumes it; 130 a second Ctrl-C. ``--unfinished [DIR]`` lists predict's unfinished forecasts and
+Exit codes: 0 done, or ``--out`` already held this forecast (nothing is done: ``inference/rerun.py``); 2
+a bad config, input or filesystem fault (one line names it and the fix); 75 stopped on SIGTERM, SIGUSR1
+or Ctrl-C before the next model step, with every batch done recorded in ``OUT.in-progress``
+(``PREFIX.in-progress`` for ``--score --scores PREFIX`` alone): the same command resumes it; 130 a
+second Ctrl-C. ``--unfinished [DIR]`` lists predict's unfinished forecasts and
 ``--remove-unfinished PATH`` removes one (nothing else).
 """
 
@@ -205,6 +206,18 @@ def _stores(args: argparse.Namespace, cfg: TrainConfig) -> tuple[tuple[str, str 
             ("--init source", args.init))  # fmt: skip
 
 
+def _complete(args: argparse.Namespace, result: Prediction) -> None:
+    """Rank 0: ``--out`` already held this forecast; where its scores are, if it was scored."""
+    n = result.init_times.size
+    print(f"{result.path} is complete: it holds this forecast ({n} inits × {result.steps} steps, the same "
+          f"request); nothing was forecast or written. Change the request, or pass "
+          f"--overwrite with another one, to forecast again")  # fmt: skip
+    if args.scores:
+        found = Path(f"{args.scores}.json")
+        print(f"its scores: {found}" if found.is_file() else f"its scores {found} are missing: score the "
+              f"store with jigsaw-earth score {result.path} --truth STORE --out {args.scores}")  # fmt: skip
+
+
 def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> None:
     """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
     r = result
@@ -259,7 +272,7 @@ _FORECAST_OPTIONS = (("config", "CONFIG"), ("overrides", "KEY=VALUE"), ("out", "
 
 
 def _unfinished(args: argparse.Namespace) -> int:
-    from ..inference.unfinished import find_unfinished, remove_unfinished
+    from ..inference.unfinished import find_unfinished, foreign_files, foreign_text, remove_unfinished
 
     given = [name for dest, name in _FORECAST_OPTIONS if getattr(args, dest, None)]
     if given:
@@ -278,11 +291,20 @@ def _unfinished(args: argparse.Namespace) -> int:
     for folder in folders:
         found = find_unfinished(folder)
         print(f"{len(found)} unfinished forecast{'s' * (len(found) != 1)} of predict in {folder}")
+        removable = []
         for item in found:
             print(f"  {item.text()}")
-        if found:
+            foreign = foreign_files(item.path)
+            if foreign:  # --remove-unfinished would refuse it: say why here
+                print(f"    {foreign_text(item.path, foreign)}: move your files out before removing it")
+            elif item.holder is None:
+                removable.append(item)
+        if removable:
             print(f"resume one with the command that started it, or remove it: jigsaw-earth predict "
-                  f"--remove-unfinished {found[0].path}")  # fmt: skip
+                  f"--remove-unfinished {removable[0].path}")  # fmt: skip
+        elif found:
+            print("resume one with the command that started it; none can be removed now (in use, or holding "
+                  "files predict did not write)")  # fmt: skip
     return 0
 
 
@@ -368,6 +390,8 @@ def run(args: argparse.Namespace) -> int:
         if rank == 0:
             print(f"jigsaw-earth predict: {err}", file=sys.stderr)
         return err.exit_code
-    if rank == 0:
+    if rank == 0 and result.complete:
+        _complete(args, result)
+    elif rank == 0:
         _report(args, result, cfg)
     return 0

@@ -16,8 +16,9 @@ Inference is read-only on the run (``load.py``): no run-directory claim, no ``co
 ``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
 before any work (``ownership.check_output``): never the truth store, the checkpoints, or a
 path that is not predict's own. The store is written as ``OUT.in-progress`` and renamed when complete;
-SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next batch with every earlier batch recorded
-there, and the same command resumes it (``progress.py``). Rank 0 holds ``OUT.lock`` while writing,
+SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next model step with every batch done recorded
+there, and the same command resumes it (``progress.py``); on a complete ``--out`` of the same request it
+does nothing (``rerun.py``). Rank 0 holds ``OUT.lock`` while writing,
 refuses a store its filesystem cannot hold, and logs the model steps done (``campaign.py``).
 """
 
@@ -34,7 +35,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import load_checkpoint, pinned
+from ..checkpoint import load_checkpoint, pinned, read_meta
 from ..config.schema import TrainConfig
 from ..data.samples import TrainData
 from ..data.times import evenly_spaced, hour_dayofyear, period_mask
@@ -49,11 +50,12 @@ from ..sharing.folder import ModelFolder
 from ..sharing.use import check_analysis, check_config, check_store, use_contract
 from .campaign import check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, store_chunks
-from .formats import check_format, open_writer
+from .formats import TEMPLATES, check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
 from .perturb import Perturbation, check_history, check_perturbation, log_choice
-from .progress import Progress, forecast_request
+from .progress import BATCH, Progress, forecast_request
+from .rerun import finished, finished_request
 from .rollout import Rollout, run_batches
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
@@ -141,6 +143,7 @@ class Prediction:
     members: int | None = None
     statistics: Any = None  # the per-init statistics of ``rows`` (``metrics.statistics.Statistics``)
     times: LoopTimes | None = None  # where the forecast loop's time went (the slowest rank's)
+    complete: bool = False  # ``path`` already held this forecast: nothing was run or written
 
 
 @torch.no_grad()
@@ -206,6 +209,7 @@ def run_prediction(
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
     progress = Progress.for_output(out, scores)
+    recorded = finished_request(out)  # a complete output of predict's: the same request is a no-op
     shared = None if model is None else ModelFolder.open(model)
     ckpt = shared.path if shared is not None else find_checkpoint(cfg, progress.checkpoint(checkpoint))
     protected = protected_paths(cfg, ckpt, shared is not None)
@@ -215,7 +219,8 @@ def run_prediction(
         protected += (("--truth store", score.truth), ("--climatology", score.climatology))
     run_dir = () if shared is not None else (("run directory run.dir", cfg.run.dir),)
     if out is not None:
-        check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
+        check_output(out, KIND, overwrite=overwrite or recorded is not None, protected=protected,
+                     may_hold_outputs=run_dir)  # fmt: skip
     progress.check(protected, run_dir)
     if shared is not None:  # the contract, before any model is built
         check_config(shared, cfg)
@@ -239,14 +244,25 @@ def run_prediction(
             lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
             ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member,
                                                             perturb is not None)  # fmt: skip
+            batch = progress.batch_size(batch_size)
+            if batch is None and recorded is not None:  # the complete output's, as a resume's
+                batch = recorded.get(BATCH)
             return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
-                            progress.batch_size(batch_size), overwrite, score, ens, progress, analysis, fmt,
-                            template, shared, perturb)  # fmt: skip
+                            batch, overwrite, score, ens, progress, analysis, fmt, template, shared, perturb,
+                            recorded)  # fmt: skip
         finally:
             if lock is not None:
                 lock.release()
             if own and dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _shared(mesh: DomainMesh, value: Any) -> Any:
+    """Collective: rank 0's ``value`` on every rank."""
+    box = [value]
+    if mesh.is_distributed and dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bool,
@@ -286,7 +302,7 @@ def _predict(
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
     score: ScoreRequest | None, ens: Members | None, progress: Progress, analysis: Analysis | None = None,
     fmt: str = "zarr", template: str | None = None, shared: ModelFolder | None = None,
-    perturb: Perturbation | None = None,
+    perturb: Perturbation | None = None, recorded: dict[str, Any] | None = None,
 ) -> Prediction:  # fmt: skip
     from ..data.sources import build_data
 
@@ -308,6 +324,25 @@ def _predict(
     total = None if ens is None else ens.total
     layout = _layout(data, init_times, selection, total, 0 if ens is None else ens.first)
     check_format(fmt, template, layout)
+    files = None if fmt == "zarr" else template or TEMPLATES[fmt]
+    source = digest = None
+    if analysis is not None:  # the analysis's content, read once (rank 0), is part of the request
+        source = analysis.path
+        from ..data.analysis import fingerprint
+
+        digest = _shared(mesh, on_rank0(mesh, lambda: fingerprint(analysis.path)))
+
+    def request_for(batch: int, step: int) -> dict[str, Any]:
+        return forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch, score,
+                                source, digest, fmt, files, perturb)  # fmt: skip
+
+    if recorded is not None and batch_size is not None and out is not None:
+        step = shared.step if shared is not None else int(read_meta(ckpt)["step"])
+        if finished(out, recorded, request_for(batch_size, step), overwrite):
+            if mesh.rank == 0:
+                log.info("--out %s already holds this forecast: nothing to do", out)
+            return Prediction(Path(out), None, layout.init_times, steps, data.grid.n_lon, float("nan"),
+                              batch_size, float("nan"), total, complete=True)  # fmt: skip
     if out is not None:  # the size of what will be written, refused before any forecast if it cannot fit
         line = on_rank0(mesh, lambda: check_room(out, layout, fmt))
         if line:
@@ -340,9 +375,7 @@ def _predict(
             with pinned(ckpt):
                 step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
         model.eval()
-        source = None if analysis is None else analysis.path
-        request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size,
-                                   score, source, perturb)  # fmt: skip
+        request = request_for(batch_size, step)
         progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
         if out is not None:
             # a file format converts its store at the end, field by field: one field a chunk there
@@ -365,7 +398,7 @@ def _predict(
         times = times.reduce(mesh.world, dev)
         train_rate = float("nan") if last is None else _training_rate(model, data, last, bf16, tendency, ens)
         rows = scorer.finish() if scorer is not None else None
-        path = writer.close() if writer is not None else None
+        path = writer.close(request, progress.check_stop) if writer is not None else None
         progress.finish()
     except BaseException as err:
         progress.abort(err)

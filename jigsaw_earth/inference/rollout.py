@@ -151,7 +151,10 @@ def run_batches(r: Rollout, chunks: list[np.ndarray], progress: Progress, pipe: 
         if output is not None:
             output.begin(chunk)
         state = r.initial(batch, chunk)
+        writes = output.end_batch if output is not None else list
         for lead in range(r.steps):
+            if lead:  # collective: a stop signal ends the run here, the batch dropped, the earlier recorded
+                progress.within(i, lead, r.steps, pipe, writes)
             with forward:
                 state = r.step(state, batch, lead_times[lead], chunk, lead)
             steps_log.advance(len(chunk) * r.per_init)

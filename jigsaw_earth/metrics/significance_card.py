@@ -50,7 +50,9 @@ def _header(rows: list[dict[str, Any]], interval: dict[str, Any]) -> str:
     correction = {"holm": "Holm", "bh": "Benjamini–Hochberg", "none": "no correction"}[interval["correction"]]
     return (
         f"{rows[0]['model']} against {rows[0]['against']}: relative difference of each score in % [its "
-        f"{interval['confidence']:.0%} interval] ({interval['method']}, {interval['inits']} inits); * "
+        f"{interval['confidence']:.0%} interval] ({interval['method']}"
+        f"{', as ' + interval['requested'] + ' needs more inits' if interval.get('requested') else ''}, "
+        f"{interval['inits']} inits); * "
         f"significant after {correction} over these {n} cells"
     )
 
