@@ -184,12 +184,12 @@ def _predict(mesh: Any, raw: dict[str, Any], out: str, on_mesh: bool = False) ->
     """``predict --score`` of ``raw``'s run into ``out`` (on ``mesh`` when ``on_mesh``): rank 0's score
     rows."""
     from .config import parse_config
-    from .inference.predict import run_prediction
+    from .inference.predict import PredictRequest, run_prediction
     from .inference.scoring import ScoreRequest
 
-    cfg = parse_config(raw)
-    result = run_prediction(cfg, out, start="2020-01-11", end="2020-01-13", steps=2, max_inits=3,
-                            score=ScoreRequest(), overwrite=True, mesh=mesh if on_mesh else None)  # fmt: skip
+    request = PredictRequest(out=out, first_init="2020-01-11", last_init="2020-01-13", steps=2, max_inits=3,
+                             score=ScoreRequest(), overwrite=True)  # fmt: skip
+    result = run_prediction(parse_config(raw), request, mesh if on_mesh else None)
     return {"rows": [_json_row(r) for r in result.rows]}
 
 

@@ -98,12 +98,13 @@ def prepare(raw: dict, root: Path, grid: tuple[int, int], steps: int) -> dict:
 def forecast_worker(mesh: Any, cfg: dict, out: str | None, steps: int) -> dict:
     """On every rank of one run: predict one init ``steps`` steps; this rank's loop times."""
     from ..config import parse_config
-    from ..inference.predict import run_prediction
+    from ..inference.predict import PredictRequest, run_prediction
 
     cfg = {**cfg, "mesh": {"data": 1, "lat": mesh.shape.lat, "lon": mesh.shape.lon}}
     start = cfg["data"]["val_period"][0]
-    result = run_prediction(parse_config(cfg), out, start=start, end=start, steps=steps, max_inits=1,
-                            batch_size=1, overwrite=True, score=None, mesh=mesh)  # fmt: skip
+    request = PredictRequest(out=out, first_init=start, last_init=start, steps=steps, max_inits=1,
+                             batch_size=1, overwrite=True)  # fmt: skip
+    result = run_prediction(parse_config(cfg), request, mesh)
     return result.times.as_dict()
 
 

@@ -29,6 +29,7 @@ from .perturb_options import add_perturb_arguments, perturbation_from_args
 if TYPE_CHECKING:
     from ..config.schema import TrainConfig
     from ..inference.predict import Prediction
+    from ..inference.request import PredictRequest
     from ..inference.scoring import ScoreRequest
 
 
@@ -63,9 +64,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="forecast from this analysis (GRIB file or folder as IFS open data, GFS or the CDS publish "
         "them; netCDF; Zarr) instead of data.store's inits; on the model's grid",
     )
-    p.add_argument(
-        "--time", nargs="+", metavar="T", help="with --init: only these of its times, e.g. 2024-01-01T00"
-    )
+    p.add_argument("--time", nargs="+", dest="init_times", metavar="T",
+                   help="with --init: only these of its times, e.g. 2024-01-01T00")  # fmt: skip
     p.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
     p.add_argument(
         "--model",
@@ -74,12 +74,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "contract checked before it loads; KEY=VALUE overrides such as data.store=STORE",
     )
     p.add_argument(
-        "--first-init", "--start", dest="start", metavar="TIME",
+        "--first-init", "--start", dest="first_init", metavar="TIME",
         help="first initialisation time (default: data.val_period[0]); --first-init works under torchrun, "
         "which takes --start for its own --start-method",
     )  # fmt: skip
     p.add_argument(
-        "--last-init", "--end", dest="end", metavar="TIME",
+        "--last-init", "--end", dest="last_init", metavar="TIME",
         help="last initialisation time (default: data.val_period[1])",
     )  # fmt: skip
     p.add_argument("--steps", type=int, help="steps of data.step_hours (default 4, or the last lead)")
@@ -135,17 +135,6 @@ def _spelled(argv: Sequence[str], long: str, short: str) -> str:
     return long if any(a == long or a.startswith(f"{long}=") for a in argv) else short
 
 
-def _check_period(start: str, end: str, argv: Sequence[str] = ()) -> None:
-    first, last = _spelled(argv, "--first-init", "--start"), _spelled(argv, "--last-init", "--end")
-    for option, text in ((first, start), (last, end)):
-        try:
-            np.datetime64(text, "h")
-        except ValueError:
-            raise ValueError(f"{option} {text!r} is not a date; write YYYY-MM-DD or YYYY-MM-DDTHH") from None
-    if np.datetime64(start, "h") > np.datetime64(end, "h"):
-        raise ValueError(f"{first} {start} is after {last} {end}; swap them")
-
-
 READ_BACK = {
     "zarr": "open it with xarray.open_zarr({path!r})",
     "grib2": "read its files with ecCodes (grib_ls {path}/*.grib2) or xarray.open_dataset(FILE, "
@@ -154,71 +143,68 @@ READ_BACK = {
 }
 
 
-def _init_period(args: argparse.Namespace, cfg: TrainConfig) -> tuple[str, str]:
-    """``--start``/``--end`` (default ``data.val_period``) select data.store's inits; ``--init`` its own."""
-    argv = getattr(args, "argv", [])
-    if args.init is not None:
-        first, last = _spelled(argv, "--first-init", "--start"), _spelled(argv, "--last-init", "--end")
-        given = [o for o, v in ((first, args.start), (last, args.end), ("--max-inits", args.max_inits),
-                                ("--every-hours", args.every_hours != 12)) if v]  # fmt: skip
-        if given:
-            raise ValueError(
-                f"{given[0]} selects inits of data.store; with --init choose its times with --time"
-            )
-        return "", ""
-    if args.time:
-        raise ValueError(
-            "--time chooses the times of an --init analysis; add --init SOURCE (or use --first-init and "
-            "--last-init)"
-        )
-    period = cfg.data.val_period or ["", ""]
-    start, end = args.start or period[0], args.end or period[-1]
-    if not start or not end:
-        raise ValueError("give --start and --end (the config has no data.val_period to default to)")
-    _check_period(start, end, argv)
-    return start, end
-
-
 def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
+    """``--score`` and its settings; a setting without ``--score`` is refused."""
     from ..inference.scoring import ScoreRequest
 
     given = [o for o, v in (("--truth", args.truth), ("--climatology", args.climatology),
-                            ("--regions", args.regions), ("--scores", args.scores)) if v]  # fmt: skip
+                            ("--regions", args.regions)) if v]  # fmt: skip
     if not args.score:
         if given:
             raise ValueError(f"{given[0]} is a scoring option; add --score (or leave it out)")
         return None
-    if args.regions:
-        from ..metrics.regions import get_regions
-
-        get_regions(args.regions)  # unknown names fail here, before any work
     return ScoreRequest(args.truth, args.climatology, tuple(args.regions) if args.regions else None)
 
 
-def _stores(args: argparse.Namespace, cfg: TrainConfig) -> tuple[tuple[str, str | None], ...]:
+def _respelled(message: str, argv: Sequence[str]) -> str:
+    """``message`` naming ``--first-init``/``--last-init`` as the command line spelled them."""
+    for long, short in (("--first-init", "--start"), ("--last-init", "--end")):
+        message = message.replace(long, _spelled(argv, long, short))
+    return message
+
+
+def _request(args: argparse.Namespace, cfg: TrainConfig) -> PredictRequest:
+    """The one request of the parsed options: each field from the option of its name (``dest``), the
+    scoring and the perturbation from their groups; checked, the default period included, with the
+    errors naming the options as typed."""
+    from ..inference.request import PredictRequest
+
+    values = {name: getattr(args, name) for name in PredictRequest.model_fields}
+    try:
+        values.update(score=_score_request(args), perturb=perturbation_from_args(args, cfg))
+        request = PredictRequest(**values)
+        request.period(cfg.data.val_period)
+    except ValueError as err:
+        raise ValueError(_respelled(str(err), getattr(args, "argv", []))) from None
+    return request
+
+
+def _stores(request: PredictRequest, cfg: TrainConfig) -> tuple[tuple[str, str | None], ...]:
     """What ``--scores`` may never be inside: the stores read and the one written."""
     from ..data.preflight import default_climatology_path
 
-    d = cfg.data
-    return (("--out store", args.out), ("--truth store", args.truth), ("truth/training store data.store",
-            d.store), ("--climatology store", args.climatology),
+    d, score = cfg.data, request.score
+    truth, climatology = (None, None) if score is None else (score.truth, score.climatology)
+    return (("--out store", request.out), ("--truth store", truth), ("truth/training store data.store",
+            d.store), ("--climatology store", climatology),
             ("climatology", d.climatology or default_climatology_path(d.store)),
-            ("--init source", args.init))  # fmt: skip
+            ("--init source", request.init))  # fmt: skip
 
 
-def _complete(args: argparse.Namespace, result: Prediction) -> None:
+def _complete(request: PredictRequest, result: Prediction) -> None:
     """Rank 0: ``--out`` already held this forecast; where its scores are, if it was scored."""
     n = result.init_times.size
     print(f"{result.path} is complete: it holds this forecast ({n} inits × {result.steps} steps, the same "
           f"request); nothing was forecast or written. Change the request, or pass "
           f"--overwrite with another one, to forecast again")  # fmt: skip
-    if args.scores:
-        found = Path(f"{args.scores}.json")
+    prefix = request.scores
+    if prefix:
+        found = Path(f"{prefix}.json")
         print(f"its scores: {found}" if found.is_file() else f"its scores {found} are missing: score the "
-              f"store with jigsaw-earth score {result.path} --truth STORE --out {args.scores}")  # fmt: skip
+              f"store with jigsaw-earth score {result.path} --truth STORE --out {prefix}")  # fmt: skip
 
 
-def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> None:
+def _report(request: PredictRequest, result: Prediction, cfg: TrainConfig) -> None:
     """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
     r = result
     members = "" if r.members is None else f" × {r.members} member" + "s" * (r.members != 1)
@@ -241,40 +227,40 @@ def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> N
         interval = IntervalOptions().info(int(result.init_times.size))  # TileScorer.finish's default
         print(format_scorecard(result.rows, read_baselines(None), resolution, period, members=result.members,
                                interval=interval))  # fmt: skip
-        if args.scores:
+        if request.scores and request.score is not None:
             from ..inference.scoring import score_stores
 
             first, last = result.init_times.min(), result.init_times.max()
             times = [str(np.datetime_as_string(t, unit="h")) for t in (first, last)]
-            truth, climatology = score_stores(_score_request(args), cfg)  # the stores actually read
+            truth, climatology = score_stores(request.score, cfg)  # the stores actually read
             info = {"forecast": None if result.path is None else str(Path(result.path).resolve()),
                     "truth": truth, "climatology": climatology, "baselines": None,
                     "resolution": resolution, "inits": [*times, int(result.init_times.size)],
                     "members": result.members, "interval": interval}  # fmt: skip
             result.statistics.ds.attrs.update({k: v for k, v in info.items() if k in ("forecast", "truth",
                                                "climatology", "resolution") and v})  # fmt: skip
-            for path in write_scores(result.rows, Path(args.scores), info, "--scores", _stores(args, cfg),
+            stores = _stores(request, cfg)
+            for path in write_scores(result.rows, Path(request.scores), info, "--scores", stores,
                                      statistics=result.statistics):  # fmt: skip
                 print(f"wrote {path}")
     if result.path is not None:
-        print(f"wrote {result.path}; {READ_BACK[args.format].format(path=str(result.path))}")
+        print(f"wrote {result.path}; {READ_BACK[request.format].format(path=str(result.path))}")
 
 
-#: predict's options that make a forecast (dest, as written): not taken with --unfinished
-_FORECAST_OPTIONS = (("config", "CONFIG"), ("overrides", "KEY=VALUE"), ("out", "--out"),
-                     ("checkpoint", "--checkpoint"), ("start", "--first-init/--start"),
-                     ("end", "--last-init/--end"), ("steps", "--steps"), ("variables", "--variables"),
-                     ("levels", "--levels"), ("lead_hours", "--lead-hours"), ("lead_every", "--lead-every"),
-                     ("batch_size", "--batch-size"), ("overwrite", "--overwrite"), ("members", "--members"),
-                     ("seed", "--seed"), ("score", "--score"), ("scores", "--scores"), ("init", "--init"),
-                     ("time", "--time"), ("template", "--template"), ("model", "--model"),
-                     ("perturb", "--perturb"))  # fmt: skip
+def _forecast_options(args: argparse.Namespace) -> list[str]:
+    """The options given that make a forecast (not taken with ``--unfinished``), as written."""
+    from ..inference.request import PredictRequest, option_of
+
+    fields = PredictRequest.model_fields
+    given = [name for dest, name in (("config", "CONFIG"), ("overrides", "KEY=VALUE")) if getattr(args, dest)]
+    return given + [option_of(f) for f, field in fields.items() if getattr(args, f, None) not in
+                    (None, False, [], field.default)]  # fmt: skip
 
 
 def _unfinished(args: argparse.Namespace) -> int:
     from ..inference.unfinished import find_unfinished, foreign_files, foreign_text, remove_unfinished
 
-    given = [name for dest, name in _FORECAST_OPTIONS if getattr(args, dest, None)]
+    given = _forecast_options(args)
     if given:
         option = "--unfinished" if args.unfinished is not None else "--remove-unfinished"
         raise ValueError(
@@ -328,7 +314,6 @@ def _model_config(args: argparse.Namespace) -> TrainConfig:
 def run(args: argparse.Namespace) -> int:
     from ..inference.predict import run_prediction
     from ..inference.progress import Stopped
-    from ..inference.selection import parse_int_list
     from ..mesh_setup import world_size_from_env
 
     if args.unfinished is not None or args.remove_unfinished:
@@ -343,55 +328,19 @@ def run(args: argparse.Namespace) -> int:
     else:
         cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-    start, end = _init_period(args, cfg)
-    if args.seed is not None and args.members is None:
-        raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
-    if args.first_member and args.members is None:
-        raise ValueError(
-            f"--first-member {args.first_member} numbers an ensemble's members; add --members N or leave "
-            f"it out"
-        )
-    perturb = perturbation_from_args(args, cfg)
-    score = _score_request(args)
-    if args.scores:  # before any work: the one output check (never a run record, never in a store)
+    request = _request(args, cfg)
+    if request.scores:  # before any work: the one output check (never a run record, never in a store)
         from ..metrics.scorecard import check_scores_output
 
-        check_scores_output(args.scores, "--scores", _stores(args, cfg))
-    variables = [v for item in args.variables for v in item.split(",") if v] if args.variables else None
+        check_scores_output(request.scores, "--scores", _stores(request, cfg))
     try:
-        result = run_prediction(
-            cfg,
-            args.out,
-            checkpoint=args.checkpoint,
-            start=start,
-            end=end,
-            steps=args.steps,
-            every_hours=args.every_hours,
-            max_inits=args.max_inits,
-            batch_size=args.batch_size,
-            overwrite=args.overwrite,
-            variables=variables,
-            levels=parse_int_list(args.levels, "--levels"),
-            lead_hours=parse_int_list(args.lead_hours, "--lead-hours"),
-            lead_every=args.lead_every,
-            score=score,
-            members=args.members,
-            seed=args.seed,
-            scores=args.scores,
-            first_member=args.first_member,
-            init=args.init,
-            init_times=[t for item in args.time for t in item.split(",") if t] if args.time else None,
-            fmt=args.format,
-            template=args.template,
-            model=args.model,
-            perturb=perturb,
-        )
+        result = run_prediction(cfg, request)
     except Stopped as err:
         if rank == 0:
             print(f"jigsaw-earth predict: {err}", file=sys.stderr)
         return err.exit_code
     if rank == 0 and result.complete:
-        _complete(args, result)
+        _complete(request, result)
     elif rank == 0:
-        _report(args, result, cfg)
+        _report(request, result, cfg)
     return 0

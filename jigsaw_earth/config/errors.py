@@ -87,25 +87,26 @@ def _show(value: Any) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
-def one_line(err: ValidationError, root: type) -> str:
-    """The first of ``err``'s errors as ``config KEY=VALUE: what is wrong; the fix``."""
+def one_line(err: ValidationError, root: type, what: str = "config") -> str:
+    """The first of ``err``'s errors as ``config KEY=VALUE: what is wrong; the fix`` (``what``: the
+    thing checked, ``config`` or ``predict request``)."""
     e = err.errors(include_url=False)[0]
     kind, ctx, value = e["type"], e.get("ctx", {}), e.get("input")
     loc = tuple(e["loc"])
     path, tp, parent, note = _walk(loc, root)
-    key = f"config {path}={_show(value)}"
+    key = f"{what} {path}={_show(value)}"
     if loc[-1:] == ("[key]",):  # a mapping's key, not its value
-        key = f"config {_walk(loc[:-2], root)[0]} key {_show(value)}"
+        key = f"{what} {_walk(loc[:-2], root)[0]} key {_show(value)}"
     if kind == "extra_forbidden":
-        return f"config: unknown key {path!r}; {_nearest(str(loc[-1]), list(_hints(parent)))}"
+        return f"{what}: unknown key {path!r}; {_nearest(str(loc[-1]), list(_hints(parent)))}"
     if kind == "missing":
         field = getattr(parent, "model_fields", {}).get(loc[-1])
-        return f"config: missing required key {path!r} ({getattr(field, 'description', '')})"
+        return f"{what}: missing required key {path!r} ({getattr(field, 'description', '')})"
     if kind in ("literal_error", "union_tag_invalid"):
         if kind == "union_tag_invalid":
             field = ctx["discriminator"].strip(chr(39))
             field = "name" if field.endswith("()") else field  # the model union's tag is model.name
-            key = f"config {path}.{field}={ctx['tag']!r}"
+            key = f"{what} {path}.{field}={ctx['tag']!r}"
             value = ctx["tag"]
         choices = re.findall(r"'([^']*)'", ctx.get("expected") or ctx.get("expected_tags", ""))
         choices = ["package.module:Class" if c == "external" else c for c in choices]

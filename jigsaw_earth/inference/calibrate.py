@@ -27,7 +27,7 @@ import torch.distributed as dist
 from ..config.schema import TrainConfig
 from ..mesh_setup import setup_mesh
 from .perturb import SETTINGS_KIND, Perturbation
-from .predict import run_prediction
+from .predict import PredictRequest, run_prediction
 from .scoring import ScoreRequest
 
 __all__ = ["BY", "Calibration", "aim", "calibrate", "default_amplitudes", "format_table", "settings"]
@@ -140,7 +140,12 @@ def calibrate(cfg: TrainConfig, base: Perturbation, *, amplitudes: list[float] |
                 f"--amplitudes {a}: every amplitude must be positive; e.g. --amplitudes 0.05 0.1 0.2"
             )
     names, levels = _split(fields)
-    steps = lead_hours // cfg.data.step_hours
+    request = PredictRequest(
+        checkpoint=checkpoint, first_init=start, last_init=end, steps=lead_hours // cfg.data.step_hours,
+        every_hours=every_hours, max_inits=max_inits, batch_size=batch_size, variables=names,
+        levels=levels or None, lead_hours=[lead_hours], score=ScoreRequest(), members=members, seed=seed,
+        perturb=base,
+    )  # fmt: skip
     mesh = setup_mesh(cfg)
     rows: list[dict[str, Any]] = []
     inits: list[Any] = []
@@ -152,12 +157,8 @@ def calibrate(cfg: TrainConfig, base: Perturbation, *, amplitudes: list[float] |
             for a in sweep:
                 if any(math.isclose(a, r["amplitude"]) for r in rows):
                     continue
-                result = run_prediction(
-                    cfg, None, checkpoint=checkpoint, start=start, end=end, steps=steps,
-                    every_hours=every_hours, max_inits=max_inits, batch_size=batch_size, variables=names,
-                    levels=levels or None, lead_hours=[lead_hours], score=ScoreRequest(), mesh=mesh,
-                    members=members, seed=seed, perturb=replace(base, amplitude=a),
-                )  # fmt: skip
+                amplitude = request.model_copy(update={"perturb": replace(base, amplitude=a)})
+                result = run_prediction(cfg, amplitude, mesh)
                 rows.append(_row(a, result.rows, fields, lead_hours))
                 inits = [str(np.datetime_as_string(t, unit="h")) for t in (result.init_times.min(),
                          result.init_times.max())] + [int(result.init_times.size)]  # fmt: skip

@@ -57,9 +57,10 @@ from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
 from .perturb import Perturbation, check_history, check_perturbation, log_choice
 from .progress import BATCH, Progress, forecast_request
+from .request import PredictRequest
 from .rerun import finished, finished_request
 from .rollout import Rollout, run_batches
-from .scoring import ScoreRequest, TileScorer
+from .scoring import TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, replicas_fit, training_forward_rate
 from .timing import LoopTimes
@@ -68,7 +69,7 @@ from .write_pool import ForecastOutput, WriterPool
 if TYPE_CHECKING:
     from ..data.analysis import Analysis
 
-__all__ = ["Prediction", "run_prediction", "select_inits"]
+__all__ = ["PredictRequest", "Prediction", "run_prediction", "select_inits"]
 
 log = logging.getLogger(__name__)
 
@@ -109,23 +110,6 @@ def _layout(data: TrainData, init_times: np.ndarray, selection: Selection, membe
     return layout
 
 
-def _check_options(out: str | Path | None, every_hours: int, max_inits: int, batch_size: int | None,
-                   score: ScoreRequest | None) -> None:  # fmt: skip
-    for option, value, least in (
-        ("--every-hours", every_hours, 1), ("--max-inits", max_inits, 0),
-        ("--batch-size", 1 if batch_size is None else batch_size, 1),
-    ):  # fmt: skip
-        if value < least:
-            what = "0 (all) or more" if least == 0 else f"at least {least}"
-            raise ValueError(f"{option} {value}: must be {what}; e.g. {option} {max(least, 1)}")
-    if out is None and score is None:
-        raise ValueError(
-            "nothing to do: give --out STORE to write the forecast, --score to score it, or both"
-        )
-    if out is not None and not str(out).strip():
-        raise ValueError("--out '' is empty; give the forecast store to write, e.g. --out fc.zarr")
-
-
 @dataclass
 class Prediction:
     """What ``run_prediction`` did: the store written (or None), ``score``'s rows (or None), the
@@ -149,55 +133,26 @@ class Prediction:
 
 
 @torch.no_grad()
-def run_prediction(
-    cfg: TrainConfig,
-    out: str | Path | None,
-    *,
-    checkpoint: str | None = None,
-    start: str,
-    end: str,
-    steps: int | None = None,
-    every_hours: int = 12,
-    max_inits: int = 0,
-    batch_size: int | None = None,
-    overwrite: bool = False,
-    variables: list[str] | None = None,
-    levels: list[int] | None = None,
-    lead_hours: list[int] | None = None,
-    lead_every: int | None = None,
-    score: ScoreRequest | None = None,
-    mesh: DomainMesh | None = None,
-    members: int | None = None,
-    seed: int | None = None,
-    scores: str | Path | None = None,
-    first_member: int = 0,
-    init: str | Path | None = None,
-    init_times: list[str] | None = None,
-    fmt: str = "zarr",
-    template: str | None = None,
-    model: str | Path | None = None,
-    perturb: Perturbation | None = None,
-) -> Prediction:
-    """Forecast from every selected init (``init``: from the initial states of that analysis, at
-    ``init_times`` or all of its times, instead of the store's inits in ``start`` … ``end``); write the
-    selected variables, levels and leads to ``out`` and/or score them (``score``) as the rollout runs
-    (collective). ``mesh``: run on this existing mesh (of ``cfg.mesh``'s shape; it stays up) instead
-    of forming and ending one. ``members``: an ensemble of that many members (a ``number`` dimension;
-    None: deterministic, no dimension), their noise drawn with ``seed`` (default ``run.seed``),
-    numbered from ``first_member`` (further members of the same ensemble). ``scores``: the prefix the
-    scores are written to, which names a score-only run's in-progress folder (``PREFIX.in-progress``);
-    a stop signal raises ``progress.Stopped`` after recording what is done. ``fmt``: ``zarr`` (one
-    store), ``grib2`` or ``netcdf`` (a folder of files named by ``template``, ``formats.py``). ``model``:
-    a shared model's folder (``model export``) instead of ``cfg.run.dir``'s checkpoint, its contract
-    checked against the store and ``init`` before the model is built (``sharing/use.py``).
-    ``perturb``: the members' initial states perturbed so (any model; ``perturb.py``)."""
-    _check_options(out, every_hours, max_inits, batch_size, score)
-    if perturb is not None:
-        if members is None:
-            raise ValueError(f"--perturb {perturb.scheme} perturbs an ensemble's members; add --members N")
-        check_perturbation(perturb, members, first_member, cfg.data.step_hours, init is not None)
-    if members is not None:
-        check(cfg, members, cfg.mesh.ensemble, first_member, perturb is not None)
+def run_prediction(cfg: TrainConfig, request: PredictRequest, mesh: DomainMesh | None = None) -> Prediction:
+    """Forecast from every init ``request`` selects (``init``: from the initial states of that
+    analysis, at ``init_times`` or all of its times, instead of data.store's inits in ``first_init`` …
+    ``last_init``, default ``data.val_period``); write the selected variables, levels and leads to
+    ``out`` and/or score them (``score``) as the rollout runs (collective). ``mesh``: run on this
+    existing mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one. ``members``:
+    an ensemble of that many members (a ``number`` dimension; None: deterministic, no dimension), their
+    noise drawn with ``seed`` (default ``run.seed``), numbered from ``first_member``, the initial states
+    perturbed with ``perturb`` (any model; ``perturb.py``). ``scores`` names a score-only run's
+    in-progress folder (``PREFIX.in-progress``); a stop signal raises ``progress.Stopped`` after
+    recording what is done. ``format``: ``zarr`` (one store), ``grib2`` or ``netcdf`` (a folder of files
+    named by ``template``, ``formats.py``). ``model``: a shared model's folder (``model export``) instead
+    of ``cfg.run.dir``'s checkpoint, its contract checked against the store and ``init`` before the model
+    is built (``sharing/use.py``)."""
+    r = request
+    period = r.period(cfg.data.val_period)
+    if r.perturb is not None:
+        check_perturbation(r.perturb, r.members, r.first_member, cfg.data.step_hours, r.init is not None)
+    if r.members is not None:
+        check(cfg, r.members, cfg.mesh.ensemble, r.first_member, r.perturb is not None)
     elif cfg.mesh.ensemble > 1:
         raise ValueError(
             f"mesh.ensemble={cfg.mesh.ensemble} spreads ensemble members over groups of ranks; give "
@@ -208,20 +163,21 @@ def run_prediction(
             f"model.noise_channels={noise_channels(cfg)}: a stochastic model's forecasts are ensemble "
             f"members; give --members N (--members 1 for one member, in a store with a 'number' dimension)"
         )
-    selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
-                       lead_every=lead_every)  # fmt: skip
-    progress = Progress.for_output(out, scores)
+    selection = select(cfg, variables=r.variables, levels=r.levels, steps=r.steps, lead_hours=r.lead_hours,
+                       lead_every=r.lead_every)  # fmt: skip
+    out, score = r.out, r.score
+    progress = Progress.for_output(out, r.scores)
     recorded = finished_request(out)  # a complete output of predict's: the same request is a no-op
-    shared = None if model is None else ModelFolder.open(model)
-    ckpt = shared.path if shared is not None else find_checkpoint(cfg, progress.checkpoint(checkpoint))
+    shared = None if r.model is None else ModelFolder.open(r.model)
+    ckpt = shared.path if shared is not None else find_checkpoint(cfg, progress.checkpoint(r.checkpoint))
     protected = protected_paths(cfg, ckpt, shared is not None)
-    if init is not None:
-        protected += (("--init source", init),)
+    if r.init is not None:
+        protected += (("--init source", r.init),)
     if score is not None:
         protected += (("--truth store", score.truth), ("--climatology", score.climatology))
     run_dir = () if shared is not None else (("run directory run.dir", cfg.run.dir),)
     if out is not None:
-        check_output(out, KIND, overwrite=overwrite or recorded is not None, protected=protected,
+        check_output(out, KIND, overwrite=r.overwrite or recorded is not None, protected=protected,
                      may_hold_outputs=run_dir)  # fmt: skip
     progress.check(protected, run_dir)
     if shared is not None:  # the contract, before any model is built
@@ -230,10 +186,10 @@ def run_prediction(
     else:
         check_against_checkpoint(cfg, ckpt)
     analysis = None
-    if init is not None:  # checked against the model's grid, variables and levels before any model is built
+    if r.init is not None:  # checked against the model's grid, variables and levels before any model is built
         from ..data.analysis import open_analysis
 
-        analysis = open_analysis(init, cfg.data, init_times)
+        analysis = open_analysis(r.init, cfg.data, r.init_times)
         if shared is not None:
             check_analysis(shared, analysis)
     own = mesh is None
@@ -244,20 +200,42 @@ def run_prediction(
         lock = None
         try:
             lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
-            ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member,
-                                                            perturb is not None)  # fmt: skip
-            batch = progress.batch_size(batch_size)
+            ens = None if r.members is None else Members.plan(cfg, mesh, r.members, r.seed, r.first_member,
+                                                              r.perturb is not None)  # fmt: skip
+            batch = progress.batch_size(r.batch_size)
             if batch is None and recorded is not None:  # the complete output's, as a resume's
                 batch = recorded.get(BATCH)
+            run = _Run(cfg, mesh, r, ckpt, protected, period, selection, batch, ens, progress, analysis,
+                       shared, recorded)  # fmt: skip
             with _watched(cfg, mesh, progress) if own else nullcontext():
-                return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours,
-                                max_inits, batch, overwrite, score, ens, progress, analysis, fmt, template,
-                                shared, perturb, recorded)  # fmt: skip
+                return _predict(run)
         finally:
             if lock is not None:
                 lock.release()
             if own and dist.is_initialized():
                 dist.destroy_process_group()
+
+
+@dataclass
+class _Run:
+    """What ``run_prediction`` resolved before the mesh's work: the request, the checkpoint (or
+    ``shared`` model), the paths never written, the period of data.store's inits, the selection, the
+    batch (None: chosen by memory), the ensemble plan, the progress, the ``init`` analysis, and the
+    request a complete ``out`` recorded."""
+
+    cfg: TrainConfig
+    mesh: DomainMesh
+    request: PredictRequest
+    ckpt: Path
+    protected: Any
+    period: tuple[str, str]
+    selection: Selection
+    batch_size: int | None
+    ens: Members | None
+    progress: Progress
+    analysis: Analysis | None
+    shared: ModelFolder | None
+    recorded: dict[str, Any] | None
 
 
 def _watched(cfg: TrainConfig, mesh: DomainMesh, progress: Progress) -> Any:
@@ -309,15 +287,14 @@ def _perturber(perturb: Perturbation | None, ens: Members | None, data: TrainDat
     return Perturber(perturb, ens, data, step)
 
 
-def _predict(
-    cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
-    selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
-    score: ScoreRequest | None, ens: Members | None, progress: Progress, analysis: Analysis | None = None,
-    fmt: str = "zarr", template: str | None = None, shared: ModelFolder | None = None,
-    perturb: Perturbation | None = None, recorded: dict[str, Any] | None = None,
-) -> Prediction:  # fmt: skip
+def _predict(run: _Run) -> Prediction:
+    """The forecast on the mesh: inits, layout, model, then the batches (``rollout.py``)."""
     from ..data.sources import build_data
 
+    cfg, mesh, r, ckpt, selection, ens, progress = (run.cfg, run.mesh, run.request, run.ckpt, run.selection,
+                                                    run.ens, run.progress)  # fmt: skip
+    out, score, perturb, fmt, shared, analysis = r.out, r.score, r.perturb, r.format, run.shared, run.analysis
+    batch_size = run.batch_size
     data = build_data(cfg, mesh, training=False)
     if shared is not None:
         use_contract(shared, data)  # the model's own normalisation and static fields
@@ -325,7 +302,7 @@ def _predict(
     set_precision(cfg.training.precision)
     steps = selection.steps
     if analysis is None:
-        inits = select_inits(data, start, end, steps, every_hours, max_inits)
+        inits = select_inits(data, *run.period, steps, r.every_hours, r.max_inits)
         init_times = np.asarray(data.times)[inits]
     else:
         init_times = inits = analysis.times
@@ -335,8 +312,8 @@ def _predict(
             log_choice(perturb)
     total = None if ens is None else ens.total
     layout = _layout(data, init_times, selection, total, 0 if ens is None else ens.first)
-    check_format(fmt, template, layout)
-    files = None if fmt == "zarr" else template or TEMPLATES[fmt]
+    check_format(fmt, r.template, layout)
+    files = None if fmt == "zarr" else r.template or TEMPLATES[fmt]
     source = digest = None
     if analysis is not None:  # the analysis's content, read once (rank 0), is part of the request
         source = analysis.path
@@ -348,9 +325,9 @@ def _predict(
         return forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch, score,
                                 source, digest, fmt, files, perturb)  # fmt: skip
 
-    if recorded is not None and batch_size is not None and out is not None:
+    if run.recorded is not None and batch_size is not None and out is not None:
         step = shared.step if shared is not None else int(read_meta(ckpt)["step"])
-        if finished(out, recorded, request_for(batch_size, step), overwrite):
+        if finished(out, run.recorded, request_for(batch_size, step), r.overwrite):
             if mesh.rank == 0:
                 log.info("--out %s already holds this forecast: nothing to do", out)
             return Prediction(Path(out), None, layout.init_times, steps, data.grid.n_lon, float("nan"),
@@ -387,15 +364,16 @@ def _predict(
             with pinned(ckpt):
                 step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
         model.eval()
-        request = request_for(batch_size, step)
-        progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
+        record = request_for(batch_size, step)  # what the output records: a resume must ask for the same
+        progress.open(mesh, record, len(inits), batch_size)  # collective: lock, compare, where to start
         if out is not None:
             # a file format converts its store at the end, field by field: one field a chunk there
             chunks = (
                 store_chunks(layout, data.grid, batch_size, replicas, per_init) if fmt == "zarr" else None
             )
-            writer = open_writer(fmt, out, layout, data.grid, mesh.rank, template, overwrite=overwrite,
-                                 protected=protected, resume=not progress.fresh, chunks=chunks)  # fmt: skip
+            writer = open_writer(fmt, out, layout, data.grid, mesh.rank, r.template,
+                                 overwrite=r.overwrite, protected=run.protected, resume=not progress.fresh,
+                                 chunks=chunks)  # fmt: skip
             pool = WriterPool()
             mine_members = None if ens is None else ens.mine
             output = ForecastOutput(writer.store, data.tile, dev, batch_size, mine_members, pool)
@@ -410,7 +388,7 @@ def _predict(
         times = times.reduce(mesh.world, dev)
         train_rate = float("nan") if last is None else _training_rate(model, data, last, bf16, tendency, ens)
         rows = scorer.finish() if scorer is not None else None
-        path = writer.close(request, progress.check_stop) if writer is not None else None
+        path = writer.close(record, progress.check_stop) if writer is not None else None
         progress.finish()
     except BaseException as err:
         progress.abort(err)
