@@ -54,7 +54,7 @@ def _configs(root: Path, device: str, on_cpu: bool) -> dict[str, dict[str, Any]]
 
 def _run(mesh: DomainMesh | None, raw: dict[str, Any], forecast: str | None, members: int | None) -> dict:
     from jigsaw_earth.config import parse_config
-    from jigsaw_earth.inference.predict import run_prediction
+    from jigsaw_earth.inference.predict import PredictRequest, run_prediction
     from jigsaw_earth.inference.scoring import ScoreRequest
     from jigsaw_earth.mesh_setup import setup_mesh
     from jigsaw_earth.training.loop import Trainer
@@ -67,8 +67,20 @@ def _run(mesh: DomainMesh | None, raw: dict[str, Any], forecast: str | None, mem
     out = {"steps": [int(h["step"]) for h in history], "losses": [float(h["loss"]) for h in history],
            "validation": {k: float(v) for k, v in summary["validation"].items()}}  # fmt: skip
     if forecast is not None:
-        result = run_prediction(cfg, forecast, start="2020-01-11", end="2020-01-13", steps=2, max_inits=2,
-                                score=ScoreRequest(), overwrite=True, mesh=mesh, members=members)  # fmt: skip
+        result = run_prediction(
+            cfg,
+            PredictRequest(
+                out=forecast,
+                first_init="2020-01-11",
+                last_init="2020-01-13",
+                steps=2,
+                max_inits=2,
+                score=ScoreRequest(),
+                overwrite=True,
+                members=members,
+            ),
+            mesh,
+        )
         out["scores"] = sorted((_key(r), float(r["value"])) for r in result.rows)
     return out
 

@@ -21,7 +21,7 @@ from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.spawn import spawn
 from jigsaw_earth.inference.members import Members
 from jigsaw_earth.inference.perturb import Perturbation
-from jigsaw_earth.inference.predict import _perturber, run_prediction, select_inits
+from jigsaw_earth.inference.predict import PredictRequest, _perturber, run_prediction, select_inits
 from jigsaw_earth.training import run_training
 from tests.test_predict_scale import PERIOD, _config, _make_store
 
@@ -52,7 +52,7 @@ def _initial_states(mesh: DomainMesh, raw: dict) -> dict:
     data = build_data(cfg, mesh, training=False)
     model = build_run_model(cfg, mesh, data).eval()
     tendency = data.tendency_std if cfg.loss.tendency_scaling else None
-    inits = select_inits(data, PERIOD["start"], PERIOD["end"], 1, 12, PERIOD["max_inits"])
+    inits = select_inits(data, PERIOD["first_init"], PERIOD["last_init"], 1, 12, PERIOD["max_inits"])
     inputs = data._batch(inits, 0).inputs
     out = {
         "tile": list(data.tile.slices[0].indices(10**6)[:2]) + list(data.tile.slices[1].indices(10**6)[:2])
@@ -96,8 +96,17 @@ def test_every_scheme_perturbs_the_same_on_every_mesh(tmp_path: Path) -> None:
 def _every_scheme(mesh: DomainMesh | None, raw: dict, folder: str) -> list[str]:
     cfg = parse_config(raw)
     for name, p in SCHEMES.items():
-        run_prediction(cfg, Path(folder) / f"{name}.zarr", steps=2, members=MEMBERS[name], mesh=mesh,
-                       perturb=p.with_defaults(cfg.data.step_hours), **PERIOD)  # fmt: skip
+        run_prediction(
+            cfg,
+            PredictRequest(
+                out=Path(folder) / f"{name}.zarr",
+                steps=2,
+                members=MEMBERS[name],
+                perturb=p.with_defaults(cfg.data.step_hours),
+                **PERIOD,
+            ),
+            mesh,
+        )
     return list(SCHEMES)
 
 
@@ -135,11 +144,11 @@ def test_pairs_control_further_members_and_the_paired_crps(run: Path, tmp_path: 
 
     cfg = parse_config(_config(run, (1, 1)))
     plain, five = tmp_path / "plain.zarr", tmp_path / "five.zarr"
-    run_prediction(cfg, plain, steps=1, **PERIOD)
+    run_prediction(cfg, PredictRequest(out=plain, steps=1, **PERIOD))
     p = Perturbation("gaussian", 0.01, pairs=True, control=True, scale="std").with_defaults(6)
-    run_prediction(cfg, five, steps=1, members=5, perturb=p, **PERIOD)
+    run_prediction(cfg, PredictRequest(out=five, steps=1, members=5, perturb=p, **PERIOD))
     more = tmp_path / "more.zarr"
-    run_prediction(cfg, more, steps=1, members=2, first_member=3, perturb=p, **PERIOD)
+    run_prediction(cfg, PredictRequest(out=more, steps=1, members=2, first_member=3, perturb=p, **PERIOD))
     a, b, c = _open(plain), _open(five), _open(more)
     assert list(c["number"].values) == [3, 4]
     for var in a.data_vars:
@@ -183,7 +192,7 @@ def _write_config(run: Path, tmp_path: Path) -> Path:
 def _predict_argv(config: Path, out: Path, *extra: str, period: bool = True) -> list[str]:
     argv = ["predict", str(config), "training.steps=1000", "--steps", "1", "--out", str(out)]
     if period:
-        argv += ["--first-init", PERIOD["start"], "--last-init", PERIOD["end"], "--max-inits", "2"]
+        argv += ["--first-init", PERIOD["first_init"], "--last-init", PERIOD["last_init"], "--max-inits", "2"]
     return argv + list(extra)
 
 
@@ -223,8 +232,8 @@ def test_calibrate_writes_the_settings_predict_reads(run: Path, tmp_path: Path, 
     config, settings = _write_config(run, tmp_path), tmp_path / "gaussian.json"
     argv = ["ensemble", "calibrate", str(config), "training.steps=1000", "--perturb", "gaussian", "--pairs",
             "--members", "2", "--lead-hours", "6", "--amplitudes", "0.02", "0.2",
-            "--fields", "geopotential@500", "temperature@850", "--first-init", PERIOD["start"],
-            "--last-init", PERIOD["end"], "--max-inits", "3", "--out", str(settings)]  # fmt: skip
+            "--fields", "geopotential@500", "temperature@850", "--first-init", PERIOD["first_init"],
+            "--last-init", PERIOD["last_init"], "--max-inits", "3", "--out", str(settings)]  # fmt: skip
     assert main(argv) == 0, capsys.readouterr().err
     out = capsys.readouterr().out
     chosen = json.loads(settings.read_text())
@@ -251,9 +260,19 @@ def test_a_lagged_member_is_the_earlier_forecast_valid_at_the_same_time(run: Pat
     from 18 UTC the day before at 12 h: the earlier forecast, valid at the same times."""
     cfg = parse_config(_config(run, (1, 1)))
     earlier, lagged = tmp_path / "earlier.zarr", tmp_path / "lagged.zarr"
-    run_prediction(cfg, earlier, steps=2, start="2020-01-10T18", end="2020-01-10T18", every_hours=6)
+    run_prediction(
+        cfg,
+        PredictRequest(
+            out=earlier, steps=2, first_init="2020-01-10T18", last_init="2020-01-10T18", every_hours=6
+        ),
+    )
     p = Perturbation("lagged", 1.0).with_defaults(6)
-    run_prediction(cfg, lagged, steps=1, members=2, perturb=p, start="2020-01-11T00", end="2020-01-11T00")
+    run_prediction(
+        cfg,
+        PredictRequest(
+            out=lagged, steps=1, members=2, perturb=p, first_init="2020-01-11T00", last_init="2020-01-11T00"
+        ),
+    )
     a, b = _open(earlier), _open(lagged)
     for var in a.data_vars:
         x, y = (

@@ -14,7 +14,7 @@ from jigsaw_earth.data.synth import SynthConfig, synth_store
 from jigsaw_earth.config import parse_config
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.spawn import spawn
-from jigsaw_earth.inference.predict import run_prediction
+from jigsaw_earth.inference.predict import PredictRequest, run_prediction
 from jigsaw_earth.training import run_training
 
 NOTEBOOK = Path(__file__).parents[1] / "notebooks" / "explore_predictions.ipynb"
@@ -47,7 +47,9 @@ def _config(tmp: Path, mesh: tuple[int, int], **extra) -> dict:
 
 def _predict_on_mesh(mesh: DomainMesh, raw: dict, out: str) -> str:
     cfg = parse_config(raw)
-    run_prediction(cfg, out, start="2020-01-11", end="2020-01-13", steps=3, max_inits=3)
+    run_prediction(
+        cfg, PredictRequest(out=out, first_init="2020-01-11", last_init="2020-01-13", steps=3, max_inits=3)
+    )
     return out
 
 
@@ -69,7 +71,8 @@ def stores(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     run_training(parse_config(_config(tmp, (1, 1))))
     one = tmp / "forecast_1x1.zarr"
     run_prediction(
-        parse_config(_config(tmp, (1, 1))), one, start="2020-01-11", end="2020-01-13", steps=3, max_inits=3
+        parse_config(_config(tmp, (1, 1))),
+        PredictRequest(out=one, first_init="2020-01-11", last_init="2020-01-13", steps=3, max_inits=3),
     )
     four = spawn(MeshShape(1, 2, 2), _predict_on_mesh, _config(tmp, (2, 2)), str(tmp / "forecast_2x2.zarr"))[
         0
@@ -107,14 +110,19 @@ def test_forecast_differs_from_persistence(stores: dict[str, Path]) -> None:
 def test_existing_store_is_not_overwritten(stores: dict[str, Path], tmp_path: Path) -> None:
     cfg = parse_config(_config(stores["truth"].parent, (1, 1)))
     with pytest.raises(ValueError, match="holds a complete forecast of another request; it differs in"):
-        run_prediction(cfg, stores["1x1"], start="2020-01-11", end="2020-01-13", steps=1)
+        run_prediction(
+            cfg, PredictRequest(out=stores["1x1"], first_init="2020-01-11", last_init="2020-01-13", steps=1)
+        )
 
 
 def test_no_checkpoint_is_a_clear_error(stores: dict[str, Path], tmp_path: Path) -> None:
     raw = _config(stores["truth"].parent, (1, 1))
     raw["run"]["dir"] = str(tmp_path / "empty")
     with pytest.raises(FileNotFoundError, match="no checkpoint in run directory"):
-        run_prediction(parse_config(raw), tmp_path / "x.zarr", start="2020-01-11", end="2020-01-13", steps=1)
+        run_prediction(
+            parse_config(raw),
+            PredictRequest(out=tmp_path / "x.zarr", first_init="2020-01-11", last_init="2020-01-13", steps=1),
+        )
 
 
 def test_notebook_runs_in_a_jupyter_kernel(
@@ -155,7 +163,10 @@ def _snapshot(root: Path) -> dict[str, bytes]:
 
 def _predict(stores: dict[str, Path], out: Path, **kw) -> Path:
     cfg = parse_config(_config(stores["truth"].parent, (1, 1)))
-    return run_prediction(cfg, out, start="2020-01-11", end="2020-01-12", steps=1, max_inits=1, **kw)
+    return run_prediction(
+        cfg,
+        PredictRequest(out=out, first_init="2020-01-11", last_init="2020-01-12", steps=1, max_inits=1, **kw),
+    )
 
 
 def _copy(src: Path, dst: Path) -> Path:
@@ -261,12 +272,18 @@ def test_shape_override_is_refused_naming_the_key(stores: dict[str, Path], tmp_p
     raw = _config(stores["truth"].parent, (1, 1))
     raw["model"]["overrides"]["embed_dim"] = 24
     with pytest.raises(ValueError, match=r"model\.overrides\.embed_dim=24 differs from"):
-        run_prediction(parse_config(raw), tmp_path / "x.zarr", start="2020-01-11", end="2020-01-12", steps=1)
+        run_prediction(
+            parse_config(raw),
+            PredictRequest(out=tmp_path / "x.zarr", first_init="2020-01-11", last_init="2020-01-12", steps=1),
+        )
     raw = _config(stores["truth"].parent, (1, 1))
     raw["data"]["surface"] = []
     raw["validation"]["variables"] = ["geopotential@500"]
     with pytest.raises(ValueError, match=r"data\.surface=\[\] differs from \['2m_temperature'\]"):
-        run_prediction(parse_config(raw), tmp_path / "x.zarr", start="2020-01-11", end="2020-01-12", steps=1)
+        run_prediction(
+            parse_config(raw),
+            PredictRequest(out=tmp_path / "x.zarr", first_init="2020-01-11", last_init="2020-01-12", steps=1),
+        )
     assert not (tmp_path / "x.zarr").exists()
 
 

@@ -70,11 +70,14 @@ def demo(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     analysis.mkdir()
     grib = write_centre_file(analysis / "ifs.grib2", xr.open_zarr(root / "data.zarr"), INITS, [500, 850])
     from jigsaw_earth.config import load_config
-    from jigsaw_earth.inference.predict import run_prediction
+    from jigsaw_earth.inference.predict import PredictRequest, run_prediction
 
     cfg = load_config(config)
     for fmt, out in (("grib2", "F"), ("zarr", "F.zarr"), ("netcdf", "N")):
-        run_prediction(cfg, root / out, start="", end="", steps=4, init=str(grib), fmt=fmt)
+        run_prediction(
+            cfg,
+            PredictRequest(out=root / out, steps=4, init=str(grib), format=fmt),
+        )
     return {"root": root, "config": config, "grib": grib}
 
 
@@ -198,7 +201,7 @@ def test_an_analysis_gives_the_forecast_of_the_same_state_in_the_store(
     what predict forecasts from the store at that time: the model's statistics, static fields, times;
     and ``--score`` scores it as it scores the store's."""
     from jigsaw_earth.config import load_config
-    from jigsaw_earth.inference.predict import run_prediction
+    from jigsaw_earth.inference.predict import PredictRequest, run_prediction
     from jigsaw_earth.inference.scoring import ScoreRequest
 
     store = xr.open_zarr(demo["root"] / "data.zarr").sel(time=INITS[:1])
@@ -208,9 +211,20 @@ def test_an_analysis_gives_the_forecast_of_the_same_state_in_the_store(
     turned.to_netcdf(tmp_path / "analysis.nc")
     cfg = load_config(demo["config"])
     init = str(tmp_path / "analysis.nc")
-    one = run_prediction(cfg, tmp_path / "a.zarr", start="", end="", steps=4, init=init, score=ScoreRequest())
-    two = run_prediction(cfg, tmp_path / "b.zarr", start="2020-01-05T00", end="2020-01-05T00", steps=4,
-                         score=ScoreRequest())  # fmt: skip
+    one = run_prediction(
+        cfg,
+        PredictRequest(out=tmp_path / "a.zarr", steps=4, init=init, score=ScoreRequest()),
+    )
+    two = run_prediction(
+        cfg,
+        PredictRequest(
+            out=tmp_path / "b.zarr",
+            first_init="2020-01-05T00",
+            last_init="2020-01-05T00",
+            steps=4,
+            score=ScoreRequest(),
+        ),
+    )
     a, b = xr.open_zarr(tmp_path / "a.zarr"), xr.open_zarr(tmp_path / "b.zarr")
     for name in b.data_vars:
         assert np.array_equal(a[name].values, b[name].values), name
@@ -219,13 +233,17 @@ def test_an_analysis_gives_the_forecast_of_the_same_state_in_the_store(
 
 def _predict_on_mesh(mesh: DomainMesh, raw: dict, root: str, grib: str) -> str:
     from jigsaw_earth.config import parse_config
-    from jigsaw_earth.inference.predict import run_prediction
+    from jigsaw_earth.inference.predict import PredictRequest, run_prediction
 
     cfg = parse_config(raw)
     for fmt in ("grib2", "netcdf"):  # on the spawned mesh, which stays up between the two
         out = Path(root) / f"mesh-{fmt}"
         at = [str(INITS[1])[:13]]
-        run_prediction(cfg, out, start="", end="", steps=4, init=grib, init_times=at, fmt=fmt, mesh=mesh)
+        run_prediction(
+            cfg,
+            PredictRequest(out=out, steps=4, init=grib, init_times=at, format=fmt),
+            mesh,
+        )
     return root
 
 

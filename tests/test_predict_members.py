@@ -15,7 +15,7 @@ import xarray as xr
 from jigsaw_earth.config import parse_config
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.spawn import spawn
-from jigsaw_earth.inference.predict import run_prediction
+from jigsaw_earth.inference.predict import PredictRequest, run_prediction
 from jigsaw_earth.inference.scoring import ScoreRequest
 from jigsaw_earth.metrics.ensemble import ENSEMBLE_METRICS
 from jigsaw_earth.training import run_training
@@ -43,8 +43,10 @@ def test_one_member_of_a_deterministic_model_is_its_forecast_and_crps_its_mae(
 ) -> None:
     cfg = parse_config(_config(run, (1, 1)))
     plain, ens = tmp_path / "plain.zarr", tmp_path / "ens.zarr"
-    run_prediction(cfg, plain, steps=3, **PERIOD)
-    result = run_prediction(cfg, ens, steps=3, members=1, score=ScoreRequest(regions=("all",)), **PERIOD)
+    run_prediction(cfg, PredictRequest(out=plain, steps=3, **PERIOD))
+    result = run_prediction(
+        cfg, PredictRequest(out=ens, steps=3, members=1, score=ScoreRequest(regions=("all",)), **PERIOD)
+    )
     a, b = xr.open_zarr(plain, chunks=None), xr.open_zarr(ens, chunks=None)
     assert b["geopotential"].dims == (
         "time",
@@ -70,9 +72,9 @@ def test_one_member_of_a_deterministic_model_is_its_forecast_and_crps_its_mae(
 def test_members_of_a_deterministic_model_are_refused(run: Path, tmp_path: Path) -> None:
     cfg = parse_config(_config(run, (1, 1)))
     with pytest.raises(ValueError, match=r"--members 3: the model is deterministic \(model.noise_channels=0"):
-        run_prediction(cfg, tmp_path / "fc.zarr", steps=2, members=3, **PERIOD)
+        run_prediction(cfg, PredictRequest(out=tmp_path / "fc.zarr", steps=2, members=3, **PERIOD))
     with pytest.raises(ValueError, match="--members 0: give at least 1"):
-        run_prediction(cfg, tmp_path / "fc.zarr", steps=2, members=0, **PERIOD)
+        run_prediction(cfg, PredictRequest(out=tmp_path / "fc.zarr", steps=2, members=0, **PERIOD))
     assert not list(tmp_path.iterdir())
 
 
@@ -83,7 +85,15 @@ def test_predict_command_members_flag(run: Path, tmp_path: Path, capsys) -> None
 
     config = tmp_path / "config.yaml"
     config.write_text(yaml.safe_dump(_config(run, (1, 1))))
-    argv = ["predict", str(config), "training.steps=1000", "--start", PERIOD["start"], "--end", PERIOD["end"]]
+    argv = [
+        "predict",
+        str(config),
+        "training.steps=1000",
+        "--start",
+        PERIOD["first_init"],
+        "--end",
+        PERIOD["last_init"],
+    ]
     argv += [
         "--max-inits",
         "2",
@@ -130,9 +140,9 @@ def test_ensemble_store_members_and_scores(stochastic: Path, tmp_path: Path) -> 
     cfg = parse_config(_stochastic_config(stochastic))
     three, two, one_by_one = tmp_path / "three.zarr", tmp_path / "two.zarr", tmp_path / "b1.zarr"
     score = ScoreRequest(regions=("all",))
-    result = run_prediction(cfg, three, steps=3, members=3, score=score, **PERIOD)
-    run_prediction(cfg, two, steps=3, members=2, **PERIOD)
-    run_prediction(cfg, one_by_one, steps=3, members=3, batch_size=1, **PERIOD)
+    result = run_prediction(cfg, PredictRequest(out=three, steps=3, members=3, score=score, **PERIOD))
+    run_prediction(cfg, PredictRequest(out=two, steps=3, members=2, **PERIOD))
+    run_prediction(cfg, PredictRequest(out=one_by_one, steps=3, members=3, batch_size=1, **PERIOD))
     a, b, c = (xr.open_zarr(p, chunks=None) for p in (three, two, one_by_one))
     assert list(a["number"].values) == [0, 1, 2] and not np.isnan(a["geopotential"].values).any()
     z = a["geopotential"].values  # members differ, at every lead
@@ -141,7 +151,9 @@ def test_ensemble_store_members_and_scores(stochastic: Path, tmp_path: Path) -> 
         np.testing.assert_array_equal(b[name].values, a[name].isel(number=[0, 1]).values, err_msg=name)
         np.testing.assert_array_equal(c[name].values, a[name].values, err_msg=name)
     _same_scores(_keyed(result.rows), _score_rows(three, stochastic))
-    other = run_prediction(cfg, tmp_path / "seed.zarr", steps=1, members=2, seed=7, **PERIOD)
+    other = run_prediction(
+        cfg, PredictRequest(out=tmp_path / "seed.zarr", steps=1, members=2, seed=7, **PERIOD)
+    )
     d = xr.open_zarr(other.path, chunks=None)
     assert (
         np.abs(d["geopotential"].values - b["geopotential"].isel(prediction_timedelta=[0]).values).max() > 0
@@ -153,18 +165,22 @@ def test_a_stochastic_model_or_an_ensemble_mesh_needs_members_that_split(
 ) -> None:
     cfg = parse_config(_stochastic_config(stochastic, ensemble=2))
     with pytest.raises(ValueError, match=r"mesh.ensemble=2 spreads ensemble members .* give --members N"):
-        run_prediction(cfg, tmp_path / "fc.zarr", steps=1, **PERIOD)
+        run_prediction(cfg, PredictRequest(out=tmp_path / "fc.zarr", steps=1, **PERIOD))
     with pytest.raises(ValueError, match=r"--members 3 must split evenly over mesh.ensemble=2 groups"):
-        run_prediction(cfg, tmp_path / "fc.zarr", steps=1, members=3, **PERIOD)
+        run_prediction(cfg, PredictRequest(out=tmp_path / "fc.zarr", steps=1, members=3, **PERIOD))
     with pytest.raises(ValueError, match=r"model.noise_channels=2: a stochastic model's forecasts are"):
-        run_prediction(parse_config(_stochastic_config(stochastic)), tmp_path / "fc.zarr", steps=1, **PERIOD)
+        run_prediction(
+            parse_config(_stochastic_config(stochastic)),
+            PredictRequest(out=tmp_path / "fc.zarr", steps=1, **PERIOD),
+        )
     assert not list(tmp_path.iterdir())
 
 
 def _predict_members_on_mesh(mesh: DomainMesh, raw: dict, out: str) -> list[dict]:
     cfg = parse_config(raw)
-    result = run_prediction(cfg, out, steps=2, members=4, score=ScoreRequest(regions=("all",)), mesh=mesh,
-                            **PERIOD)  # fmt: skip
+    result = run_prediction(
+        cfg, PredictRequest(out=out, steps=2, members=4, score=ScoreRequest(regions=("all",)), **PERIOD), mesh
+    )
     return result.rows
 
 
@@ -176,7 +192,7 @@ def test_members_over_the_ensemble_axis_equal_batched(
     on one rank, and every rank scores the whole ensemble as ``score`` scores the written store."""
     cfg = parse_config(_stochastic_config(stochastic))
     serial = tmp_path / "serial.zarr"
-    run_prediction(cfg, serial, steps=2, members=4, **PERIOD)
+    run_prediction(cfg, PredictRequest(out=serial, steps=2, members=4, **PERIOD))
     raw, store = _stochastic_config(stochastic, 2, lat_lon), tmp_path / "mesh.zarr"
     per_rank = spawn(MeshShape(1, *lat_lon, ensemble=2), _predict_members_on_mesh, raw, str(store))
     a, b = xr.open_zarr(serial, chunks=None), xr.open_zarr(store, chunks=None)
@@ -198,9 +214,9 @@ def test_further_members_join_into_the_ensemble_and_repeats_are_refused(
 
     cfg = parse_config(_stochastic_config(stochastic))
     four, first, more = tmp_path / "four.zarr", tmp_path / "a.zarr", tmp_path / "b.zarr"
-    run_prediction(cfg, four, steps=2, members=4, **PERIOD)
-    run_prediction(cfg, first, steps=2, members=2, **PERIOD)
-    run_prediction(cfg, more, steps=2, members=2, first_member=2, **PERIOD)
+    run_prediction(cfg, PredictRequest(out=four, steps=2, members=4, **PERIOD))
+    run_prediction(cfg, PredictRequest(out=first, steps=2, members=2, **PERIOD))
+    run_prediction(cfg, PredictRequest(out=more, steps=2, members=2, first_member=2, **PERIOD))
     a, b, c = (xr.open_zarr(p, chunks=None) for p in (four, first, more))
     assert list(c["number"].values) == [2, 3]
     joined = xr.concat([b, c], "number")
@@ -222,4 +238,6 @@ def test_further_members_join_into_the_ensemble_and_repeats_are_refused(
         assert code == 2 and words in err and "--first-member K" in err, err
         assert not (tmp_path / f"{name}.json").exists()
     with pytest.raises(ValueError, match=r"--first-member -1: member numbers start at 0"):
-        run_prediction(cfg, tmp_path / "x.zarr", steps=1, members=2, first_member=-1, **PERIOD)
+        run_prediction(
+            cfg, PredictRequest(out=tmp_path / "x.zarr", steps=1, members=2, first_member=-1, **PERIOD)
+        )

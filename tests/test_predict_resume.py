@@ -391,26 +391,27 @@ def test_unfinished_forecasts_are_listed_inspected_and_removed(
 
 def test_a_live_lock_refuses_a_second_predict(trained: Path, tmp_path: Path, quiet_signals) -> None:
     from jigsaw_earth.config import parse_config
-    from jigsaw_earth.inference.predict import run_prediction
+    from jigsaw_earth.inference.predict import PredictRequest, run_prediction
     from jigsaw_earth.inference.progress import Stopped
 
     cfg = parse_config(_config(trained, "one", {}))
     out = tmp_path / "fc.zarr"
-    kw = {"start": "2020-01-11", "end": "2020-01-15", "every_hours": 6, "max_inits": 8, "batch_size": 1,
-          "steps": 8}  # fmt: skip
+    kw = {"first_init": "2020-01-11", "last_init": "2020-01-15", "every_hours": 6, "max_inits": 8,
+          "batch_size": 1, "steps": 8}  # fmt: skip
     _signal_after(Path(f"{out}.in-progress"), 1)
     with pytest.raises(Stopped):
-        run_prediction(cfg, out, **kw)
+        run_prediction(cfg, PredictRequest(out=out, **kw))
     lock = Path(f"{out}.in-progress") / "_progress" / "lock"
     other = subprocess.Popen(["sleep", "60"])
     try:  # another predict on this host, alive
         lock.write_text(json.dumps({"host": os.uname().nodename, "pid": other.pid}))
         with pytest.raises(ValueError, match=rf"is being written by process {other.pid} on "):
-            run_prediction(cfg, out, **kw)
+            run_prediction(cfg, PredictRequest(out=out, **kw))
     finally:
         other.kill()
         other.wait()
-    run_prediction(cfg, out, **kw)  # its process is gone: the lock is stale and taken over
+    # its process is gone: the lock is stale and taken over
+    run_prediction(cfg, PredictRequest(out=out, **kw))
     assert out.is_dir() and not Path(f"{out}.in-progress").exists()
 
 

@@ -20,7 +20,7 @@ from jigsaw_earth.data.synth import SynthConfig, climatology_path, synth_store
 from jigsaw_earth.config import parse_config
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.spawn import spawn
-from jigsaw_earth.inference.predict import run_prediction
+from jigsaw_earth.inference.predict import PredictRequest, run_prediction
 from jigsaw_earth.inference.scoring import ScoreRequest
 from jigsaw_earth.metrics.evaluate import evaluate, evaluate_statistics
 from jigsaw_earth.metrics.statistics import Statistics
@@ -34,7 +34,7 @@ UPPER, LEVELS, SURFACE = (
         "mean_sea_level_pressure",
     ),
 )
-PERIOD = {"start": "2020-01-11", "end": "2020-01-13", "max_inits": 3}
+PERIOD = {"first_init": "2020-01-11", "last_init": "2020-01-13", "max_inits": 3}
 
 
 def _config(tmp: Path, mesh: tuple[int, int]) -> dict:
@@ -109,9 +109,18 @@ def test_subset_write_holds_exactly_the_selection(runs: dict[str, Path], tmp_pat
     tmp = runs["demo"]
     cfg = parse_config(_config(tmp, (1, 1)))
     full, sub = tmp_path / "full.zarr", tmp_path / "sub.zarr"
-    run_prediction(cfg, full, steps=8, **PERIOD)
-    run_prediction(cfg, sub, steps=8, lead_every=4, variables=["geopotential", "temperature", "t2m"],
-                   levels=[850, 500], **PERIOD)  # fmt: skip
+    run_prediction(cfg, PredictRequest(out=full, steps=8, **PERIOD))
+    run_prediction(
+        cfg,
+        PredictRequest(
+            out=sub,
+            steps=8,
+            lead_every=4,
+            variables=["geopotential", "temperature", "t2m"],
+            levels=[850, 500],
+            **PERIOD,
+        ),
+    )
     a, b = xr.open_zarr(full, chunks=None), xr.open_zarr(sub, chunks=None)
     assert sorted(b.data_vars) == ["2m_temperature", "geopotential", "temperature"]
     assert list(b.level.values) == [500, 850]
@@ -153,7 +162,7 @@ def test_bad_selection_is_refused_before_anything_is_written(
 ) -> None:
     cfg = parse_config(_config(runs["demo"], (1, 1)))
     with pytest.raises(ValueError, match=fragment):
-        run_prediction(cfg, tmp_path / "fc.zarr", **PERIOD, **options)
+        run_prediction(cfg, PredictRequest(out=tmp_path / "fc.zarr", **PERIOD, **options))
     assert not list(tmp_path.iterdir())
 
 
@@ -165,7 +174,9 @@ def test_predict_score_equals_score_of_the_written_store(
     tmp = runs[kind]
     cfg = parse_config(_config(tmp, (1, 1)))
     store = tmp_path / "fc.zarr"
-    result = run_prediction(cfg, store, steps=3, score=ScoreRequest(regions=("all",)), **PERIOD)
+    result = run_prediction(
+        cfg, PredictRequest(out=store, steps=3, score=ScoreRequest(regions=("all",)), **PERIOD)
+    )
     _assert_same_scores(_keyed(result.rows), _score_rows(store, tmp))
     _assert_same_statistics(result.statistics, store, tmp)
     assert all(np.isfinite(r["se"]) for r in result.rows if r["metric"] == "rmse"), "intervals (ar2)"
@@ -176,8 +187,12 @@ def test_predict_score_equals_score_of_the_written_store(
 def test_score_only_writes_nothing(runs: dict[str, Path], tmp_path: Path) -> None:
     cfg = parse_config(_config(runs["demo"], (1, 1)))
     before = sorted(p.name for p in runs["demo"].iterdir())
-    result = run_prediction(cfg, None, steps=2, lead_hours=[12], variables=["z"], levels=[500],
-                            score=ScoreRequest(), **PERIOD)  # fmt: skip
+    result = run_prediction(
+        cfg,
+        PredictRequest(
+            steps=2, lead_hours=[12], variables=["z"], levels=[500], score=ScoreRequest(), **PERIOD
+        ),
+    )
     assert result.path is None and {r["variable"] for r in result.rows} == {"geopotential"}
     assert {(r["level"], r["lead_hours"], r["region"]) for r in result.rows} == {(500, 12.0, "global")}
     assert sorted(p.name for p in runs["demo"].iterdir()) == before and not list(tmp_path.iterdir())
@@ -203,8 +218,13 @@ def _assert_same_statistics(stats, store: Path, tmp: Path) -> None:
 def _score_on_data_axis(mesh: DomainMesh, raw: dict, store: str) -> str:
     """Each rank writes the statistics it holds (a file per rank); returns its path."""
     score = ScoreRequest(regions=("all",))
-    result = run_prediction(parse_config(raw), store, steps=2, score=score, mesh=mesh, start="2020-01-11",
-                            end="2020-01-13T12", max_inits=5)  # fmt: skip
+    result = run_prediction(
+        parse_config(raw),
+        PredictRequest(
+            out=store, steps=2, score=score, first_init="2020-01-11", last_init="2020-01-13T12", max_inits=5
+        ),
+        mesh,
+    )
     return str(result.statistics.write(Path(store).with_name(f"rank-{mesh.rank}-stats.nc")))
 
 
@@ -225,7 +245,7 @@ def _score_on_mesh(mesh: DomainMesh, cases: list[tuple[dict, str]]) -> list[list
     for raw, store in cases:
         cfg = parse_config(raw)
         result = run_prediction(
-            cfg, store, steps=3, score=ScoreRequest(regions=("all",)), mesh=mesh, **PERIOD
+            cfg, PredictRequest(out=store, steps=3, score=ScoreRequest(regions=("all",)), **PERIOD), mesh
         )
         out.append(result.rows)
     return out

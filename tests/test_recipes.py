@@ -14,7 +14,7 @@ import yaml
 
 from jigsaw_earth.cli import main
 from jigsaw_earth.config import parse_config
-from jigsaw_earth.inference.predict import run_prediction
+from jigsaw_earth.inference.predict import PredictRequest, run_prediction
 from jigsaw_earth.training import run_training
 from jigsaw_earth.validation.checks_models import PAPER_TINY
 
@@ -107,7 +107,10 @@ def test_recipe_end_to_end(name: str, tmp_path: Path, capsys: pytest.CaptureFixt
     cfg = parse_config(recipe)
     run_training(cfg)
     forecast = tmp_path / "forecast.zarr"
-    run_prediction(parse_config(recipe), forecast, start="2020-01-04", end="2020-01-05", steps=2, max_inits=2)
+    run_prediction(
+        parse_config(recipe),
+        PredictRequest(out=forecast, first_init="2020-01-04", last_init="2020-01-05", steps=2, max_inits=2),
+    )
     capsys.readouterr()
     code = main(
         [

@@ -44,7 +44,7 @@ from jigsaw_earth.cli import main
 from jigsaw_earth.config import parse_config
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.spawn import spawn
-from jigsaw_earth.inference.predict import run_prediction
+from jigsaw_earth.inference.predict import PredictRequest, run_prediction
 from jigsaw_earth.sharing.export import ExportRequest, export_model
 from jigsaw_earth.sharing.folder import ModelFolder
 from jigsaw_earth.sharing.use import check_store
@@ -111,7 +111,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     ckpt = latest_checkpoint(tmp / "run")
     assert ckpt is not None
     fc = tmp / "fc-run.zarr"
-    run_prediction(parse_config(raw), fc, start="2020-01-11", end="2020-01-13", steps=3, max_inits=3)
+    run_prediction(
+        parse_config(raw),
+        PredictRequest(out=fc, first_init="2020-01-11", last_init="2020-01-13", steps=3, max_inits=3),
+    )
     clim = str(tmp / "data-climatology.zarr")
     assert main(["score", str(fc), "--truth", str(tmp / "data.zarr"), "--climatology", clim, "--out",
                  str(tmp / "scores")]) == 0  # fmt: skip
@@ -172,7 +175,11 @@ def _on_1x4(mesh: DomainMesh, model: str, out: str) -> bool:
     folder = ModelFolder.open(model)
     cfg = model_config(folder, ["mesh.lat=1", "mesh.lon=4"], 4)
     run_prediction(
-        cfg, out, start="2020-01-11", end="2020-01-13", steps=3, max_inits=3, model=model, mesh=mesh
+        cfg,
+        PredictRequest(
+            out=out, first_init="2020-01-11", last_init="2020-01-13", steps=3, max_inits=3, model=model
+        ),
+        mesh,
     )
     net = build_run_model(cfg, mesh, build_data(cfg, mesh, training=False))
     folder.load(net)
