@@ -3,13 +3,16 @@
 The page is hand-written prose with generated blocks between ``<!-- options: COMMAND -->`` and
 ``<!-- end options -->``; ``python -m jigsaw_earth.cli_docs`` rewrites the blocks in place and
 ``--check`` exits 1 naming each stale one (``tests/test_cli_docs.py`` runs it). The tables are made
-from argparse's actions, not from ``--help`` text, so they read the same on every Python.
+from argparse's actions, not from ``--help`` text, so they read the same on every Python. The same run
+writes (or checks) ``docs/predict-request.schema.json``, the JSON schema of predict's request
+(``inference/request.py``).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import re
 import sys
 from collections.abc import Iterator
@@ -17,9 +20,10 @@ from pathlib import Path
 
 from .cli import COMMANDS
 
-__all__ = ["command_parsers", "options_table", "refresh"]
+__all__ = ["REQUEST_SCHEMA", "command_parsers", "options_table", "refresh", "request_schema"]
 
 PAGE = Path(__file__).resolve().parents[1] / "docs" / "cli.md"
+REQUEST_SCHEMA = PAGE.with_name("predict-request.schema.json")
 BLOCK = re.compile(r"(<!-- options: (?P<name>[\w -]+) -->\n)(?P<body>.*?)(<!-- end options -->)", re.DOTALL)
 
 
@@ -91,16 +95,30 @@ def refresh(page: str) -> tuple[str, list[str]]:
     return BLOCK.sub(render, page), stale
 
 
+def request_schema() -> str:
+    """The JSON schema of ``PredictRequest`` as ``docs/predict-request.schema.json`` holds it."""
+    from .inference.request import PredictRequest
+
+    schema = {**PredictRequest.model_json_schema(), "title": "jigsaw-earth predict request"}
+    return json.dumps(schema, indent=2) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     check = "--check" in (sys.argv[1:] if argv is None else argv)
     text, stale = refresh(PAGE.read_text())
+    schema = request_schema()
+    schema_stale = not REQUEST_SCHEMA.is_file() or REQUEST_SCHEMA.read_text() != schema
     if check:
         if stale:
             print(f"docs/cli.md is stale for: {', '.join(stale)}; run python -m jigsaw_earth.cli_docs")
-            return 1
-        return 0
+        if schema_stale:
+            print(f"docs/{REQUEST_SCHEMA.name} is stale; run python -m jigsaw_earth.cli_docs")
+        return int(bool(stale) or schema_stale)
     PAGE.write_text(text)
     print(f"docs/cli.md: {len(stale)} block(s) rewritten" + (f" ({', '.join(stale)})" if stale else ""))
+    if schema_stale:
+        REQUEST_SCHEMA.write_text(schema)
+        print(f"docs/{REQUEST_SCHEMA.name} rewritten")
     return 0
 
 

@@ -131,8 +131,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _spelled(argv: Sequence[str], long: str, short: str) -> str:
-    """The spelling of an option the command line used (``--first-init`` or ``--start``)."""
-    return long if any(a == long or a.startswith(f"{long}=") for a in argv) else short
+    """The spelling of an option the command line used: ``short`` (``--start``) where typed so, else
+    ``long`` (``--first-init``)."""
+    return short if any(a == short or a.startswith(f"{short}=") for a in argv) else long
 
 
 READ_BACK = {
