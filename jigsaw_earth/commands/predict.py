@@ -173,7 +173,7 @@ def _request(args: argparse.Namespace, cfg: TrainConfig) -> PredictRequest:
     values = {name: getattr(args, name) for name in PredictRequest.model_fields}
     try:
         values.update(score=_score_request(args), perturb=perturbation_from_args(args, cfg))
-        request = PredictRequest(**values)
+        request = PredictRequest.parse(values)
         request.period(cfg.data.val_period)
     except ValueError as err:
         raise ValueError(_respelled(str(err), getattr(args, "argv", []))) from None

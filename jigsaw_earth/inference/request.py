@@ -159,6 +159,15 @@ class PredictRequest(BaseModel):
             raise ValueError(_one_line(err)) from None
 
     @classmethod
+    def parse(cls, values: dict[str, Any]) -> PredictRequest:
+        """A request of ``values`` (field → value, as the command line's options give them), checked as
+        on construction."""
+        try:
+            return cls.model_validate(values)
+        except ValidationError as err:
+            raise ValueError(_one_line(err)) from None
+
+    @classmethod
     def from_json(cls, text: str | bytes) -> PredictRequest:
         """A request written by ``model_dump_json`` (or by hand), checked as on construction."""
         try:
