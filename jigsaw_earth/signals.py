@@ -14,7 +14,9 @@ so the rollout on a GPU never waits for the host to ask).
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
+import sys
 import threading
 from types import FrameType, TracebackType
 from typing import Any
@@ -25,7 +27,7 @@ import torch.distributed as dist
 from .distributed.comm import all_reduce_
 from .distributed.mesh import DomainMesh
 
-__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "Preempted", "StopSignals", "host_group"]
+__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "Preempted", "StopSignals", "host_group", "rerun_hint"]
 
 log = logging.getLogger(__name__)
 EXIT_PREEMPTED = 75
@@ -79,6 +81,15 @@ class StopSignals:
         if flag.item() and self.received is None:
             self.received = "a signal to another rank"
         return bool(flag.item())
+
+
+def rerun_hint() -> str:
+    """How to resume this command after it stopped: the same launch again (``jigsaw-earth`` and this
+    process's arguments; the launcher's own options are the user's)."""
+    return (
+        f"start the same job again ({shlex.join(['jigsaw-earth', *sys.argv[1:]])} on every rank, on any "
+        f"hosts; the Slurm templates requeue exit {EXIT_PREEMPTED})"
+    )
 
 
 def host_group(mesh: DomainMesh) -> Any:

@@ -6,7 +6,7 @@ Zarr) instead of ``data.store``.
 
 Exit codes: 0 done, or ``--out`` already held this forecast (nothing is done: ``inference/rerun.py``); 2
 a bad config, input or filesystem fault (one line names it and the fix); 75 stopped on SIGTERM, SIGUSR1
-or Ctrl-C before the next model step, with every batch done recorded in ``OUT.in-progress``
+or Ctrl-C before the next model step, or by a lost host, with every batch done recorded in ``OUT.in-progress``
 (``PREFIX.in-progress`` for ``--score --scores PREFIX`` alone): the same command resumes it; 130 a
 second Ctrl-C. ``--unfinished [DIR]`` lists predict's unfinished forecasts and
 ``--remove-unfinished PATH`` removes one (nothing else).

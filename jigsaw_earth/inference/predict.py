@@ -40,6 +40,7 @@ from ..config.schema import TrainConfig
 from ..data.samples import TrainData
 from ..data.times import evenly_spaced, hour_dayofyear, period_mask
 from ..device import set_precision
+from ..distributed.heartbeat import watched
 from ..distributed.mesh import DomainMesh
 from ..distributed.rank0 import on_rank0
 from ..layers.replicas import replicated_weights
@@ -48,6 +49,7 @@ from ..models.run import build_run_model, model_step
 from ..ownership import check_output
 from ..sharing.folder import ModelFolder
 from ..sharing.use import check_analysis, check_config, check_store, use_contract
+from ..signals import rerun_hint
 from .campaign import check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, store_chunks
 from .formats import TEMPLATES, check_format, open_writer
@@ -247,14 +249,24 @@ def run_prediction(
             batch = progress.batch_size(batch_size)
             if batch is None and recorded is not None:  # the complete output's, as a resume's
                 batch = recorded.get(BATCH)
-            return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
-                            batch, overwrite, score, ens, progress, analysis, fmt, template, shared, perturb,
-                            recorded)  # fmt: skip
+            with _watched(cfg, mesh, progress) if own else nullcontext():
+                return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours,
+                                max_inits, batch, overwrite, score, ens, progress, analysis, fmt, template,
+                                shared, perturb, recorded)  # fmt: skip
         finally:
             if lock is not None:
                 lock.release()
             if own and dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _watched(cfg: TrainConfig, mesh: DomainMesh, progress: Progress) -> Any:
+    """The run under a ``PeerWatch``: a lost host ends every rank fast, the recorded batches kept."""
+    kept = f"the batches recorded so far stay in {progress.folder}; " if progress.folder else ""
+    hint = f"{kept}resume: {rerun_hint()}"
+    release = progress.lock.release if progress.lock is not None else lambda: None  # any host resumes
+    return watched(mesh.rank, mesh.shape.world_size, mesh.hosts, cfg.distributed.timeout_s, lambda v: hint,
+                   release)  # fmt: skip
 
 
 def _shared(mesh: DomainMesh, value: Any) -> Any:
