@@ -1,5 +1,9 @@
 """Start N ranks of one command on this node, forward stop signals to them, exit with their status.
 
+On several nodes each node's launcher starts its share (``Nodes``: node I of K runs ranks
+I × N … I × N + N − 1, and every rank meets at the store on ``--master-addr:--master-port``,
+a static rendezvous like torchrun's ``--nnodes K --node-rank I``).
+
 ``jigsaw-earth launch --nproc-per-node N COMMAND ...`` is torchrun's single-node case without its
 agent: it sets ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR`` and
 ``MASTER_PORT`` (a free port on 127.0.0.1) for each rank, runs ``python -m jigsaw_earth COMMAND ...``,
@@ -26,9 +30,10 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from types import FrameType
 
-__all__ = ["FORWARDED", "launch", "launch_status"]
+__all__ = ["FORWARDED", "Nodes", "launch", "launch_status"]
 
 log = logging.getLogger(__name__)
 FORWARDED = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT, signal.SIGHUP)
@@ -51,15 +56,28 @@ def _die_with_parent() -> None:  # pragma: no cover - runs in the child between 
         ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
-def launch(command: Sequence[str], nproc: int, wait_s: float = 120.0) -> int:
-    """Run ``python -m jigsaw_earth *command`` as ``nproc`` ranks; returns ``launch_status``."""
+@dataclass(frozen=True)
+class Nodes:
+    """The job's nodes: ``count`` of them, this one number ``rank``; the store on ``addr:port``
+    (``port`` None: a free one, for one node)."""
+
+    count: int = 1
+    rank: int = 0
+    addr: str = "127.0.0.1"
+    port: int | None = None
+
+
+def launch(command: Sequence[str], nproc: int, wait_s: float = 120.0, nodes: Nodes = Nodes()) -> int:
+    """Run ``python -m jigsaw_earth *command`` as this node's ``nproc`` ranks; returns ``launch_status``."""
     from .distributed.spawn import free_port
 
-    port = str(free_port())
+    port = str(nodes.port or free_port())
+    world = str(nodes.count * nproc)
     procs: list[subprocess.Popen] = []
-    for rank in range(nproc):
-        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(nproc),
-               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}  # fmt: skip
+    for local in range(nproc):
+        rank = nodes.rank * nproc + local
+        env = {**os.environ, "RANK": str(rank), "LOCAL_RANK": str(local), "WORLD_SIZE": world,
+               "LOCAL_WORLD_SIZE": str(nproc), "MASTER_ADDR": nodes.addr, "MASTER_PORT": port}  # fmt: skip
         if nproc > 1:
             env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N ranks share the node's cores
         procs.append(subprocess.Popen([sys.executable, "-m", "jigsaw_earth", *command], env=env,

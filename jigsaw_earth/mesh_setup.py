@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from .config.schema import TrainConfig
 from .device import resolve_device
-from .distributed.mesh import DomainMesh, init_mesh, rank_transport, slurm_environment
+from .distributed.mesh import DomainMesh, collective_timeout_s, init_mesh, rank_transport, slurm_environment
 
 __all__ = ["setup_mesh", "world_size_from_env"]
 
@@ -51,7 +51,7 @@ def _init_elastic_group(backend: str | None, timeout_s: float, device: str, tran
         store=dist.PrefixStore(f"jigsaw-earth/attempt-{restart}", store),
         rank=rank,
         world_size=world,
-        timeout=timedelta(seconds=timeout_s),
+        timeout=timedelta(seconds=collective_timeout_s(timeout_s)),
         device_id=plan.bound_device(dev),
     )
 

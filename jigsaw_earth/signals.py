@@ -11,7 +11,9 @@ at the same step), saves a checkpoint and raises ``Preempted``; ``jigsaw-earth t
 from __future__ import annotations
 
 import logging
+import shlex
 import signal
+import sys
 import threading
 from types import FrameType, TracebackType
 
@@ -21,7 +23,7 @@ import torch.distributed as dist
 from .distributed.comm import all_reduce_
 from .distributed.mesh import DomainMesh
 
-__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "Preempted", "StopSignals"]
+__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "Preempted", "StopSignals", "rerun_hint"]
 
 log = logging.getLogger(__name__)
 EXIT_PREEMPTED = 75
@@ -69,3 +71,12 @@ class StopSignals:
         if flag.item() and self.received is None:
             self.received = "a signal to another rank"
         return bool(flag.item())
+
+
+def rerun_hint() -> str:
+    """How to resume this command after it stopped: the same launch again (``jigsaw-earth`` and this
+    process's arguments; the launcher's own options are the user's)."""
+    return (
+        f"start the same job again ({shlex.join(['jigsaw-earth', *sys.argv[1:]])} on every rank, on any "
+        f"hosts; the Slurm templates requeue exit {EXIT_PREEMPTED})"
+    )

@@ -158,7 +158,7 @@ def _place(skip: int = 2) -> str:
 def _comm_site() -> str | None:
     """The communication site the code is in (``comm_site``), if the package is loaded."""
     comm = sys.modules.get("jigsaw_earth.distributed.comm")
-    stack = comm.ledger._stack if comm is not None else []
+    stack = comm.ledger.stack if comm is not None else []
     return "/".join(stack) if stack else None
 
 

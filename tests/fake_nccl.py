@@ -120,7 +120,7 @@ def _where() -> str:
     name = frame.filename
     name = name[name.index("jigsaw_earth/") :] if "jigsaw_earth/" in name else name
     comm = sys.modules.get("jigsaw_earth.distributed.comm")
-    site = "/".join(comm.ledger._stack) if comm is not None and comm.ledger._stack else ""
+    site = "/".join(comm.ledger.stack) if comm is not None and comm.ledger.stack else ""
     return f" (at {name}:{frame.lineno} in {frame.name}{f', site {site!r}' if site else ''})"
 
 

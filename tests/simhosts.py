@@ -261,6 +261,36 @@ class SimulatedHosts:
             raise RuntimeError(f"{cmd} on {host} exited {proc.returncode}: {out}{err}")
         return out
 
+    def launch(self, hosts: Sequence[str], command: Sequence[str], *, per_host: int, logs: Path,
+               launcher: str = "jigsaw-earth", env: dict[str, str] | None = None, port: int = 29500,
+               cwd: str | os.PathLike | None = None) -> dict[str, subprocess.Popen]:  # fmt: skip
+        """Start a job of ``per_host`` ranks on each of ``hosts`` (the first holds the rendezvous
+        store): ``jigsaw-earth launch --nnodes K --node-rank I ...`` or ``torchrun --nnodes K
+        --node-rank I ... -m jigsaw_earth`` (``launcher``), ``command`` after it (``train CONFIG ...``).
+        Each host's output goes to ``logs/HOST.log``; returns each host's launcher process."""
+        nodes = ["--nnodes", str(len(hosts)), "--master-addr", hosts[0], "--master-port", str(port),
+                 "--nproc-per-node", str(per_host)]  # fmt: skip
+        env = {**os.environ, "OMP_NUM_THREADS": "1", **(env or {})}
+        procs = {}
+        for i, host in enumerate(hosts):
+            if launcher == "torchrun":
+                cmd = [sys.executable, "-m", "torch.distributed.run", *nodes, "--node-rank", str(i),
+                       "-m", "jigsaw_earth", *command]  # fmt: skip
+            else:
+                cmd = [
+                    sys.executable,
+                    "-m",
+                    "jigsaw_earth",
+                    "launch",
+                    *nodes,
+                    "--node-rank",
+                    str(i),
+                    *command,
+                ]
+            with open(logs / f"{host}.log", "w") as out:
+                procs[host] = self.run(host, cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        return procs
+
     def pids(self, host: str) -> list[int]:
         """Every process of ``host`` (its anchor included)."""
         return _netns_pids(self.namespaces[host])

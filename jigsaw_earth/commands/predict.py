@@ -4,7 +4,7 @@ grib2|netcdf``: a folder of GRIB 2 or CF netCDF files); ``--members N`` writes a
 Zarr) instead of ``data.store``.
 
 Exit codes: 0 done; 2 a bad config, input or filesystem fault (one line names it and the fix); 75
-stopped on SIGTERM, SIGUSR1 or Ctrl-C before a batch, with every earlier batch recorded in
+stopped on SIGTERM, SIGUSR1 or Ctrl-C before a batch, or by a lost host, with every earlier batch recorded in
 ``OUT.in-progress`` (``PREFIX.in-progress`` for ``--score --scores PREFIX`` alone): the same command
 resumes it; 130 a second Ctrl-C. ``--unfinished [DIR]`` lists predict's unfinished forecasts and
 ``--remove-unfinished PATH`` removes one (nothing else).

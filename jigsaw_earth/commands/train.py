@@ -9,7 +9,8 @@ validation and exits 0 (raise ``training.steps`` to continue it).
 
 Exit codes: 0 done (or already done); 1 diverged (non-finite loss) or a peer never arrived; 2 a bad
 config, input or filesystem fault (one line names it and the fix; nothing of the run is lost); 75 stopped on
-SIGTERM/SIGUSR1 after saving a checkpoint (rerun to resume); 130 Ctrl-C.
+SIGTERM/SIGUSR1 after saving a checkpoint, or a peer's host lost (``distributed/heartbeat.py``: one
+line names it and the newest complete checkpoint); rerun to resume; 130 Ctrl-C.
 """
 
 from __future__ import annotations

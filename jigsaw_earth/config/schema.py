@@ -287,7 +287,11 @@ class DistributedConfig(Section):
         "process-group backend; auto = nccl on GPU, else gloo", "auto"
     )
     timeout_s: float = doc(
-        "collective timeout: a peer that never arrives raises after this many seconds", 300.0, gt=0
+        "seconds until a lost peer ends the job: a rank silent this long (its host crashed or cut off) "
+        "stops every other rank, which exit 75 naming it (distributed/heartbeat.py, docs/multinode.md); "
+        "also how long the process group waits for a peer at the start and in a collective",
+        120.0,
+        gt=0,
     )
     overlap: Literal["on", "off"] = doc(
         "transfers in flight while the rank computes (on), or waited for at once (off: the same "

@@ -3,9 +3,11 @@ take. ``mesh.DomainMesh`` builds them (``data``, ``ensemble``, ``lat × lon`` do
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch.distributed as dist
+
+from .transport import Wire
 
 __all__ = ["Axis"]
 
@@ -15,13 +17,15 @@ class Axis:
     """One communication axis as seen from this rank.
 
     ``ranks`` are the global ranks along the axis in axis order, ``index`` is this rank's
-    position. ``group`` is ``None`` when the axis has size 1 (nothing to communicate).
+    position. ``group`` is ``None`` when the axis has size 1 (nothing to communicate). ``wire``:
+    how the mesh's messages travel (``transport.Wire``; the mesh's own, shared by its axes).
     """
 
     name: str
     ranks: tuple[int, ...]
     index: int
     group: dist.ProcessGroup | None
+    wire: Wire = field(default_factory=Wire, compare=False, repr=False)
 
     @property
     def size(self) -> int:

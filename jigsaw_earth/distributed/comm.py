@@ -1,18 +1,20 @@
 """Point-to-point transport and communication accounting.
 
 Every byte that a jigsaw collective moves goes through ``exchange`` (P2P) or ``all_reduce_``
-here, and is recorded in the process-wide ``ledger`` under the current call site. Tests and
-benchmarks read the ledger to assert volumes against analytical figures. The transport is
-``torch.distributed.batch_isend_irecv``, which runs unchanged on gloo (CPU) and NCCL (GPU), or,
-for CPU tensors between ranks of one host, shared-memory rings (``shm.py``, ``set_transport``):
-the same messages in the same order, without gloo's socket and transport thread. Ranks that share
-a GPU (``transport.py``) stage device tensors: copied to pinned host memory, carried as CPU
-tensors are, copied back to the device (``set_transport(..., staged=True)``, ``wire_device``).
+here, and is recorded in the process-wide ``ledger`` under the current call site (``ledger.stack``,
+``ledger.current_site``). Tests and benchmarks read the ledger to assert volumes against analytical
+figures. How messages travel is the mesh's ``Wire`` (``transport.py``), which every ``Axis`` of the
+mesh holds: per pair of ranks, ``torch.distributed.batch_isend_irecv`` (gloo on CPU, NCCL on GPU),
+or, for CPU tensors between ranks of one host, shared-memory rings (``shm.py``): the same messages
+in the same order, without gloo's socket and transport thread. A job on several hosts keeps the
+rings within each host and reaches the other hosts through the process group. Ranks that share a
+GPU stage device tensors: copied to pinned host memory, carried as CPU tensors are, copied back to
+the device (``Wire.staged``).
 
-``set_overlap(False)`` makes every exchange wait for its transfers as soon as they are posted
+``Wire.overlap = False`` makes every exchange wait for its transfers as soon as they are posted
 (the same messages in the same order, so the same numbers): on a CPU host loaded far beyond its
 cores, where gloo's transport thread waits for a core, that was faster; on a lightly loaded one
-overlap is (docs/scaling.md). The trainer's ``distributed.overlap`` sets it (default on).
+overlap is (docs/scaling.md). The trainer sets it from ``distributed.overlap`` (default on).
 
 The ledger also keeps ``wait_s``: the seconds this rank spent blocked in communication
 (``Pending.wait``, the all-reduces, and any call made inside ``blocking()``): the exposed
@@ -33,7 +35,6 @@ rest of the function uncompiled): the compiled forward's bytes are recorded unde
 from __future__ import annotations
 
 import contextlib
-import os
 import time
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -56,12 +57,8 @@ __all__ = [
     "constant_when_compiled",
     "exchange",
     "ledger",
-    "overlap_enabled",
     "ring_bytes",
     "run_exchange",
-    "set_overlap",
-    "set_transport",
-    "wire_device",
 ]
 
 
@@ -82,7 +79,13 @@ class CommLedger:
     _blocked: int = 0  # depth of nested ``blocking`` blocks (only the outermost is timed)
 
     @property
+    def stack(self) -> tuple[str, ...]:
+        """The names of the ``comm_site`` blocks the code is in, outermost first (empty outside any)."""
+        return tuple(self._stack)
+
+    @property
     def current_site(self) -> str:
+        """The current call site: ``stack`` joined by ``/``, or ``unnamed``."""
         return "/".join(self._stack) or "unnamed"
 
     def record(self, op: str, sent: int, received: int) -> None:
@@ -107,26 +110,6 @@ class CommLedger:
 
 
 ledger = CommLedger()
-# whether exchanges return before their transfers complete (set_overlap; JIGSAW_OVERLAP=off
-# sets the default of processes that build no Trainer: the validator, benchmarks, tests)
-_overlap = [os.environ.get("JIGSAW_OVERLAP", "on").lower() != "off"]
-
-
-_transport: list = [None]  # a shm.SharedMemoryTransport carrying CPU messages, or None
-_staged = [False]  # device tensors cross ranks through host memory (ranks sharing a GPU)
-
-
-def set_transport(transport: object | None, staged: bool = False) -> None:
-    """Carry CPU point-to-point messages through ``transport`` (None: the process group); ``staged``:
-    copy device tensors to host memory for every message (the process group carries host memory)."""
-    _transport[0] = transport
-    _staged[0] = staged
-
-
-def wire_device(device: torch.device) -> torch.device:
-    """Where a tensor handed to the process group lives: the CPU when messages are staged, else
-    ``device`` (the rank's own: NCCL takes device tensors only)."""
-    return torch.device("cpu") if _staged[0] else device
 
 
 def _to_host(t: torch.Tensor) -> torch.Tensor:
@@ -135,15 +118,6 @@ def _to_host(t: torch.Tensor) -> torch.Tensor:
     host.copy_(t, non_blocking=True)
     copies_done(t.device)()
     return host
-
-
-def set_overlap(enabled: bool) -> None:
-    """Post transfers and return (``True``, the default), or wait for them at once (``False``)."""
-    _overlap[0] = bool(enabled)
-
-
-def overlap_enabled() -> bool:
-    return _overlap[0]
 
 
 def comm_site(name: str) -> contextlib.AbstractContextManager[None]:
@@ -267,30 +241,31 @@ def exchange(
     sizes are global knowledge, so sender and receiver agree. Messages between one pair with
     one ``tag`` are matched in the order they were posted on both sides.
     """
-    staged = device if device.type != "cpu" and _staged[0] else None
+    wire = axis.wire
+    staged = device if device.type != "cpu" and wire.staged else None
     if staged is not None:
         sends = [(peer, _to_host(t)) for peer, t in sends if t.numel()]
         device = torch.device("cpu")
-    shm = _transport[0] if device.type == "cpu" else None
-    if shm is not None:
-        return _exchange_shm(shm, sends, recvs, op=op, dtype=dtype, tag=tag, staged=staged)
-    ops: list[dist.P2POp] = []
-    received: list[torch.Tensor] = []
-    sent_bytes = recv_bytes = 0
-    for peer, shape in recvs:
-        buf = _buffer(shape, dtype, device, staged)
-        received.append(buf)
-        if buf.numel():
-            ops.append(dist.P2POp(dist.irecv, buf, peer, axis.group, tag))
-            recv_bytes += _nbytes(buf)
-    for peer, tensor in sends:
-        if tensor.numel():
-            ops.append(dist.P2POp(dist.isend, tensor.contiguous(), peer, axis.group, tag))
-            sent_bytes += _nbytes(tensor)
-    ledger.record(op, sent_bytes, recv_bytes)
-    works = dist.batch_isend_irecv(ops) if ops else []
+    rings = wire.rings if device.type == "cpu" else None
+    received = [_buffer(shape, dtype, device, staged) for _, shape in recvs]
+    posted_recvs = [(peer, buf) for (peer, _), buf in zip(recvs, received) if buf.numel()]
+    posted_sends = [(peer, t.contiguous()) for peer, t in sends if t.numel()]
+    ledger.record(op, sum(_nbytes(t) for _, t in posted_sends), sum(_nbytes(b) for _, b in posted_recvs))
+    works: list = []
+    if rings is not None:  # the pairs within this host: the rings; the others: the process group
+        near = rings.peers
+        ring_sends = [(p, t) for p, t in posted_sends if p in near]
+        ring_recvs = [(p, b) for p, b in posted_recvs if p in near]
+        if ring_sends or ring_recvs:
+            works.append(rings.post(ring_sends, ring_recvs, tag))
+        posted_sends = [(p, t) for p, t in posted_sends if p not in near]
+        posted_recvs = [(p, b) for p, b in posted_recvs if p not in near]
+    ops = [dist.P2POp(dist.irecv, buf, peer, axis.group, tag) for peer, buf in posted_recvs]
+    ops += [dist.P2POp(dist.isend, t, peer, axis.group, tag) for peer, t in posted_sends]
+    if ops:
+        works += dist.batch_isend_irecv(ops)
     pending = Pending(works, received, staged)
-    if not _overlap[0]:
+    if not wire.overlap:
         pending.wait()
     return pending
 
@@ -302,18 +277,6 @@ def _buffer(
     if staged is not None:
         return host_empty(shape, dtype, staged)
     return torch.empty(shape, dtype=dtype, device=device)
-
-
-def _exchange_shm(shm, sends, recvs, *, op: str, dtype: torch.dtype, tag: int, staged=None) -> Pending:
-    """``exchange`` through the shared-memory rings (the same skipping of empty tensors)."""
-    received = [_buffer(shape, dtype, torch.device("cpu"), staged) for _, shape in recvs]
-    posted_recvs = [(peer, buf) for (peer, _), buf in zip(recvs, received) if buf.numel()]
-    posted_sends = [(peer, t.contiguous()) for peer, t in sends if t.numel()]
-    ledger.record(op, sum(_nbytes(t) for _, t in posted_sends), sum(_nbytes(b) for _, b in posted_recvs))
-    pending = Pending([shm.post(posted_sends, posted_recvs, tag)], received, staged)
-    if not _overlap[0]:
-        pending.wait()
-    return pending
 
 
 def ring_bytes(kind: str, nbytes: int, ranks: int) -> int:
@@ -333,7 +296,7 @@ def all_reduce_(
         moved = ring_bytes("all_reduce", _nbytes(tensor), axis.size)
         ledger.record(op, moved, moved)
         with blocking():
-            if tensor.device.type != "cpu" and _staged[0]:
+            if tensor.device.type != "cpu" and axis.wire.staged:
                 host = _to_host(tensor)
                 dist.all_reduce(host, op=reduce, group=axis.group)
                 tensor.copy_(host, non_blocking=True)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -24,14 +25,16 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from ..argtypes import parse_ints
 from ..device import resolve_device
-from . import comm, shm
+from . import shm
 from .axis import Axis
-from .transport import Transport, choose_transport, describe_ranks
+from .transport import Transport, Wire, choose_transport, describe_pairs, describe_ranks
 
 __all__ = [
+    "COLLECTIVE_FACTOR",
     "Axis",
     "DomainMesh",
     "MeshShape",
+    "collective_timeout_s",
     "init_mesh",
     "parse_mesh",
     "rank_transport",
@@ -113,6 +116,8 @@ class DomainMesh:
         self.rank = rank
         self.device = device or torch.device("cpu")
         self.transport = "single process"  # how this rank's messages travel (init_mesh says)
+        self.wire = Wire()  # how they travel at run time: every axis of this mesh holds it
+        self.hosts: list[str] = []  # each rank's host (init_mesh fills it in; [] for one process)
         group = rank // shape.domain_size  # data × ensemble position
         self.coord = (group // shape.ensemble, (rank // shape.lon) % shape.lat, rank % shape.lon)
         self.ensemble_index = group % shape.ensemble
@@ -141,9 +146,8 @@ class DomainMesh:
             "world": self._axis("world", list(range(shape.world_size)), rank),
         }
 
-    @staticmethod
-    def _axis(name: str, ranks: list[int], index: int) -> Axis:
-        return Axis(name, tuple(ranks), index, None)
+    def _axis(self, name: str, ranks: list[int], index: int, group: dist.ProcessGroup | None = None) -> Axis:
+        return Axis(name, tuple(ranks), index, group, self.wire)
 
     def global_rank(self, data: int, lat: int, lon: int, ensemble: int = 0) -> int:
         return ((data * self.shape.ensemble + ensemble) * self.shape.lat + lat) * self.shape.lon + lon
@@ -187,14 +191,14 @@ class DomainMesh:
     def _build_groups(self) -> None:
         """Create process groups; every rank must call this in the same order."""
         shape = self.shape
-        wire = comm.wire_device(self.device)  # where tensors handed to the process group live
+        wire = self.wire.device_for(self.device)  # where tensors handed to the process group live
         self.device_mesh = init_device_mesh(
             wire.type, (shape.data, shape.ensemble, shape.lat, shape.lon), mesh_dim_names=AXES
         )
         for name in AXES:
             if getattr(shape, name) > 1:
-                axis = self._axes[name]
-                self._axes[name] = Axis(name, axis.ranks, axis.index, self.device_mesh[name].get_group())
+                axis, group = self._axes[name], self.device_mesh[name].get_group()
+                self._axes[name] = self._axis(name, list(axis.ranks), axis.index, group)
         # One domain group per (data, ensemble) replica, one replicas group per domain position.
         # new_group must be called by all ranks for all groups, in the same order.
         for d in range(shape.data):
@@ -203,7 +207,7 @@ class DomainMesh:
                 group = dist.new_group(ranks) if shape.domain_size > 1 else None
                 if (d, e) == (self.coord[0], self.ensemble_index):
                     axis = self._axes["domain"]
-                    self._axes["domain"] = Axis("domain", axis.ranks, axis.index, group)
+                    self._axes["domain"] = self._axis("domain", list(axis.ranks), axis.index, group)
         if shape.data > 1 and shape.ensemble > 1:
             for a in range(shape.lat):
                 for b in range(shape.lon):
@@ -212,13 +216,13 @@ class DomainMesh:
                     group = dist.new_group(ranks)
                     if (a, b) == self.coord[1:]:
                         axis = self._axes["replicas"]
-                        self._axes["replicas"] = Axis("replicas", axis.ranks, axis.index, group)
+                        self._axes["replicas"] = self._axis("replicas", list(axis.ranks), axis.index, group)
         else:  # one of the two axes has size 1: the replicas are the other one's ranks
             axis, other = self._axes["replicas"], self._axes["data" if shape.data > 1 else "ensemble"]
-            self._axes["replicas"] = Axis("replicas", axis.ranks, axis.index, other.group)
+            self._axes["replicas"] = self._axis("replicas", list(axis.ranks), axis.index, other.group)
         if shape.world_size > 1:
             axis = self._axes["world"]
-            self._axes["world"] = Axis("world", axis.ranks, axis.index, dist.group.WORLD)
+            self._axes["world"] = self._axis("world", list(axis.ranks), axis.index, dist.group.WORLD)
         # NCCL requires every rank of a group in its first batch_isend_irecv; a halo exchange
         # need not involve all of them, so open each group with a collective. Every rank visits
         # its groups in the same axis order, so this cannot deadlock.
@@ -292,6 +296,17 @@ def _check_world(shape: MeshShape, world_size: int) -> None:
         )
 
 
+COLLECTIVE_FACTOR = 10
+
+
+def collective_timeout_s(timeout_s: float) -> float:
+    """How long a collective or a transfer waits for a live peer: ``COLLECTIVE_FACTOR × timeout_s``.
+    A lost peer ends the job within ``timeout_s`` (``heartbeat.py``: its beats stop), so this
+    limit only catches a rank stuck in its own code, and leaves room for a slow first step or a
+    long checkpoint write on one rank while the others wait."""
+    return COLLECTIVE_FACTOR * timeout_s
+
+
 def init_mesh(
     shape: MeshShape | None = None,
     *,
@@ -321,24 +336,33 @@ def init_mesh(
         return mesh
     plan = rank_transport(transport, dev, backend)
     if not dist.is_initialized():
+        store = None  # env:// without MASTER_ADDR/PORT: torch's own error names the variable
+        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:  # peers wait timeout_s to arrive
+            store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
+                                  is_master=rank == 0, timeout=timedelta(seconds=timeout_s))  # fmt: skip
         dist.init_process_group(
             plan.backend,
+            store=store,
             rank=rank,
             world_size=world_size,
-            timeout=timedelta(seconds=timeout_s),
+            timeout=timedelta(seconds=collective_timeout_s(timeout_s)),
             device_id=plan.bound_device(dev),
         )
     _check_world(shape, dist.get_world_size())
-    comm.set_transport(None, plan.staged)
+    mesh.wire.staged = plan.staged
     mesh._build_groups()
-    rings = shm.connect(timeout_s) if plan.rings else None
-    comm.set_transport(rings, plan.staged)
+    mesh.wire.rings = shm.connect(collective_timeout_s(timeout_s)) if plan.rings else None
     shared = f" (shared by {plan.sharing} ranks)" if plan.sharing > 1 else ""
-    mesh.transport = f"{dev}{shared}: {plan.describe(rings is not None)}"
+    mesh.transport = f"{dev}{shared}: {plan.describe(mesh.wire.rings is not None)}"
+    me = (socket.gethostname(), mesh.transport, sorted(mesh.wire.ring_peers()), plan.describe(False))
     everyone: list = [None] * world_size
-    dist.all_gather_object(everyone, mesh.transport)
+    dist.all_gather_object(everyone, me)
+    mesh.hosts = [e[0] for e in everyone]
     if rank == 0:  # the other ranks log warnings only
-        log.info("messages between ranks: %s", describe_ranks(everyone))
+        log.info("messages between ranks: %s", describe_ranks([e[1] for e in everyone]))
+        if len(set(mesh.hosts)) > 1 or plan.rings:
+            pairs = describe_pairs(mesh.hosts, [frozenset(e[2]) for e in everyone], [e[3] for e in everyone])
+            log.info("transport per pair: %s", pairs)
     log.debug("rank %d: %r", rank, mesh)
     return mesh
 

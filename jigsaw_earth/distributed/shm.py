@@ -9,9 +9,11 @@ thread), so messages larger than the ring stream through it. Every message carri
 that arrives before its receive is posted is kept aside, so messages match per (peer, tag) in
 posting order, as torch.distributed's do.
 
-Used by ``comm.exchange`` for CPU tensors when every rank is on one x86-64 host (its cores see
-each other's stores in program order, which the ring's two counters rely on); elsewhere, and
-with ``distributed.transport: backend``, the process group's own transport carries them.
+Used by ``comm.exchange`` for CPU tensors between the ranks of one x86-64 host (its cores see
+each other's stores in program order, which the ring's two counters rely on): ``connect`` groups
+the ranks by host (hostname, boot id and the ``/dev/shm`` they see), and each host with more than
+one rank gets rings between its ranks; messages to the other hosts, and every message with
+``distributed.transport: backend``, go through the process group.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 import torch.distributed as dist
+
+from .heartbeat import PeerGone
 
 __all__ = ["SharedMemoryTransport", "connect"]
 
@@ -79,12 +83,13 @@ class _Doorbells:
         self._nap = _Timespec(0, int(self.NAP_S * 1e9))
 
     def ring(self, rank: int) -> None:
+        """Wake the rank at position ``rank`` of this host's ranks."""
         self.seq[rank] += 1
         if self.sleeping[rank]:
             self._libc.syscall(_SYS_FUTEX, self._c_addr(rank), _FUTEX_WAKE, 1 << 30, None, None, 0)
 
     def sleep(self, rank: int, seen: int) -> None:
-        """Sleep until rank's word differs from ``seen`` (or ``NAP_S``)."""
+        """Sleep until the word of position ``rank`` differs from ``seen`` (or ``NAP_S``)."""
         self._libc.syscall(
             _SYS_FUTEX,
             self._c_addr(rank),
@@ -246,7 +251,8 @@ class _Handle:
 
 
 class SharedMemoryTransport:
-    """Rings to and from every other rank of this host (``connect`` builds it)."""
+    """Rings to and from every other rank of this host (``connect`` builds it). Ranks are global;
+    ``local`` lists this host's, whose positions index the doorbells."""
 
     def __init__(
         self,
@@ -254,13 +260,17 @@ class SharedMemoryTransport:
         outgoing: dict[int, _Ring],
         incoming: dict[int, _Ring],
         bells: _Doorbells,
-        pids: Sequence[int],
+        pids: dict[int, int],
         timeout_s: float,
         oversubscribed: bool,
+        local: Sequence[int],
     ):
-        self.rank, self.pids, self.timeout_s, self.bells = rank, list(pids), timeout_s, bells
-        self.out = {p: _Outgoing(r, functools.partial(bells.ring, p)) for p, r in outgoing.items()}
-        self.inc = {p: _Incoming(r, p, functools.partial(bells.ring, p)) for p, r in incoming.items()}
+        self.rank, self.pids, self.timeout_s, self.bells = rank, dict(pids), timeout_s, bells
+        self.slot = {r: i for i, r in enumerate(local)}  # global rank -> its doorbell
+        self.peers = frozenset(r for r in local if r != rank)
+        wake = {p: functools.partial(bells.ring, self.slot[p]) for p in self.peers}
+        self.out = {p: _Outgoing(r, wake[p]) for p, r in outgoing.items()}
+        self.inc = {p: _Incoming(r, p, wake[p]) for p, r in incoming.items()}
         self.spin = 0 if oversubscribed else 200  # polls before sleeping (one core per rank)
         self.yield_after = 8  # polls after which each further one first offers the core (sched_yield)
 
@@ -295,7 +305,7 @@ class SharedMemoryTransport:
 
     def wait(self, ops: list[_Op]) -> None:
         polls, start, next_check = 0, time.monotonic(), 1.0
-        me, bells = self.rank, self.bells
+        me, bells = self.slot[self.rank], self.bells
         while True:
             seen = int(bells.seq[me])
             moved = self.progress()
@@ -323,7 +333,7 @@ class SharedMemoryTransport:
             try:
                 os.kill(self.pids[peer], 0)
             except ProcessLookupError:
-                raise RuntimeError(
+                raise PeerGone(
                     f"rank {peer} (pid {self.pids[peer]}) exited while rank {self.rank} "
                     f"waited for a message from or to it"
                 ) from None
@@ -350,10 +360,26 @@ def _map(path: str, size: int, create: bool) -> mmap.mmap:
         os.close(fd)
 
 
+def _host_key() -> tuple[str, str, int]:
+    """What ranks of one host share: its name, its boot, the ``/dev/shm`` they see (two containers
+    or simulated hosts with one kernel have their own)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    try:
+        shm_dev = os.stat(_DIR).st_dev
+    except OSError:
+        shm_dev = -1
+    return socket.gethostname(), boot, shm_dev
+
+
 def connect(timeout_s: float) -> SharedMemoryTransport | None:
-    """Collective over the default group: rings between all ranks when they share one x86-64
-    host with room in /dev/shm; None (every rank alike) otherwise. The ring files are unlinked
-    once every rank has mapped them, so nothing is left behind, even after a crash."""
+    """Collective over the default group: rings between the ranks of each x86-64 host that has
+    more than one rank and room in /dev/shm; this rank's, or None where its host has none. The ring
+    files are unlinked once every rank has mapped them, so nothing is left behind, even after a
+    crash."""
     world, rank = dist.get_world_size(), dist.get_rank()
     if world < 2:
         return None
@@ -361,68 +387,64 @@ def connect(timeout_s: float) -> SharedMemoryTransport | None:
         free = os.statvfs(_DIR).f_bavail * os.statvfs(_DIR).f_frsize
     except OSError:
         free = 0
-    me = (
-        socket.gethostname(),
-        os.getpid(),
-        platform.machine(),
-        free,
-        uuid.uuid4().hex[:12],
-        len(os.sched_getaffinity(0)),
-    )
+    cores = len(os.sched_getaffinity(0))
+    me = (_host_key(), os.getpid(), platform.machine(), free, uuid.uuid4().hex[:12], cores)
     everyone: list = [None] * world
     dist.all_gather_object(everyone, me)
-    rings = world * (world - 1)
-    capacity = min(RING_BYTES, SHM_BUDGET // rings) // HEADER * HEADER
+    local = [r for r in range(world) if everyone[r][0] == me[0]]
+    first = everyone[local[0]]
+    rings = len(local) * (len(local) - 1)
+    capacity = min(RING_BYTES, SHM_BUDGET // max(rings, 1)) // HEADER * HEADER
     usable = (
-        len({e[0] for e in everyone}) == 1
-        and all(e[2] in ("x86_64", "AMD64") for e in everyone)
+        len(local) > 1
+        and all(everyone[r][2] in ("x86_64", "AMD64") for r in local)
         and capacity >= (1 << 20)
-        and everyone[0][3] > 2 * rings * (capacity + _CTRL)
+        and first[3] > 2 * rings * (capacity + _CTRL)
     )
-    if not usable:
-        log.debug("shared-memory transport off (ranks on several hosts, not x86-64, or /dev/shm full)")
-        return None
-    token, size = everyone[0][4], capacity + _CTRL
-    bells_path, bells_size = os.path.join(_DIR, f"jigsaw-{token}-bells"), 64 * world
-    mine = [_ring_path(token, src, rank) for src in range(world) if src != rank]
-    mine += [bells_path] if rank == 0 else []
+    token, size = first[4], capacity + _CTRL
+    bells_path, bells_size = os.path.join(_DIR, f"jigsaw-{token}-bells"), 64 * len(local)
+    mine: list[str] = []
     incoming: dict[int, _Ring] = {}
     bells_map, error = None, ""
-    try:
-        for src in range(world):
-            if src != rank:
-                incoming[src] = _Ring(_map(_ring_path(token, src, rank), size, True), capacity)
-        if rank == 0:
-            bells_map = _map(bells_path, bells_size, True)
-    except OSError as err:
-        error = f"rank {rank}: {err}"
+    if usable:
+        mine = [_ring_path(token, src, rank) for src in local if src != rank]
+        mine += [bells_path] if rank == local[0] else []
+        try:
+            for src in local:
+                if src != rank:
+                    incoming[src] = _Ring(_map(_ring_path(token, src, rank), size, True), capacity)
+            if rank == local[0]:
+                bells_map = _map(bells_path, bells_size, True)
+        except OSError as err:
+            error = f"rank {rank}: {err}"
     errors: list = [None] * world
     dist.all_gather_object(errors, error)
+    failed = [errors[r] for r in local if errors[r]]
     outgoing: dict[int, _Ring] = {}
     try:
-        if not any(errors):
-            outgoing = {
-                dst: _Ring(_map(_ring_path(token, rank, dst), size, False), capacity)
-                for dst in range(world)
-                if dst != rank
-            }
+        if usable and not failed:
+            outgoing = {dst: _Ring(_map(_ring_path(token, rank, dst), size, False), capacity)
+                        for dst in local if dst != rank}  # fmt: skip
             bells_map = bells_map or _map(bells_path, bells_size, False)
     finally:
         dist.barrier()
         for path in mine:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(path)
-    if any(errors):
-        log.warning("shared-memory transport off: %s", "; ".join(e for e in errors if e))
+    if not usable:
+        log.debug("shared-memory transport off on this host (one rank, not x86-64, or /dev/shm full)")
         return None
-    cores = everyone[0][5]
-    log.debug("shared-memory transport: %d rings of %d MiB", rings, capacity >> 20)
+    if failed:
+        log.warning("shared-memory transport off on this host: %s", "; ".join(failed))
+        return None
+    log.debug("shared-memory transport: %d rings of %d MiB on this host", rings, capacity >> 20)
     return SharedMemoryTransport(
         rank,
         outgoing,
         incoming,
-        _Doorbells(bells_map, world),  # type: ignore[arg-type]
-        [e[1] for e in everyone],
+        _Doorbells(bells_map, len(local)),  # type: ignore[arg-type]
+        {r: everyone[r][1] for r in local},
         timeout_s,
-        oversubscribed=world > max(cores, 1),
+        oversubscribed=len(local) > max(first[5], 1),
+        local=local,
     )

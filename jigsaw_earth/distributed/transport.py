@@ -17,17 +17,33 @@ a host than its GPUs), or                                     carried as between
 
 NCCL refuses two ranks on one GPU, so ranks that share one stage their messages; one rank per GPU
 keeps NCCL with no staging. ``comm.py`` does the staging; ``shm.py`` the rings.
+
+The transport is chosen per pair of ranks: the rings join the ranks of one host (``shm.connect``
+groups the ranks by host), and a message to a rank on another host goes through the process group
+(gloo, or NCCL between GPUs). A job on two hosts keeps its rings within each host. What a mesh's
+messages travel by at run time is its ``Wire`` (``DomainMesh.wire``, held by each of its ``Axis``
+objects): the rings, whether device tensors are staged, whether exchanges overlap compute.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
 from ..device import default_backend, device_count
 
-__all__ = ["TRANSPORTS", "Transport", "choose_transport", "describe_ranks"]
+__all__ = [
+    "TRANSPORTS",
+    "Transport",
+    "Wire",
+    "choose_transport",
+    "describe_pairs",
+    "describe_ranks",
+    "rank_spans",
+]
 
 TRANSPORTS = ("auto", "backend", "host")
 
@@ -54,6 +70,36 @@ class Transport:
             return f"{self.backend}, device to device"
         carrier = "shared-memory rings and gloo" if rings_connected else "gloo"
         return f"staged through pinned host memory, {carrier}" if self.staged else carrier
+
+
+def _overlap_default() -> bool:
+    """``JIGSAW_OVERLAP=off`` sets the default of processes that build no Trainer (the validator,
+    benchmarks, tests); the trainer sets ``distributed.overlap``."""
+    return os.environ.get("JIGSAW_OVERLAP", "on").lower() != "off"
+
+
+@dataclass
+class Wire:
+    """How the messages of one mesh travel at run time (``comm.exchange`` and ``comm.all_reduce_``
+    read it from the axis they are given).
+
+    ``rings``: a ``shm.SharedMemoryTransport`` carrying CPU point-to-point messages to the ranks of
+    this host (``rings.peers``), or None; every other pair goes through the process group.
+    ``staged``: device tensors cross ranks through pinned host memory. ``overlap``: exchanges return
+    before their transfers complete (``distributed.overlap``)."""
+
+    rings: Any = None
+    staged: bool = False
+    overlap: bool = field(default_factory=_overlap_default)
+
+    def device_for(self, device: torch.device) -> torch.device:
+        """Where a tensor handed to the process group lives: the CPU when messages are staged, else
+        ``device`` (the rank's own: NCCL takes device tensors only)."""
+        return torch.device("cpu") if self.staged else device
+
+    def ring_peers(self) -> frozenset[int]:
+        """The global ranks this rank reaches through the shared-memory rings."""
+        return frozenset(self.rings.peers) if self.rings is not None else frozenset()
 
 
 def choose_transport(request: str, device: torch.device, backend: str | None, local_ranks: int) -> Transport:
@@ -100,3 +146,34 @@ def describe_ranks(transports: list[str], shown: int = 16) -> str:
         more = f", … ({len(ranks)} ranks)" if len(ranks) > shown else ""
         parts.append(f"{how}: {', '.join(ranks[:shown])}{more}")
     return "; ".join(parts)
+
+
+def rank_spans(ranks: list[int]) -> str:
+    """``[0, 1, 2, 5]`` → ``0-2, 5``."""
+    runs: list[list[int]] = []
+    for r in ranks:
+        if runs and r == runs[-1][1] + 1:
+            runs[-1][1] = r
+        else:
+            runs.append([r, r])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def describe_pairs(hosts: list[str], ring_peers: list[frozenset[int]], between: list[str]) -> str:
+    """The transport of every pair of ranks in one line: the hosts with their ranks, and how many
+    pairs each way carries. ``hosts[r]``: rank r's host; ``ring_peers[r]``: the ranks it reaches by
+    the rings; ``between[r]``: how it reaches the others (the process group: ``gloo``, ``nccl,
+    device to device``, ``staged through pinned host memory, gloo``)."""
+    world = len(hosts)
+    by_host: dict[str, list[int]] = {}
+    for rank, host in enumerate(hosts):
+        by_host.setdefault(host, []).append(rank)
+    counts: dict[str, int] = {}
+    for a in range(world):
+        for b in range(a + 1, world):
+            where = "within a host" if hosts[a] == hosts[b] else "between hosts"
+            how = "shared-memory rings" if b in ring_peers[a] else between[a]
+            counts[f"{how} ({where})"] = counts.get(f"{how} ({where})", 0) + 1
+    placed = ", ".join(f"{host} ranks {rank_spans(ranks)}" for host, ranks in by_host.items())
+    pairs = ", ".join(f"{how} {n}" for how, n in counts.items())
+    return f"{len(by_host)} host(s): {placed}; pairs of ranks by transport: {pairs}"

@@ -38,12 +38,14 @@ from ..config.schema import TrainConfig
 from ..data.samples import TrainData
 from ..data.times import hour_dayofyear, period_mask
 from ..device import set_precision
+from ..distributed.heartbeat import watched
 from ..distributed.mesh import DomainMesh
 from ..distributed.rank0 import on_rank0
 from ..layers.replicas import replicated_weights
 from ..mesh_setup import setup_mesh
 from ..models.run import build_run_model, model_step
 from ..ownership import check_output
+from ..signals import rerun_hint
 from .campaign import check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, store_chunks
 from .formats import check_format, open_writer
@@ -220,14 +222,24 @@ def run_prediction(
         try:
             lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
             ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member)
-            return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours, max_inits,
-                            progress.batch_size(batch_size), overwrite, score, ens, progress, analysis, fmt,
-                            template)  # fmt: skip
+            with _watched(cfg, mesh, progress) if own else nullcontext():
+                return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours,
+                                max_inits, progress.batch_size(batch_size), overwrite, score, ens, progress,
+                                analysis, fmt, template)  # fmt: skip
         finally:
             if lock is not None:
                 lock.release()
             if own and dist.is_initialized():
                 dist.destroy_process_group()
+
+
+def _watched(cfg: TrainConfig, mesh: DomainMesh, progress: Progress) -> Any:
+    """The run under a ``PeerWatch``: a lost host ends every rank fast, the recorded batches kept."""
+    kept = f"the batches recorded so far stay in {progress.folder}; " if progress.folder else ""
+    hint = f"{kept}resume: {rerun_hint()}"
+    release = progress.lock.release if progress.lock is not None else lambda: None  # any host resumes
+    return watched(mesh.rank, mesh.shape.world_size, mesh.hosts, cfg.distributed.timeout_s, lambda v: hint,
+                   release)  # fmt: skip
 
 
 def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bool,

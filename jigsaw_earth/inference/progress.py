@@ -42,6 +42,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from ..distributed.heartbeat import communication_error
 from ..ownership import MARKER, check_output, in_progress_path, read_marker
 from ..signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals
 from .unfinished import (
@@ -382,10 +383,11 @@ class Progress:
         self.lock.release()
         if self.done == 0:
             shutil.rmtree(self.folder, ignore_errors=True)
-        else:
-            log.warning("kept %s: %d of %d batches recorded; run the same command again to resume, or "
-                        "remove it: jigsaw-earth predict --remove-unfinished %s", self.folder, self.done,
-                        self.total, self.folder)  # fmt: skip
+        else:  # a lost peer's verdict names the folder in its one line (distributed/heartbeat.py)
+            say = log.debug if communication_error(err) else log.warning
+            say("kept %s: %d of %d batches recorded; run the same command again to resume, or remove it: "
+                "jigsaw-earth predict --remove-unfinished %s", self.folder, self.done, self.total,
+                self.folder)  # fmt: skip
 
     # ------------------------------------------------------------------ files
     def _shares(self, batch: int) -> Path:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -43,8 +44,8 @@ from ..config.schema import TrainConfig
 from ..data.batch import Batch
 from ..data.samples import TrainData
 from ..device import set_precision
-from ..distributed.comm import set_overlap, set_transport
 from ..distributed.grads import replication
+from ..distributed.heartbeat import communication_error
 from ..distributed.mesh import DomainMesh
 from ..distributed.rank0 import on_rank0
 from ..layers.base import init_model
@@ -103,9 +104,9 @@ class Trainer:
         set_precision(cfg.training.precision)
         self._lock = None  # rank 0: run.dir's lock, held from the preflight to the end of ``fit``
         self.saver = BackgroundSaver()  # periodic checkpoints, written while training goes on
-        set_overlap(cfg.distributed.overlap == "on")
+        mesh.wire.overlap = cfg.distributed.overlap == "on"
         if cfg.distributed.transport == "backend":
-            set_transport(None)  # the mesh may have connected shared memory (init_mesh's default)
+            mesh.wire.rings = None  # a mesh built elsewhere may have connected shared memory
         # nothing is written to run.dir before these checks pass (collective: rank 0 decides)
         moved = on_rank0(mesh, lambda: claim_run_dir(cfg, new_run))
         box = [on_rank0(mesh, lambda: finished_step(cfg, new_run))]  # a finished run: nothing to do
@@ -192,10 +193,12 @@ class Trainer:
     def close(self) -> None:
         """Finish the checkpoint being written, then release run.dir's lock (rank 0; ``fit`` does it
         when it ends). Idempotent."""
+        failing = sys.exc_info()[1]  # the error fit is ending on, if any
         try:
             self.saver.wait()
         except Exception as err:  # fit is ending on another error: this one is logged, that one raised
-            log.error("the checkpoint written in the background failed: %s", err)
+            told = failing is not None and communication_error(err)  # a lost peer: its verdict says it
+            (log.debug if told else log.error)("the checkpoint written in the background failed: %s", err)
         if self._lock is not None:
             self._lock.release()
             self._lock = None
