@@ -96,7 +96,7 @@ class Job:
         assert out.returncode == 0, f"sbatch failed: {out.stderr}\n{cluster.logs()}"
         self.id = out.stdout.strip().split(";")[0]
         self.info: dict[str, str] = {}
-        self.nodes: list[list[str]] = []  # each attempt's nodes, as seen running
+        self.nodes: list[list[str]] = []  # each attempt's nodes (Restarts = index), as seen running
         self.states: list[tuple[str, float]] = []  # each state seen, and when
 
     def poll(self) -> str:
@@ -104,10 +104,9 @@ class Job:
         state = self.info.get("JobState", "")
         if not self.states or self.states[-1][0] != state:
             self.states.append((state, time.monotonic()))
-        if state == "RUNNING":
-            nodes = self.cluster.job_nodes(self.id)
-            if nodes and (not self.nodes or self.nodes[-1] != nodes):
-                self.nodes.append(nodes)
+        attempt = int(self.info.get("Restarts", "0"))
+        if state == "RUNNING" and len(self.nodes) == attempt:
+            self.nodes.append(self.cluster.job_nodes(self.id))
         return state
 
     def log(self) -> str:
@@ -131,6 +130,12 @@ class Job:
 
     def steps_logged(self) -> int:
         return max((r["step"] for r in _rows(self.run_dir)), default=0)
+
+    def resumed_step(self, at: int) -> bool:
+        """Whether the requeued attempt logged its first step after resuming at step ``at``."""
+        text = self.log()
+        resumed = text.find(f"resumed from {self.run_dir / 'checkpoints' / f'step_{at:09d}'} at step {at}")
+        return resumed >= 0 and f"step {at + 1:6d}/{STEPS}" in text[resumed:]
 
 
 @pytest.fixture(scope="module")
@@ -214,7 +219,7 @@ def test_preempted_two_node_job_resumes_on_another_pair(
         stop = re.search(rf"stopped on SIGTERM after step (\d+) of {STEPS}; saved ", job.log())
         assert stop, job.tail()
         stopped = int(stop[1])
-        job.wait(lambda: job.steps_logged() > stopped or job.poll() in FINAL_STATES, "past its checkpoint")
+        job.wait(lambda: job.resumed_step(stopped) or job.poll() in FINAL_STATES, "past its checkpoint")
         log.info("states after the signal: %s", [(s, round(t - t_signal, 1)) for s, t in job.states])
         resumed_s = time.monotonic() - t_signal
         job.wait(lambda: job.poll() in FINAL_STATES, "ended")
@@ -230,3 +235,36 @@ def test_preempted_two_node_job_resumes_on_another_pair(
     log.info("preempted after step %d on %s, resumed on %s; first step after the resume %.1f s after the "
              "signal; final loss %r = reference %r", stopped, first, job.nodes[1], resumed_s,
              _final_loss(job.run_dir), _final_loss(ref))  # fmt: skip
+
+
+@pytest.mark.slow
+def test_killed_node_requeues_onto_the_nodes_left_and_resumes(
+    reference: Reference, cluster: SimSlurmCluster, root: Path
+) -> None:
+    job = Job(cluster, "killed", root / "killed", _config(root / "killed", root / "data.zarr"))
+    latest = job.run_dir / "checkpoints" / "latest"
+    job.wait(lambda: job.poll() in FINAL_STATES or (latest.exists() and job.steps_logged() >= 3), "at step 3")
+    saved = latest.read_text().strip()
+    victim = job.nodes[0][0]  # rank 0's, the batch script's and the rendezvous store's node
+    t_kill = time.monotonic()
+    killed = cluster.kill_node(victim)
+    assert killed, f"nothing to kill on {victim}"
+    job.wait(lambda: len(job.nodes) > 1 or job.poll() in FINAL_STATES, "requeued and running")
+    resumed_at = int(saved.split("_")[1])
+    job.wait(lambda: job.resumed_step(resumed_at) or job.poll() in FINAL_STATES, "past its checkpoint")
+    resumed_s = time.monotonic() - t_kill
+    job.wait(lambda: job.poll() in FINAL_STATES, "ended")
+    states = [(s, round(t - t_kill, 1)) for s, t in job.states]
+    assert cluster.node_states().get(victim, "").startswith("down"), cluster.node_states()
+    assert victim not in job.nodes[1], job.nodes
+    text = job.log()
+    assert f"resumed from {job.run_dir / 'checkpoints' / saved} at step {resumed_at}" in text, job.tail()
+    # the lock rank 0 held on the dead node, its lease still running, is taken over at once
+    left = re.search(rf"took over the lock {job.run_dir / 'run.lock'} left by a run that ended without "
+                     rf"releasing it: pid \d+ on host {victim},", text)  # fmt: skip
+    assert left, job.tail()
+    ref = reference.run_dir()
+    _assert_resumed_as_reference(job, ref, resumed_at)
+    log.info("node %s killed after step %s's checkpoint; states %s; first step after the resume %.1f s after "
+             "the kill, on %s; final loss %r = reference %r", victim, resumed_at, states, resumed_s,
+             job.nodes[1], _final_loss(job.run_dir), _final_loss(ref))  # fmt: skip
