@@ -93,6 +93,14 @@ class SimSlurmCluster(SlurmCluster):
         self.procs.pop(f"slurmd-{node}", None)
         return self.hosts.kill(node)
 
+    def boot_node(self, node: str, limit_s: float = 60) -> None:
+        """Boot a killed node host again and start its slurmd; it is idle again on return (a node
+        that answers again returns to service: ``ReturnToService=2``)."""
+        assert self.hosts is not None
+        self.hosts.boot(node)
+        self._start_on(node, f"slurmd-{node}", "slurmd", "-D", "-N", node)
+        self._wait(f"slurmd-{node}", lambda: self.node_states().get(node) == "idle", limit_s)
+
     def stop(self) -> None:
         try:
             super().stop()
@@ -181,7 +189,7 @@ def start_host_cluster(root: Path, nodes: int = 3, shared: tuple[Path, ...] = ()
         cluster._start_on(CONTROLLER, "slurmctld", "slurmctld", "-D", "-c")
         cluster._wait("slurmctld", lambda: cluster._ok("scontrol", "ping", want="UP"), 60)
         for name in names:
-            cluster._start_on(name, f"slurmd-{name}", "slurmd", "-D", "-N", name)
+            cluster._start_on(name, f"slurmd-{name}", "slurmd", "-D", "-N", name)  # NodeName = host name
         deadline = time.monotonic() + 60
         while sorted(cluster.node_states().values()) != ["idle"] * nodes:
             for name in names:

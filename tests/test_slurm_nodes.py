@@ -42,6 +42,8 @@ from .slurm_hosts import SimSlurmCluster, start_host_cluster
 log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[1]
 TEMPLATE = REPO / "configs" / "slurm" / "train.sbatch"
+PREDICT_TEMPLATE = REPO / "configs" / "slurm" / "predict.sbatch"
+PREDICT_BATCHES = 16  # inits of the validation period at 6 h with 4 steps of targets, one per batch
 STEPS = 6
 TASKS_PER_NODE = 1  # mesh 1 x 1 x 2: the longitude split across the two nodes
 SIGNAL_AFTER = 2  # steps logged before the preemption
@@ -83,7 +85,8 @@ def _history_starts(run_dir: Path) -> list[int]:
 class Job:
     """One ``sbatch`` of the template on the cluster, and what it left."""
 
-    def __init__(self, cluster: SimSlurmCluster, name: str, job_dir: Path, config: Path):
+    def __init__(self, cluster: SimSlurmCluster, name: str, job_dir: Path, config: Path,
+                 template: Path = TEMPLATE, *args: str):  # fmt: skip
         self.cluster, self.name, self.dir, self.run_dir = cluster, name, job_dir, job_dir / "run"
         launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
         env = {k: v for k, v in cluster.env.items() if k not in launcher}
@@ -91,7 +94,8 @@ class Job:
         out = cluster.run(
             "sbatch", "--parsable", f"--job-name=jigsaw-{name}", "--nodes=2",
             f"--ntasks-per-node={TASKS_PER_NODE}", "--cpus-per-task=1", "--gpus-per-node=0",
-            f"--output={job_dir}/slurm-%j.out", f"--chdir={job_dir}", str(TEMPLATE), str(config), env=env,
+            f"--output={job_dir}/slurm-%j.out", f"--chdir={job_dir}", str(template), str(config), *args,
+            env=env,
         )  # fmt: skip
         assert out.returncode == 0, f"sbatch failed: {out.stderr}\n{cluster.logs()}"
         self.id = out.stdout.strip().split(";")[0]
@@ -249,13 +253,16 @@ def test_killed_node_requeues_onto_the_nodes_left_and_resumes(
     t_kill = time.monotonic()
     killed = cluster.kill_node(victim)
     assert killed, f"nothing to kill on {victim}"
-    job.wait(lambda: len(job.nodes) > 1 or job.poll() in FINAL_STATES, "requeued and running")
-    resumed_at = int(saved.split("_")[1])
-    job.wait(lambda: job.resumed_step(resumed_at) or job.poll() in FINAL_STATES, "past its checkpoint")
-    resumed_s = time.monotonic() - t_kill
-    job.wait(lambda: job.poll() in FINAL_STATES, "ended")
+    try:
+        job.wait(lambda: len(job.nodes) > 1 or job.poll() in FINAL_STATES, "requeued and running")
+        resumed_at = int(saved.split("_")[1])
+        job.wait(lambda: job.resumed_step(resumed_at) or job.poll() in FINAL_STATES, "past its checkpoint")
+        resumed_s = time.monotonic() - t_kill
+        job.wait(lambda: job.poll() in FINAL_STATES, "ended")
+        assert cluster.node_states().get(victim, "").startswith("down"), cluster.node_states()
+    finally:
+        cluster.boot_node(victim)  # for the tests after this one
     states = [(s, round(t - t_kill, 1)) for s, t in job.states]
-    assert cluster.node_states().get(victim, "").startswith("down"), cluster.node_states()
     assert victim not in job.nodes[1], job.nodes
     text = job.log()
     assert f"resumed from {job.run_dir / 'checkpoints' / saved} at step {resumed_at}" in text, job.tail()
@@ -268,3 +275,56 @@ def test_killed_node_requeues_onto_the_nodes_left_and_resumes(
     log.info("node %s killed after step %s's checkpoint; states %s; first step after the resume %.1f s after "
              "the kill, on %s; final loss %r = reference %r", victim, resumed_at, states, resumed_s,
              job.nodes[1], _final_loss(job.run_dir), _final_loss(ref))  # fmt: skip
+
+
+def _recorded(folder: Path) -> int:
+    from jigsaw_earth.inference.unfinished import batches_done, read_request
+
+    info = read_request(folder)
+    return batches_done(folder, int(info["world"])) if info else 0
+
+
+def _files(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.slow
+def test_predict_across_two_nodes_preempted_resumes_on_another_pair(
+    reference: Reference, cluster: SimSlurmCluster, root: Path
+) -> None:
+    """``configs/slurm/predict.sbatch`` on two nodes from the reference's checkpoint, 16 inits one per
+    batch: ``scancel --signal=TERM`` once 2 batches are recorded, the first node drained; the requeued
+    job resumes on another pair and its store equals one host's forecast file for file, byte for byte."""
+    reference.run_dir()
+    config = root / "reference" / "config.yaml"
+    args = ["--every-hours", "6", "--steps", "4", "--batch-size", "1"]
+    one_host = root / "predict-one-host"
+    one_host.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "jigsaw_earth", "launch", "--nproc-per-node", str(2 * TASKS_PER_NODE),
+         "predict", str(config), *args, "--out", str(one_host / "fc.zarr")], cwd=one_host,
+        capture_output=True, text=True, timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    job_dir = root / "predict"
+    job_dir.mkdir()
+    job = Job(cluster, "predict", job_dir, config, PREDICT_TEMPLATE, *args, "--out", str(job_dir / "fc.zarr"))
+    folder = job_dir / "fc.zarr.in-progress"
+    job.wait(lambda: job.poll() in FINAL_STATES or _recorded(folder) >= 2, "at 2 batches")
+    first = list(job.nodes[0])
+    assert cluster.run("scancel", "--signal=TERM", job.id).returncode == 0
+    cluster.run("scontrol", "update", f"NodeName={first[0]}", "State=DRAIN", "Reason=test")
+    try:
+        job.wait(lambda: job.poll() in FINAL_STATES and len(job.nodes) > 1, "requeued and ended")
+    finally:
+        cluster.run("scontrol", "update", f"NodeName={first[0]}", "State=RESUME")
+    assert job.info.get("JobState") == "COMPLETED", job.tail()
+    assert (job.info["Restarts"], job.info["ExitCode"]) == ("1", "0:0"), job.tail()
+    assert first[0] not in job.nodes[1], job.nodes
+    stop = re.search(rf"stopped on SIGTERM before batch (\d+) of {PREDICT_BATCHES}; (\d+) of ", job.log())
+    assert stop and 2 <= int(stop[2]) < PREDICT_BATCHES, job.tail()
+    assert f"{stop[2]} of {PREDICT_BATCHES} batches recorded; starting at batch {stop[1]}" in job.log()
+    mine, theirs = _files(job_dir / "fc.zarr"), _files(one_host / "fc.zarr")
+    assert mine.keys() == theirs.keys() and [k for k in mine if mine[k] != theirs[k]] == []
+    log.info("predict: stopped before batch %s of %d on %s, resumed on %s; the store equals one host's",
+             stop[1], PREDICT_BATCHES, first, job.nodes[1])  # fmt: skip
