@@ -166,6 +166,7 @@ class _Renewer:
         self.thread: threading.Thread | None = None
 
     def add(self, target: int | str) -> None:
+        lease_s()  # a bad JIGSAW_LOCK_LEASE_S is the caller's error, not the side thread's
         with self.guard:
             self.held[target] = self.held.get(target, 0) + 1
             if self.thread is None or not self.thread.is_alive():
@@ -268,6 +269,7 @@ class PathLock:
         """Hold ``path`` for ``what`` (e.g. ``"run.dir runs/x"``); ``LockHeld`` names the holder and
         ``fix`` (what the user can do) when a live process has it."""
         path = Path(path)
+        lease_s()  # a bad JIGSAW_LOCK_LEASE_S refused before anything is written
         while True:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
             flocked = _try_flock(fd)

@@ -14,7 +14,8 @@ holding all three: training's ``run.lock`` (``PathLock``, a ``flock``), predict'
   once the lease has run out, by a fresh file, and the stopped holder, resumed, removes nothing
   of the new holder's.
 
-And the Slurm rule without hosts: a lock of an earlier attempt of this job is stale at once.
+And without hosts: a lock of an earlier attempt of this Slurm job is stale at once; a lease that is
+not a positive number of seconds is refused before anything is written.
 """
 
 from __future__ import annotations
@@ -185,3 +186,11 @@ def test_a_lock_of_an_earlier_attempt_of_this_slurm_job_is_stale(
     assert json.loads(path.read_text())["slurm_restart"] == 1
     lock.release()
     assert not path.exists()
+
+
+def test_a_bad_lease_is_refused_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for bad in ("soon", "0", "-5", "nan"):
+        monkeypatch.setenv(LEASE_ENV, bad)
+        with pytest.raises(ValueError, match=rf"{LEASE_ENV}='{bad}': give the lock lease in seconds"):
+            PathLock.acquire(tmp_path / "run.lock", "run.dir x", "choose another")
+        assert not (tmp_path / "run.lock").exists()
