@@ -298,8 +298,10 @@ class PathLock:
         return cls(path, fd, info)
 
     @staticmethod
-    def holder(path: str | Path) -> dict[str, Any] | None:
-        """Who holds ``path`` now (``None``: nobody alive), without taking it."""
+    def holder(path: str | Path, lease: bool = True) -> dict[str, Any] | None:
+        """Who holds ``path`` now (``None``: nobody alive), without taking it. ``lease=False``: a lock
+        of another host only when this host's ``flock`` sees it held (the ranks of a job that do not
+        take the lock leave the lease to the one that does, so that hosts never judge apart)."""
         path = Path(path)
         if not path.is_file():
             return None
@@ -316,6 +318,8 @@ class PathLock:
             except OSError:
                 flocked = None
             info = _read(path)
+            if not lease and info.get("host") not in (None, socket.gethostname()):
+                return info if flocked is False else None
             return (info or {"pid": "?"}) if _judge(path, info, flocked) else None
         finally:
             os.close(fd)

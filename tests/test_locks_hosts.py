@@ -8,7 +8,8 @@ holding all three: training's ``run.lock`` (``PathLock``, a ``flock``), predict'
 
 * a live holder on ``n1`` is refused to ``n2`` well after one lease (it renews);
 * ``n1`` killed (a crashed node): ``n2`` is still refused while the lease runs (the message says how
-  long), and takes all three over once it has run out;
+  long), and takes all three over once it has run out; asked without the lease (the ranks of a job
+  that do not take the lock), ``run.lock`` is free as soon as the flock is;
 * a holder that is alive to the file system but silent (SIGSTOP: its ``flock`` stays, its lease
   stops), as a file system that keeps a dead host's lock until it notices: the lock is taken over
   once the lease has run out, by a fresh file, and the stopped holder, resumed, removes nothing
@@ -74,6 +75,8 @@ for line in sys.stdin:
                 held["pin"] = pinned(root / "ckpt")
                 held["pin"].__enter__()
         out.update({k: "held" for k in held})
+    elif line.strip() == "peek":  # who holds run.lock: by the full rule, and by this host's flock only
+        out = {k: bool(PathLock.holder(root / "run.lock", lease=k == "lease")) for k in ("lease", "flock")}
     elif line.strip() == "release":
         for kind, thing in held.items():
             thing.__exit__(None, None, None) if kind == "pin" else thing.release()
@@ -135,7 +138,10 @@ def test_a_lock_of_another_host_lives_by_its_lease(tmp_path: Path) -> None:
         time.sleep(1.25 * LEASE_S)  # past one lease: only its renewals keep it
         _refused_by(two.send("take"), "n1")
 
+        assert two.send("peek") == {"lease": True, "flock": True}
         hosts.kill("n1")  # a crashed node: no process of it releases anything
+        # a rank that does not take the lock leaves the lease to the one that does
+        assert two.send("peek") == {"lease": True, "flock": False}
         got = two.send("take")
         _refused_by(got, "n1")
         assert "counts as held while its lease runs" in got["run"] and "s more unless renewed" in got["run"]
