@@ -155,7 +155,7 @@ def claim_run_dir(cfg: TrainConfig, new_run: bool = False) -> Path | None:
     return None
 
 
-def _refuse_if_held(run_dir: Path, taker: bool) -> None:
+def _refuse_if_held(run_dir: Path, taker: bool = True) -> None:
     held = PathLock.holder(run_dir / LOCK_FILE, lease=taker)
     if held is not None:
         raise RunDirError(
