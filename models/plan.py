@@ -55,6 +55,7 @@ __all__ = [
     "Hardware",
     "MeshPlan",
     "backward_peak",
+    "domain_crossing",
     "factorisations",
     "plan_mesh",
     "plan_meshes",
@@ -126,6 +127,11 @@ class Hardware:
         gbps = self.inter_gbps if inter else self.intra_gbps
         return nbytes * 8 / (gbps * 1e9 * self.link_efficiency)
 
+    def spread_transfer(self, nbytes: float, crossing: float) -> float:
+        """Seconds for ``nbytes`` sent to peers of which the fraction ``crossing`` is on other nodes:
+        that share over the network, the rest over the node's links, both at once."""
+        return max(self.transfer(nbytes * crossing, True), self.transfer(nbytes * (1 - crossing), False))
+
 
 @dataclass
 class MeshPlan:
@@ -174,6 +180,22 @@ def _links(shape: MeshShape, hw: Hardware) -> tuple[bool, bool]:
     """Whether the domain group and the data axis cross nodes (ranks are data-major, so a
     domain group is consecutive ranks)."""
     return shape.domain_size > hw.gpus_per_node, shape.world_size > hw.gpus_per_node
+
+
+def domain_crossing(shape: MeshShape, hw: Hardware) -> float:
+    """The fraction of rank 0's domain peers on other nodes: a domain group of P consecutive ranks
+    on nodes of G holds G − 1 of them on rank 0's node. The domain's exchanges send each peer about
+    as much (all-gathers, the token-form matmul) or pass a ring through every rank (the weight
+    rings), so this is also the share of the domain's bytes that crosses the network (measured on
+    the demo, 2 nodes × 2: 0.57 of the bytes for 0.67 of the peers; docs/multinode.md)."""
+    P, G = shape.domain_size, hw.gpus_per_node
+    return (P - min(G, P)) / (P - 1) if P > 1 else 0.0
+
+
+def _label(crossing: float) -> str:
+    if crossing in (0.0, 1.0):
+        return "inter-node" if crossing else "intra-node"
+    return f"{crossing:.0%} of peers inter-node"
 
 
 def plan_mesh(
@@ -312,7 +334,8 @@ def backward_peak(model, costs) -> tuple[int, int]:
 def _time(plan: MeshPlan, model, costs, shape: MeshShape, hw: Hardware, params: int, batch: int) -> None:
     P = shape.domain_size
     inter_domain, inter_data = _links(shape, hw)
-    plan.domain_link = "inter-node" if inter_domain else "intra-node"
+    crossing = domain_crossing(shape, hw)
+    plan.domain_link = _label(crossing)
     plan.data_link = "inter-node" if inter_data else "intra-node"
     comm: dict[str, int] = defaultdict(int)
     kinds: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
@@ -323,7 +346,7 @@ def _time(plan: MeshPlan, model, costs, shape: MeshShape, hw: Hardware, params: 
         for op, (f, b) in c.bytes.items():
             per_rank = (f + b) / P
             comm[op] += round(per_rank)
-            t = hw.transfer(per_rank, inter_domain)
+            t = hw.spread_transfer(per_rank, crossing)
             hidden, exposed = (hidden + t, exposed) if op in c.overlap else (hidden, exposed + t)
         step = (max(compute, hidden) if hw.overlap else compute + hidden) + exposed
         k = kinds[type(modules[path]).__name__]

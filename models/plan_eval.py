@@ -27,7 +27,7 @@ from typing import Any
 
 from jigsaw_earth.models import build_model
 from jigsaw_earth.models.meta import meta_construction
-from jigsaw_earth.models.plan import Hardware, _links
+from jigsaw_earth.models.plan import Hardware, domain_crossing
 from torch import nn
 
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
@@ -72,12 +72,12 @@ def inference_memory(model: nn.Module, batch: int, elsize: int, tile_cells: int,
 
 def forward_seconds(costs: dict[str, Cost], shape: MeshShape, hw: Hardware) -> float:
     """One forward of rank 0 (``costs`` at the batch wanted): compute and the forward's messages."""
-    inter, _ = _links(shape, hw)
+    crossing = domain_crossing(shape, hw)
     total = 0.0
     for c in costs.values():
         hidden = exposed = 0.0
         for op, (f, _b) in c.bytes.items():
-            t = hw.transfer(f / shape.domain_size, inter)
+            t = hw.spread_transfer(f / shape.domain_size, crossing)
             hidden, exposed = (hidden + t, exposed) if op in c.overlap else (hidden, exposed + t)
         total += max(hw.seconds(c.flops[0]), hidden) + exposed
     return total

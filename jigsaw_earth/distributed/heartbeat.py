@@ -3,34 +3,40 @@
 gloo waits in a receive from a peer whose host crashed or was cut off (nothing closes the
 connection) until TCP gives up, many minutes later; a peer whose process died closes its sockets,
 and the ranks that talked to it raise, but the others wait on, and nothing says who was lost. So
-every rank runs a side thread (``PeerWatch``) that, every ``interval_s``, adds 1 to its own counter
-in the job's rendezvous ``TCPStore`` (``MASTER_ADDR:MASTER_PORT``: torchrun's agent store, or rank
-0's under ``srun`` and ``jigsaw-earth launch``; keys under ``jigsaw-earth/heartbeat/ATTEMPT``) and
-reads every rank's counter in one request. A rank's thread beats whatever its main thread does (a
-checkpoint written to a slow file system, a first step that compiles, a validation pass), so the
-timeout covers network hiccups, not work.
+every rank runs a side thread (``PeerWatch``) that, every ``interval_s`` (a twentieth of
+``timeout_s``, 0.5 to 5 s), adds 1 to its own counter in the job's rendezvous ``TCPStore``
+(``MASTER_ADDR:MASTER_PORT``: torchrun's agent store, or rank 0's under ``srun`` and ``jigsaw-earth
+launch``; keys under ``jigsaw-earth/heartbeat/RUN/ATTEMPT``) and reads every rank's counter in one
+request. A rank's thread beats whatever its main thread does (a checkpoint written to a slow file
+system, a first step that compiles, a validation pass), so the timeout covers network hiccups, not
+work.
 
-The verdict (``conclude``):
+The verdict:
 
-* a counter that has not moved for ``timeout_s``: that rank is lost (its host crashed or its link
-  is cut); a store that has not answered for ``timeout_s``: the ranks of the store's host are;
+* a counter that has not moved for ``silence_s`` (``timeout_s`` less five beats, the time the
+  goodbye takes): that rank is lost (its host crashed or its link is cut); a store that has not
+  answered for as long: the ranks of the store's host are;
 * when the main thread's communication fails (a peer's connection closed, a shared-memory peer gone,
-  a collective timed out), a roll call: every rank that has not left on purpose must beat within
-  three intervals, and those that do not are lost;
+  a collective timed out; ``conclude``), a roll call: after a fresh read every rank that has not left
+  on purpose must beat within three beats, and those that do not are lost;
 * a rank that left on purpose says why (``leave``): done, stopped, or failed with its error. A peer
   that failed is named with its error and the survivors exit 1 (no requeue: the error would come
-  back); lost peers make them exit ``EXIT_PEER_LOST`` (75, what the Slurm templates requeue).
+  back); lost peers make them exit ``EXIT_PEER_LOST`` (75, what the Slurm templates requeue);
+* the first rank to reach a verdict publishes it in the store, and the others adopt it at their
+  next beat: every survivor names the same ranks, soon after the first.
 
 The verdict is logged as one line (``describe`` adds what the command knows: the newest complete
 checkpoint, the command that resumes), and the process ends at once with ``os._exit``, from
 whichever thread reached it: a gloo wait cannot be interrupted, and the process group's teardown
-would wait on the lost peer too. A checkpoint being written at that moment stays an unfinished
+would wait on the lost peer too (rank 0 first waits two beats when its process serves the store, so
+the others can read the verdict). A checkpoint being written at that moment stays an unfinished
 ``step_N.tmp`` folder, which no load takes (``checkpoint/manager.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -74,6 +80,14 @@ class Verdict:
     def exit_code(self) -> int:
         return 1 if self.failed and not self.lost else EXIT_PEER_LOST
 
+    def to_json(self) -> str:
+        return json.dumps({"lost": self.lost, "why": self.why, "failed": self.failed})
+
+    @classmethod
+    def from_json(cls, text: str) -> Verdict:
+        data = json.loads(text)
+        return cls(list(data["lost"]), data["why"], {int(r): e for r, e in data["failed"].items()})
+
     def describe(self, hosts: list[str]) -> str:
         """``ranks 2-3 on node2 lost (no heartbeat for 120 s)`` or ``rank 3 on node2 failed: …``."""
         parts = []
@@ -104,20 +118,23 @@ class PeerWatch:
         self.rank, self.world, self.hosts, self.timeout_s = rank, world, hosts, timeout_s
         self.describe, self.on_end = describe, on_end
         self.interval_s = interval_for(timeout_s)
-        # silence that makes a verdict: the rest of timeout_s covers the judge's tick and the goodbye
-        self.silence_s = timeout_s - 3 * self.interval_s
+        # silence that makes a verdict: the rest of timeout_s covers the judge's tick, the goodbye and
+        # the store's host waiting for the others to read the verdict (``_end``)
+        self.silence_s = timeout_s - 5 * self.interval_s
         self.store: dist.Store | None = None
         self.store_host: list[int] = []  # the ranks on the store's host
         self._stop = threading.Event()  # set: no verdict any more (this rank leaves or ends)
         self._leaving: str | None = None  # why, once ``leave`` is called; the beater records it
         self._left = threading.Event()  # the beater has recorded why (or given up)
-        self._wake = threading.Event()  # the beater's sleep ends early (this rank leaves)
+        self._wake = threading.Event()  # the beater's sleep ends early (a roll call, or leaving)
         self._concluding = threading.Lock()
         self._news = threading.Condition()  # the beater's last read: counters, when, why-left
         now = time.monotonic()
         self._seen, self._moved, self._store_ok = [0] * world, [now] * world, now
         self._reads = 0  # successful reads so far
         self._why: dict[int, str] = {}
+        self._verdict: str | None = None  # this rank's, for the beater to publish
+        self.published: Verdict | None = None  # the first verdict a peer published
 
     # ------------------------------------------------------------------ life cycle
     def start(self) -> bool:
@@ -155,9 +172,11 @@ class PeerWatch:
             return
         self._go(why[:300])
 
-    def _go(self, why: str) -> None:
-        """Stop judging; the beater records ``why`` and stops (waited for two beats at most)."""
+    def _go(self, why: str, verdict: Verdict | None = None) -> None:
+        """Stop judging; the beater publishes ``verdict`` (unless a peer did), records ``why`` and
+        stops (waited for a beat at most)."""
         self._stop.set()
+        self._verdict = verdict.to_json() if verdict is not None else None
         self._leaving = why
         self._wake.set()
         self._left.wait(timeout=self.interval_s)
@@ -173,6 +192,8 @@ class PeerWatch:
         while True:
             if self._leaving is not None:
                 try:
+                    if self._verdict is not None and not store.check(["verdict"]):
+                        store.set("verdict", self._verdict)  # the others adopt it (a race is harmless)
                     store.set(f"why/{self.rank}", self._leaving)
                     store.add(self._key(self.rank), LEFT)
                 except Exception as err:  # the store's host may be gone: peers then judge by silence
@@ -185,10 +206,13 @@ class PeerWatch:
                 for r, v in enumerate(values):  # why a peer left, read once
                     if v >= LEFT and r != self.rank and r not in self._why:
                         self._why[r] = store.get(f"why/{r}").decode() if store.check([f"why/{r}"]) else ""
+                if self.published is None and store.check(["verdict"]):
+                    self.published = Verdict.from_json(store.get("verdict").decode())
                 self._record(values)
             except Exception as err:
                 log.debug("heartbeat: the store did not answer (%s)", err)
-            self._wake.wait(self.interval_s)
+            if self._wake.wait(self.interval_s) and self._leaving is None:
+                self._wake.clear()  # a roll call asked for this read
 
     def _record(self, values: list) -> None:
         now = time.monotonic()
@@ -203,7 +227,7 @@ class PeerWatch:
     # ------------------------------------------------------------------ the judge (no I/O)
     def _judge(self) -> None:
         while not self._stop.wait(self.interval_s / 2):
-            verdict = self.silent()
+            verdict = self.published or self.silent()
             if verdict is not None and not self._stop.is_set():
                 self._end(verdict)
 
@@ -228,17 +252,26 @@ class PeerWatch:
         return [r for r in self.store_host if r != self.rank] or list(self.store_host)
 
     def roll_call(self) -> Verdict:
-        """Who is gone now: peers that neither beat within three intervals nor left on purpose, with
-        those that left with an error; the store's host when the store stays silent meanwhile."""
-        deadline = time.monotonic() + 3 * self.interval_s
+        """Who is gone now: peers that neither beat within three intervals of a fresh read nor left
+        on purpose, with those that left with an error; the store's host when it stays silent. (The
+        fresh read comes first: a peer that beat once more just before it died must not count.)"""
+        deadline = time.monotonic() + 4 * self.interval_s
         with self._news:
+            reads = self._reads
+            self._wake.set()  # the beater reads at once
+            while self._reads == reads and time.monotonic() < deadline:
+                self._news.wait(timeout=max(0.0, deadline - time.monotonic()))
+            if self._reads == reads:
+                return Verdict(self._store_host_peers(), "the rendezvous store does not answer")
             first, reads = list(self._seen), self._reads
             waiting = {r for r, v in enumerate(first) if v < LEFT and r != self.rank}
-            while waiting and time.monotonic() < deadline:
+            while waiting and time.monotonic() < deadline and self.published is None:
                 self._news.wait(timeout=max(0.0, deadline - time.monotonic()))
                 waiting = {r for r in waiting if self._seen[r] == first[r]}
+            if self.published is not None:  # a peer's verdict came first: everyone tells the same
+                return self.published
             if waiting and self._reads == reads:
-                return Verdict(self._store_host_peers(), "the rendezvous store does not answer")
+                return Verdict(self._store_host_peers(), "the rendezvous store stopped answering")
             left = {r: self._why.get(r, "") for r, v in enumerate(self._seen) if v >= LEFT and r != self.rank}
         failed = {r: why.partition(": ")[2] or why for r, why in left.items() if why.startswith("failed")}
         return Verdict(sorted(waiting), "its processes are gone or unreachable", failed)
@@ -263,11 +296,13 @@ class PeerWatch:
         extra = self.describe(verdict)
         log.error("%s; %s stops (exit %d)%s", verdict.describe(self.hosts), me, verdict.exit_code,
                   f"; {extra}" if extra else "")  # fmt: skip
-        self._go("stopped: a peer is gone")
+        self._go("stopped: a peer is gone", verdict)
         try:
             self.on_end()  # what must not outlive this process (a lock another host cannot judge)
         except Exception as err:
             log.debug("heartbeat: on_end failed (%s)", err)
+        if self.rank == 0 and "TORCHELASTIC_USE_AGENT_STORE" not in os.environ:
+            time.sleep(2 * self.interval_s)  # this process serves the store: the others read the verdict
         for handler in logging.getLogger().handlers:
             handler.flush()
         sys.stdout.flush()

@@ -336,10 +336,14 @@ def init_mesh(
         return mesh
     plan = rank_transport(transport, dev, backend)
     if not dist.is_initialized():
-        store = None  # env:// without MASTER_ADDR/PORT: torch's own error names the variable
-        if "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:  # peers wait timeout_s to arrive
+        # peers wait timeout_s to arrive, a collective collective_timeout_s; env:// (no store here)
+        # without MASTER_ADDR/PORT (torch's error names the variable) or under torchrun's agent store
+        store = None
+        own = "TORCHELASTIC_USE_AGENT_STORE" not in os.environ
+        if own and "MASTER_ADDR" in os.environ and "MASTER_PORT" in os.environ:
             store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size,
-                                  is_master=rank == 0, timeout=timedelta(seconds=timeout_s))  # fmt: skip
+                                  is_master=rank == 0, timeout=timedelta(seconds=timeout_s),
+                                  multi_tenant=True)  # fmt: skip
         dist.init_process_group(
             plan.backend,
             store=store,
