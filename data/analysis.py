@@ -15,6 +15,7 @@ fields come from the training store, as in training.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -22,14 +23,14 @@ from pathlib import Path
 
 import numpy as np
 from jigsaw_earth.data.batch import Batch, VariableSpec
-from jigsaw_earth.data.prepare import open_source
+from jigsaw_earth.data.prepare import netcdf_files, open_source
 from jigsaw_earth.data.samples import TrainData
 from jigsaw_earth.data.store import StoreView
 
 from jigsaw_earth.config.schema import DataConfig
 from jigsaw_earth.distributed.tiles import Tile
 
-__all__ = ["GRID_TOLERANCE_DEG", "Analysis", "open_analysis"]
+__all__ = ["GRID_TOLERANCE_DEG", "Analysis", "fingerprint", "open_analysis"]
 
 log = logging.getLogger(__name__)
 
@@ -166,3 +167,33 @@ def open_analysis(
     log.info("--init %s: %d initial state(s) %s … %s on the model's %dx%d grid", where, len(chosen),
              str(chosen[0])[:16], str(chosen[-1])[:16], len(model.lat), len(model.lon))  # fmt: skip
     return Analysis(where, view, chosen, spec, rows, cols, index)
+
+
+def fingerprint(source: str | Path) -> str | None:
+    """SHA-256 of what ``--init`` reads, so a resume knows the analysis it started from: each GRIB or
+    netCDF file's bytes (a folder's files with their names); for a Zarr store its metadata files' bytes
+    and every chunk file's name, size and modification time (reading a whole store would take as long
+    as the forecast). None for a URL."""
+    text = str(source)
+    if "://" in text:
+        return None
+    digest = hashlib.sha256()
+    files = netcdf_files(text)
+    root = Path(text) if Path(text).is_dir() else None
+    if not files and root is not None:  # a Zarr store
+        meta = {"zarr.json", ".zgroup", ".zarray", ".zattrs", ".zmetadata"}
+        files = sorted(p for p in root.rglob("*") if p.is_file())
+        for path in files:
+            stat = path.stat()
+            digest.update(f"{path.relative_to(root)}\0{stat.st_size}\0".encode())
+            if path.name in meta:
+                digest.update(path.read_bytes())
+            else:
+                digest.update(str(stat.st_mtime_ns).encode())
+        return digest.hexdigest()
+    for path in files:
+        digest.update(f"{path.relative_to(root) if root else path.name}\0".encode())
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()

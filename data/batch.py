@@ -10,7 +10,8 @@ Time features: sin/cos of hour of day and of day of year, at the input time.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -154,28 +155,13 @@ class Batch:
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
         """Move the tensors to ``device`` (pinned host memory makes ``non_blocking`` async)."""
-        move = {
-            k: getattr(self, k).to(device, non_blocking=non_blocking)
-            for k in ("inputs", "targets", "static", "time_features")
-        }
-        return Batch(
-            **move,
-            channels=self.channels,
-            static_channels=self.static_channels,
-            times=self.times,
-            target_times=self.target_times,
-            tile=self.tile,
-            halo=self.halo,
-        )
+        return self._map_tensors(lambda t: t.to(device, non_blocking=non_blocking))
 
     def pin_memory(self) -> Batch:
-        pinned = {k: getattr(self, k).pin_memory() for k in ("inputs", "targets", "static", "time_features")}
-        return Batch(
-            **pinned,
-            channels=self.channels,
-            static_channels=self.static_channels,
-            times=self.times,
-            target_times=self.target_times,
-            tile=self.tile,
-            halo=self.halo,
+        return self._map_tensors(lambda t: t.pin_memory())
+
+    def _map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> Batch:
+        """This batch with ``fn`` of each of its tensors; names, times, tile and halo shared."""
+        return replace(
+            self, **{k: fn(getattr(self, k)) for k in ("inputs", "targets", "static", "time_features")}
         )

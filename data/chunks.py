@@ -8,7 +8,8 @@ the array is not sharded) that the box touches, that object's chunks as one arra
 
 - an uncompressed, densely written shard on local disk is a memory map of the file itself, so
   the bytes are copied once, from the page cache straight into the caller's output;
-- otherwise the needed chunks' bytes are fetched (coalesced byte ranges, one round trip per object)
+- otherwise the needed chunks' bytes are fetched (coalesced byte ranges, one round trip per object;
+  from a bucket through ``objects.RangeReader``: hedged, many in flight across the reading threads)
   and decoded into a reused scratch buffer.
 
 Arrays whose codecs this module does not know (array→array codecs, v2 filters) are read through
@@ -29,6 +30,7 @@ from functools import cached_property
 from typing import Any
 
 import numpy as np
+from jigsaw_earth.data.objects import RangeReader, is_object_url
 from jigsaw_earth.data.zarr_api import (
     default_buffer_prototype,
     index_at_end,
@@ -209,8 +211,10 @@ class _Indexes:
 class ChunkSource:
     """Reads boxes of the arrays of one store as blocks; counts the bytes and requests it makes."""
 
-    def __init__(self, store: Any):
+    def __init__(self, store: Any, url: str | None = None, hedge: bool = True):
         self.store, self.root = store, local_root(store)
+        #: a bucket's range reads (``objects.RangeReader``: many in flight, hedged); None elsewhere
+        self.remote = RangeReader(url, hedge) if url is not None and is_object_url(url) else None
         self._indexes = _Indexes()
         self._scratch = threading.local()
         self._lock = threading.Lock()
@@ -256,6 +260,12 @@ class ChunkSource:
                 os.close(fd)
             self._count(sum(len(o) for o in out), len(out), self._file(key), ranges)
             return out
+        if self.remote is not None:
+            got = self.remote.get(key, ranges)
+            if got is not None:
+                spans = ranges if ranges is not None else [(0, len(got[0]))]
+                self._count(sum(len(o) for o in got), len(got), key, spans)
+            return got
         proto = default_buffer_prototype()
 
         async def fetch() -> list[Any]:
@@ -289,6 +299,12 @@ class ChunkSource:
                 raw = None
             if raw is not None:
                 self._count(len(raw), 1, self._file(key), [(first, first + len(raw))])
+        elif self.remote is not None:
+            got = self.remote.suffix(key, size) if fmt.index_at_end else self.remote.get(key, [(0, size)])
+            got = got[0] if isinstance(got, list) else got
+            raw = None if got is None else bytes(got)
+            if raw is not None:
+                self._count(len(raw))
         else:
             proto = default_buffer_prototype()
             req = SuffixByteRequest(size) if fmt.index_at_end else RangeByteRequest(0, size)

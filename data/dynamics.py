@@ -23,7 +23,7 @@ log = logging.getLogger(__name__)
 G = 9.80665
 OMEGA = 7.292e-5
 RADIUS = 6.371e6
-UPPER = UPPER_AIR_VARIABLES  # every upper-air variable synth can make: the naming table's
+UPPER = UPPER_AIR_VARIABLES  # the table's upper-air variables (synth makes those it has a formula for)
 
 
 def _height(p: np.ndarray) -> np.ndarray:
@@ -150,9 +150,11 @@ class Dynamics:
 
         upper = [v for v in variables if v in UPPER]
         per_level = {float(p): level_fields(float(p)) for p in levels} if upper else {}
-        for v in upper:
-            out[v] = np.stack([lf[v] for lf in per_level.values()], axis=1).astype(np.float32)
         near = per_level.get(850.0) or level_fields(850.0)
+        made = [v for v in UPPER if v in near]  # the upper-air variables with a formula here
+        for v in upper:
+            if v in made:
+                out[v] = np.stack([lf[v] for lf in per_level.values()], axis=1).astype(np.float32)
         local_hour = (hour[:, None, None] + self.lon_deg[None, None, :] / 15.0) % 24.0
         diurnal = (0.8 + 4.2 * self.lsm) * np.cos(2 * np.pi * (local_hour - 15.0) / 24.0) * np.cos(phi)
         surface = {
@@ -174,7 +176,5 @@ class Dynamics:
             if v in surface:
                 out[v] = np.broadcast_to(surface[v], (len(t), *self.lsm.shape)).astype(np.float32)
             elif v not in out:
-                raise ValueError(
-                    f"synth cannot make variable {v!r}; choose from {sorted([*UPPER, *surface])}"
-                )
+                raise ValueError(f"synth cannot make variable {v!r}; choose from {sorted([*made, *surface])}")
         return out

@@ -42,15 +42,15 @@ from jigsaw_earth.data.grib_messages import (
     is_grib,
     scan,
 )
-from jigsaw_earth.data.store import ACCUMULATION_ATTR, canonical_name
+from jigsaw_earth.data.store import ACCUMULATION_ATTR, canonical_name, rename_fix
+from jigsaw_earth.data.variables import VARIABLES
 
-__all__ = ["GRAVITY", "GRIB_SUFFIXES", "GribMessages", "eccodes_module", "is_grib"]
+__all__ = ["GRIB_SUFFIXES", "GribMessages", "eccodes_module", "is_grib"]
 
 log = logging.getLogger(__name__)
 
-GRAVITY = 9.80665  # m s-2, WMO's standard gravity: geopotential = g × geopotential height
-# shortNames holding a known variable in other units: shortName → (canonical name, factor)
-CONVERTED = {"gh": ("geopotential", GRAVITY)}
+# shortNames holding a known variable in other units: shortName → (canonical name, factor) (the table's)
+CONVERTED = {short: (v.name, factor) for v in VARIABLES for short, factor in v.scaled}
 
 
 @dataclass
@@ -73,24 +73,32 @@ class GribMessages:
         self.files = [str(f) for f in files]
         self.where = self.files[0] if len(self.files) == 1 else f"{len(self.files)} GRIB files"
         self.messages = scan(self.files)
+        self.renamable = names is not None  # the command maps names (data prepare's --name)
         self.variables = self._group(dict(names or {}))
         if not self.variables:
             raise ValueError(
                 f"no known variable among the GRIB messages of {self.where}; found {self.describe()}. "
-                f"Map one with --name CANONICAL=SHORTNAME (e.g. --name 2m_temperature=2t)"
+                f"{rename_fix('CANONICAL', names is not None)} (e.g. 2m_temperature for shortName 2t)"
             )
-        grids = {m.grid for v in self.variables.values() for m in v.fields.values()}
-        if len(grids) > 1:
-            by_grid = {g: sorted({v.short_name for v in self.variables.values()
-                                  for m in v.fields.values() if m.grid == g}) for g in grids}  # fmt: skip
-            raise ValueError(
-                f"the GRIB messages of {self.where} are on {len(grids)} grids: "
-                + "; ".join(
-                    f"{', '.join(n)} on {g[0]} {g[2]}x{g[1]} from ({g[3]:g}, {g[4]:g})"
-                    for g, n in by_grid.items()
-                )
-                + ". Every field must share one grid: regrid them, or select variables on one grid"
-            )
+        used = [m for v in self.variables.values() for m in v.fields.values()]
+        if len({m.grid for m in used}) > 1:
+            raise self._grids_error(used)
+
+    def _grids_error(self, messages: Sequence[Message]) -> ValueError:
+        """The error of a source whose fields lie on several grids: each grid, its variables, its files."""
+        grids = sorted({m.grid for m in messages}, key=str)
+        parts = []
+        for g in grids:
+            mine = [m for m in messages if m.grid == g]
+            names = sorted({m.short_name for m in mine})
+            files = sorted({Path(m.path).name for m in mine})
+            shown = ", ".join(files[:3]) + (f" and {len(files) - 3} more" if len(files) > 3 else "")
+            parts.append(f"{', '.join(names)} on {g[0]} {g[2]}x{g[1]} from ({g[3]:g}, {g[4]:g}) in {shown}")
+        return ValueError(
+            f"the GRIB messages of {self.where} are on {len(grids)} grids: {'; '.join(parts)}. Every field "
+            f"must share one grid: give the files of one grid (a folder or glob of them), or regrid the "
+            f"others first (e.g. `cdo remapbil`)"
+        )
 
     def _group(self, names: dict[str, str]) -> dict[str, _Variable]:
         groups: dict[tuple[str, str, bool], list[Message]] = defaultdict(list)
@@ -112,14 +120,17 @@ class GribMessages:
                 elif factor != 1.0:
                     continue
                 else:
+                    other = " or map one with --name" if self.renamable else ""
                     raise ValueError(
                         f"{canonical} is given twice in {self.where}: by {_key(found[0])} and by "
                         f"{out[canonical].short_name} {out[canonical].type_of_level}; keep one (filter the "
-                        f"files, e.g. `grib_copy -w typeOfLevel=…`) or map one with --name"
+                        f"files, e.g. `grib_copy -w typeOfLevel=…`){other}"
                     )
             fields: dict[tuple[float | None, np.datetime64], Message] = {}
             for m in found:
                 key = (m.level if upper else None, m.valid)
+                if key in fields and fields[key].grid != m.grid:  # the same field on two grids
+                    raise self._grids_error(self.messages)
                 if key in fields:
                     what = f"ensemble members {fields[key].member} and {m.member}" if m.member != fields[
                         key].member else "two messages"  # fmt: skip

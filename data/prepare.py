@@ -2,15 +2,17 @@
 
 The output uses WB2 names, dims ``(time, [level], latitude, longitude)``, latitude descending,
 levels ascending in hPa, float32, and the tile-friendly chunking of ``ChunkLayout`` (Zarr v3
-shards); statistics go into its ``statistics`` group. The copy is one dask computation (a
-progress bar over its tasks); it is written to ``DST.tmp-<pid>`` and renamed when complete.
+shards); statistics go into its ``statistics`` group. The source is read once, a block of times
+at a time, into a local path or a bucket URL (``prepare_write``: bounded memory, statistics on the
+way, resumable, committed by a marker written last).
 
-Before anything is written the source is scanned for NaNs (one read of every selected value,
+Before anything is written a local source is scanned for NaNs (one read of every selected value,
 ``nans="refuse"``, the default): a source holding any is refused with the count per variable, how
-many times hold them and the first one. ``nans="fill"`` replaces them by the variable's mean (per
-level) over its finite values, and says so per variable; ``nans="keep"`` skips the scan and copies
-NaNs as they are (training then stops at the first step that reads one).
-"""
+many times hold them and the first one. A source in a bucket is checked block by block as it is
+read instead (one pass over the link): the first block holding NaNs stops the prepare and nothing is
+kept. ``nans="fill"`` replaces them by the variable's mean (per level) over its finite values (a scan
+first, wherever the source is), and says so per variable; ``nans="keep"`` skips the scan and copies
+NaNs as they are (training then stops at the first step that reads one)."""
 
 from __future__ import annotations
 
@@ -24,7 +26,9 @@ import dask
 import numpy as np
 import xarray as xr
 from jigsaw_earth.data.grib import GRIB_SUFFIXES, GribMessages, is_grib
-from jigsaw_earth.data.stats import TqdmCallback, compute_statistics, write_statistics
+from jigsaw_earth.data.objects import is_object_url
+from jigsaw_earth.data.prepare_write import Target, write_blocks
+from jigsaw_earth.data.stats import TqdmCallback
 from jigsaw_earth.data.store import (
     ACCUMULATED,
     ACCUMULATION_ATTR,
@@ -36,11 +40,11 @@ from jigsaw_earth.data.store import (
     open_store,
 )
 from jigsaw_earth.data.times import TimeAxis, resample_plan
-from jigsaw_earth.data.writer import ChunkLayout, atomic_store, mark_complete
+from jigsaw_earth.data.writer import ChunkLayout
 
 from jigsaw_earth.ownership import check_output
 
-__all__ = ["NAN_POLICIES", "TimeOptions", "nan_report", "open_source", "prepare_store"]
+__all__ = ["NAN_POLICIES", "TimeOptions", "nan_report", "netcdf_files", "open_source", "prepare_store"]
 
 NAN_POLICIES = ("refuse", "fill", "keep")
 
@@ -48,7 +52,8 @@ log = logging.getLogger(__name__)
 STATIC = STATIC_VARIABLES
 
 
-def _netcdf_files(text: str) -> list[Path]:
+def netcdf_files(text: str) -> list[Path]:
+    """The netCDF and GRIB files a source names (a file, a folder of them, a glob); [] for a Zarr store."""
     local = Path(text)
     if local.is_dir() and not any((local / m).exists() for m in ("zarr.json", ".zgroup")):
         patterns = ("*.nc", "*.nc4", *(f"*{s}" for s in GRIB_SUFFIXES))
@@ -97,7 +102,7 @@ def open_source(
     source's view keeps its messages (``StoreView.messages``) to name what a selection lacks.
     """
     text = str(src)
-    files = _netcdf_files(text) if "://" not in text else []
+    files = netcdf_files(text) if "://" not in text else []
     if files:
         gribs = [f for f in files if is_grib(f)]
         messages = GribMessages(gribs, names) if gribs else None
@@ -129,8 +134,19 @@ def open_source(
         return view
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        ds = xr.open_zarr(open_store(text), chunks={}, consolidated=None)
-    return StoreView.from_dataset(ds, text, names=names, time_units=time_units)
+        ds = xr.open_zarr(open_store(text), chunks=None, consolidated=None)
+    return StoreView.from_dataset(_by_storage_object(ds), text, names=names, time_units=time_units)
+
+
+def _by_storage_object(ds: xr.Dataset) -> xr.Dataset:
+    """``ds`` with one dask chunk per storage object (a shard, else a chunk) of each variable: a
+    tile-sharded store's small inner chunks would make a graph of millions of tasks, and a copy reads
+    each object once either way."""
+    out = {}
+    for name, da in ds.data_vars.items():
+        shape = da.encoding.get("shards") or da.encoding.get("chunks")
+        out[name] = da.chunk(dict(zip(da.dims, shape)) if shape else {})
+    return ds.assign(out)
 
 
 def _canonical(
@@ -342,18 +358,33 @@ def prepare_store(
     progress: bool = True,
     time: TimeOptions | None = None,
     nans: str = "refuse",
+    memory_mb: float = 1024,
 ) -> dict[str, Any]:
-    """Copy ``src`` into the training layout at ``dst`` (local), with statistics.
+    """Copy ``src`` into the training layout at ``dst`` (a local path or a bucket URL), with
+    statistics, in one resumable pass (``prepare_write``).
 
     ``upper_air`` / ``surface`` default to every known variable the source holds; an empty
     list means none. ``time`` shapes the time axis (``period`` / ``step_hours`` are shorthands).
     ``nans``: ``refuse`` a source holding NaNs (the default), ``fill`` them with the variable's
-    mean, or ``keep`` them without scanning (module doc).
+    mean, or ``keep`` them without scanning (module doc). ``memory_mb``: about the memory of one
+    block of times (two are held: one read while the other is written).
     """
     if nans not in NAN_POLICIES:
         raise ValueError(f"--nans {nans!r}: choose one of {', '.join(NAN_POLICIES)}")
-    source = None if "://" in str(src) else src
-    check_output(dst, "store", overwrite=overwrite, protected=(("source of the prepare", source),))
+    if not memory_mb > 0:
+        raise ValueError(f"--memory-mb {memory_mb}: give the MB of one block of times, more than 0")
+    remote = "://" in str(src)
+    source = None if remote else src
+    protected = (("source of the prepare", source),)
+    if remote and is_object_url(str(dst)):
+        a, b = str(src).rstrip("/") + "/", str(dst).rstrip("/") + "/"
+        if a.startswith(b) or b.startswith(a):
+            raise ValueError(
+                f"--out {dst} is, holds or lies inside the source {src}; nothing was written or deleted. "
+                f"Choose an --out outside it"
+            )
+    if not is_object_url(str(dst)):
+        check_output(dst, "store", overwrite=overwrite, protected=protected)
     opts = time or TimeOptions()
     if period is not None or step_hours is not None:
         opts = replace(opts, period=period or opts.period, step_hours=step_hours or opts.step_hours)
@@ -407,7 +438,7 @@ def prepare_store(
         fields[v] = da.isel(time=0, drop=True) if "time" in da.dims else da
     ds = _shape_time(xr.Dataset(fields), opts, repr(view.path))
     filled = ""
-    if nans != "keep":
+    if nans == "fill" or (nans == "refuse" and not remote):  # a bucket's source: checked as it is read
         scan = _nan_scan(ds, progress)
         found = nan_report(scan)
         if found and nans == "refuse":
@@ -435,29 +466,36 @@ def prepare_store(
         encoding[v] = {"chunks": c, **({"shards": s} if s else {})}
         encoding[v]["compressors"] = layout.compressors() or None
         chunks[v] = s or c
-    for v, sizes in chunks.items():
-        dims = ds[v].dims
-        ds[v] = ds[v].chunk({d: max(n, 1) * (8 if d == "time" else 1) for d, n in zip(dims, sizes)})
     ds["time"].encoding = {
         "units": "hours since 1970-01-01",
         "calendar": "proleptic_gregorian",
         "dtype": "int64",
     }
-    with atomic_store(dst, overwrite, protected=(("source of the prepare", source),)) as tmp:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            job = ds.to_zarr(tmp, zarr_format=3, encoding=encoding, compute=False, consolidated=False)
-            with TqdmCallback(f"prepare {Path(dst).name}", disable=not progress):
-                try:
-                    dask.compute(job)
-                except (OSError, RuntimeError) as err:
-                    raise ValueError(
-                        f"reading {view.path!r} failed: {type(err).__name__}: {err}. A source "
-                        f"file is probably corrupt or truncated; download it again"
-                    ) from None
-        stats = compute_statistics(tmp, period=stats_period, progress=progress)
-        write_statistics(tmp, stats)
-        mark_complete(tmp, source=str(src), layout=layout.describe())
+    request = {
+        "source": str(src),
+        "variables": [str(v) for v in ds.data_vars],
+        "levels": ds["level"].values.tolist() if "level" in ds.coords else None,
+        "times": [str(ds["time"].values[0])[:19], str(ds["time"].values[-1])[:19], int(ds.sizes["time"])],
+        "layout": layout.describe(),
+        "statistics period": list(stats_period) if stats_period else None,
+        "nans": nans,
+    }
+    target = Target.of(dst, overwrite, protected)
+    write_blocks(
+        ds,
+        target,
+        encoding,
+        request,
+        time_shard=layout.time_shard,
+        stats_period=stats_period,
+        check_nans=nans == "refuse" and remote,
+        memory_mb=memory_mb,
+        progress=progress,
+        where=repr(view.path),
+        info={"source": str(src), "layout": layout.describe()},
+    )
+    target.publish(protected, overwrite)
+    log.info("wrote %s", dst)
     return {
         "nans_filled": filled,
         "store": str(dst),

@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 from jigsaw_earth.data.batch import STATIC_GEOMETRY, VariableSpec
 from jigsaw_earth.data.chunks import ChunkFormat, ChunkSource
+from jigsaw_earth.data.objects import REQUESTS_IN_FLIGHT
 from jigsaw_earth.data.placement import (
     AxisPlan,
     DirectRead,
@@ -53,15 +54,18 @@ def chunk_source(view: StoreView) -> ChunkSource:
     """The ``ChunkSource`` of a view's store (one per view: shared shard-index cache, counters)."""
     src = view.__dict__.get("_chunk_source")
     if src is None:
-        src = view.__dict__["_chunk_source"] = ChunkSource(view.store)
+        src = view.__dict__["_chunk_source"] = ChunkSource(view.store, url=str(view.path))
     return src
 
 
-def read_threads(setting: int | str) -> int:
+def read_threads(setting: int | str, remote: bool = False) -> int:
     """The threads a reader runs for ``data.read_threads``: ``auto`` = the cores this rank has
     (``mesh.cores_per_rank``: its CPU affinity shared by the ranks of its host), a number at most
     that: more threads than cores only contend (4 ranks on 2 cores read 1.3x raw with 1 thread
-    each, up to 2x with 2: docs/data.md)."""
+    each, up to 2x with 2: docs/data.md). From a bucket (``remote``) the threads mostly wait for
+    the link: ``auto`` = ``objects.REQUESTS_IN_FLIGHT``, a number as given."""
+    if remote:
+        return REQUESTS_IN_FLIGHT if setting == "auto" else max(1, int(setting))
     cores = cores_per_rank()
     return cores if setting == "auto" else max(1, min(int(setting), cores))
 
@@ -169,7 +173,7 @@ class TileReader:
                 )
             ]
         )
-        self.threads = read_threads(threads)
+        self.threads = read_threads(threads, remote=self.source.remote is not None)
         self._pool: ThreadPoolExecutor | None = None
         self._local = threading.local()  # per-thread scratch (placement's chunk gathers)
         self._replays: dict[tuple, _Remembered] = {}  # see ``_read_field``
@@ -185,7 +189,7 @@ class TileReader:
         mesh_lon: int,
         domain_index: int,
         halo: Halo,
-        threads: int = 1,
+        threads: int | str = 1,
     ) -> TileReader:
         grid = TileGrid(*view.grid_shape, mesh_lat, mesh_lon)
         return cls(view, spec, grid, grid.tile_of(domain_index), halo, threads)

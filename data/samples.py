@@ -23,7 +23,7 @@ from typing import Protocol
 import numpy as np
 import torch
 from jigsaw_earth.data.batch import Batch
-from jigsaw_earth.data.times import period_mask, sample_index, time_features
+from jigsaw_earth.data.times import evenly_spaced, period_mask, sample_index, time_features
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.mesh import DomainMesh
@@ -172,6 +172,22 @@ class TrainData:
     def n_static(self) -> int:
         return int(self._static.shape[0])
 
+    def use_normalisation(
+        self, mean: np.ndarray, std: np.ndarray, tendency_std: torch.Tensor, static: torch.Tensor
+    ) -> None:
+        """Normalise with these ``(C,)`` statistics and read these static fields ``(S, h, w)`` of this
+        rank's tile instead of the store's: a shared model's own (``sharing/use.py``)."""
+        if tuple(static.shape) != tuple(self._static.shape) or len(mean) != len(self.channels):
+            raise ValueError(
+                f"the model's static fields {tuple(static.shape)} and {len(mean)} channels do not fit this "
+                f"data's {tuple(self._static.shape)} and {len(self.channels)}"
+            )
+        self.mean = np.asarray(mean, np.float32).reshape(-1, 1, 1)
+        self.std = np.asarray(std, np.float32).reshape(-1, 1, 1)
+        self.tendency_std = tendency_std.float().cpu()
+        self._static = static.float().cpu().contiguous()
+        self._stats_on.clear()
+
     def _inits(self, mask: np.ndarray, lead_steps: int, what: str) -> np.ndarray:
         """Time indices in ``mask`` whose ``lead_steps`` targets exist and also lie in ``mask``."""
         inits, targets = sample_index(
@@ -311,9 +327,7 @@ class TrainData:
                 f"the validation period holds no initialisation time with "
                 f"{lead_steps * self.step_hours} h of targets; widen data.val_period"
             )
-        if max_samples and len(idx) > max_samples:
-            idx = idx[np.linspace(0, len(idx) - 1, max_samples).round().astype(int)]
-        return idx
+        return evenly_spaced(idx, max_samples)
 
     def val_batches(self, lead_steps: int, max_samples: int, batch_size: int) -> Iterator[Batch]:
         """This replica's share (round-robin) of the validation inits, in batches."""

@@ -188,10 +188,13 @@ def build_data(cfg: TrainConfig, mesh: DomainMesh, *, training: bool = True) -> 
     )
     if mesh.rank == 0 and training:
         log.info(
-            "data: %d read thread(s) (data.read_threads=%s, at most the cores per rank), %d batch(es) read "
-            "ahead; batches take %.1f MiB of host memory per rank",
+            "data: %d read thread(s) (data.read_threads=%s, %s), %d batch(es) read ahead; batches take "
+            "%.1f MiB of host memory per rank",
             source.reader.threads,
             d.read_threads,
+            "requests in flight to the bucket"
+            if source.reader.source.remote
+            else "at most the cores per rank",
             d.prefetch,
             (d.prefetch + 1) * data.batch_bytes() / 2**20,
         )

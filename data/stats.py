@@ -132,8 +132,8 @@ def compute_statistics(
     return stats
 
 
-def write_statistics(path: str | Path, stats: xr.Dataset) -> None:
-    """Write ``stats`` into the store's ``statistics`` group.
+def write_statistics(path: str | Path | Any, stats: xr.Dataset) -> None:
+    """Write ``stats`` into the store's ``statistics`` group (``path``: a path, URL or zarr store).
 
     String coordinates (``stat``) are written as variable-length UTF-8, the string type Zarr v3
     specifies, not numpy's fixed-length UTF-32 (which zarr warns about on every read)."""
@@ -141,9 +141,8 @@ def write_statistics(path: str | Path, stats: xr.Dataset) -> None:
     stats = stats.assign_coords(text)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        stats.to_zarr(
-            open_store(path, read_only=False), group=GROUP, mode="w", zarr_format=3, consolidated=False
-        )
+        store = open_store(path, read_only=False) if isinstance(path, str | Path) else path
+        stats.to_zarr(store, group=GROUP, mode="w", zarr_format=3, consolidated=False)
 
 
 def read_statistics(path: str | Path) -> xr.Dataset:

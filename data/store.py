@@ -24,7 +24,10 @@ import numpy as np
 import xarray as xr
 import zarr
 import zarr.storage
+from jigsaw_earth.data.grib_messages import GRIB_SUFFIXES
+from jigsaw_earth.data.objects import is_object_url, zarr_object_store
 from jigsaw_earth.data.times import decode_times
+from jigsaw_earth.data.variables import VARIABLES, names_of
 
 __all__ = [
     "ACCUMULATED",
@@ -39,54 +42,26 @@ __all__ = [
     "canonical_name",
     "open_dataset",
     "open_store",
+    "rename_fix",
 ]
 
 log = logging.getLogger(__name__)
 
-UPPER_AIR_VARIABLES = (
-    "geopotential",
-    "temperature",
-    "u_component_of_wind",
-    "v_component_of_wind",
-    "specific_humidity",
-    "vertical_velocity",
-)
-SURFACE_VARIABLES = (
-    "2m_temperature",
-    "10m_u_component_of_wind",
-    "10m_v_component_of_wind",
-    "mean_sea_level_pressure",
-    "total_precipitation_6hr",
-    "total_precipitation",
-    "land_sea_mask",
-    "geopotential_at_surface",
-)
-STATIC_VARIABLES = ("land_sea_mask", "geopotential_at_surface")
-# Accumulated fields: canonical name -> accumulation period in hours (None: read it from the
-# variable's ``accumulation_hours`` attribute; ERA5 ``tp`` from the CDS is a 1-hour accumulation
-# whatever the time spacing of the file, so it maps to ``total_precipitation``, never ``_6hr``).
-ACCUMULATED: dict[str, int | None] = {"total_precipitation_6hr": 6, "total_precipitation": 1}
+# The variable lists and the naming table come from the one table of variables (``variables.py``).
+UPPER_AIR_VARIABLES = names_of("pressure")
+SURFACE_VARIABLES = names_of("surface", "static")
+STATIC_VARIABLES = names_of("static")
+# Accumulated fields: canonical name -> accumulation period in hours (see ``variables.py``).
+ACCUMULATED: dict[str, int | None] = {v.name: v.accumulation_hours for v in VARIABLES if v.accumulation_hours}
 ACCUMULATION_ATTR = "accumulation_hours"
 # THE naming table: canonical (WB2) name -> other names ERA5 files use (CDS netCDF short names,
-# GRIB shortNames, CMIP names). Upper-air aliases only match variables with a level dimension and
-# surface aliases only ones without, so ``z`` maps to geopotential in a pressure-level file and to
-# geopotential_at_surface in a single-level one (the CDS pair of files both hold ``z``; merging
-# them goes through this table, see ``prepare.open_source``).
+# GRIB shortNames, CMIP names), the variables' from ``variables.py``, then the coordinates'. Upper-air
+# aliases only match variables with a level dimension and surface aliases only ones without, so ``z``
+# maps to geopotential in a pressure-level file and to geopotential_at_surface in a single-level one
+# (the CDS pair of files both hold ``z``; merging them goes through this table, see
+# ``prepare.open_source``).
 ALIASES: dict[str, tuple[str, ...]] = {
-    "geopotential": ("z", "zg"),
-    "temperature": ("t", "ta"),
-    "u_component_of_wind": ("u", "ua"),
-    "v_component_of_wind": ("v", "va"),
-    "specific_humidity": ("q", "hus"),
-    "vertical_velocity": ("w", "wap"),
-    "2m_temperature": ("t2m", "2t", "tas"),
-    "10m_u_component_of_wind": ("u10", "10u", "uas"),
-    "10m_v_component_of_wind": ("v10", "10v", "vas"),
-    "mean_sea_level_pressure": ("msl", "psl", "prmsl"),  # prmsl: NCEP's GRIB shortName
-    "total_precipitation_6hr": ("tp6h", "tp_6hr"),
-    "total_precipitation": ("tp",),
-    "land_sea_mask": ("lsm", "sftlf"),
-    "geopotential_at_surface": ("z", "orog_geopotential", "zs"),
+    **{v.name: v.names for v in VARIABLES},
     "latitude": ("lat", "nav_lat", "y"),
     "longitude": ("lon", "nav_lon", "x"),
     "level": ("plev", "pressure_level", "isobaricInhPa", "lev", "pressure"),
@@ -143,11 +118,14 @@ def _is_url(path: str) -> bool:
 
 
 def open_store(path: str | Path, *, count: bool = False, read_only: bool = True) -> Any:
-    """A zarr store for a local path or any fsspec URL (``gs://``, ``memory://``, ...)."""
+    """A zarr store for a local path, a bucket URL (``s3://``, ``gs://``: ``objects.zarr_object_store``)
+    or any other fsspec URL (``memory://``, ...)."""
     text = str(path)
-    if _is_url(text) and not text.startswith("file://"):
+    if is_object_url(text):
+        store: Any = zarr_object_store(text, read_only=read_only)
+    elif _is_url(text) and not text.startswith("file://"):
         try:
-            store: Any = zarr.storage.FsspecStore.from_url(text, read_only=read_only)
+            store = zarr.storage.FsspecStore.from_url(text, read_only=read_only)
         except (ImportError, ValueError) as err:
             protocol = text.split("://", 1)[0]
             raise ValueError(
@@ -173,6 +151,32 @@ def open_dataset(path: str | Path, store: Any = None) -> xr.Dataset:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return xr.open_zarr(open_store(path) if store is None else store, chunks=None, consolidated=None)
+
+
+def _store_fix(path: str | Path) -> str:
+    """What to do about a path that holds no Zarr store: convert the GRIB or netCDF files it holds, or
+    make a store."""
+    local = Path(str(path))
+    files = [local] if local.is_file() else sorted(local.iterdir()) if local.is_dir() else []
+    kinds = sorted({f.suffix.lower() for f in files if f.suffix.lower() in (*GRIB_SUFFIXES, ".nc", ".nc4")})
+    if kinds:
+        return (
+            f"it holds {'/'.join(kinds)} files, which this command does not read: convert them into a "
+            f"store with `jigsaw-earth data prepare {path} --out STORE`"
+        )
+    return "check the path or URL, or create one with `jigsaw-earth data synth --out PATH`"
+
+
+def rename_fix(canonical: str, option: bool) -> str:
+    """How to have a source's own name read as ``canonical``: ``--name`` where the command has it
+    (``data prepare``), else renaming it in the source (``predict --init``, a training store)."""
+    if option:
+        return f"Map it with --name {canonical}=NAME_IN_SOURCE"
+    return (
+        f"Rename it to {canonical!r} in the source (netCDF: `ncrename -v NAME,{canonical}`; GRIB: "
+        f"`grib_set -s shortName=…`; or convert it with jigsaw-earth data prepare SRC --name "
+        f"{canonical}=NAME --out STORE)"
+    )
 
 
 def _find(names: list[str], canonical: str, mapping: dict[str, str]) -> str | None:
@@ -206,6 +210,7 @@ class StoreView:
     levels: np.ndarray | None
     names: dict[str, str] = field(default_factory=dict)
     messages: Any = None  # a GRIB source's ``grib.GribMessages``: what each variable holds, for errors
+    renamable: bool = False  # opened with a name mapping (``data prepare --name``): errors offer it
 
     @classmethod
     def open(
@@ -222,10 +227,7 @@ class StoreView:
                 ds = open_dataset(path, store)
                 group = zarr.open_group(store, mode="r")
             except FileNotFoundError:
-                raise FileNotFoundError(
-                    f"no Zarr store at {str(path)!r}; check the path or URL, or create one with "
-                    f"`jigsaw-earth data synth --out PATH`"
-                ) from None
+                raise FileNotFoundError(f"no Zarr store at {str(path)!r}; {_store_fix(path)}") from None
         info = group.attrs.get("jigsaw_earth")
         if str(path).rstrip("/").rsplit("/", 1)[-1].find(".tmp-") >= 0 or (
             isinstance(info, dict) and info.get("complete") is False
@@ -254,8 +256,8 @@ class StoreView:
             found = _find(present, c, mapping)
             if found is None and c != "level":
                 raise ValueError(
-                    f"store {str(path)!r} has no {c} coordinate; it has {sorted(present)}. Pass "
-                    f"names={{'{c}': '<name in store>'}} (CLI: --name {c}=NAME) to map it"
+                    f"store {str(path)!r} has no {c} coordinate; it has {sorted(present)}. "
+                    f"{rename_fix(c, names is not None)}"
                 )
             if found is not None:
                 coords[c] = found
@@ -295,6 +297,7 @@ class StoreView:
             levels,
         )
         view._mapping = mapping  # type: ignore[attr-defined]
+        view.renamable = names is not None  # the command maps names (data prepare's --name)
         return view
 
     # ---- grid -----------------------------------------------------------------------------
@@ -304,6 +307,7 @@ class StoreView:
 
     @property
     def lat_descending_in_storage(self) -> bool:
+        """Whether the store keeps latitude north to south (its rows in the normalised order)."""
         return bool(np.all(self.lat_storage == np.arange(len(self.lat))))
 
     # ---- variables ------------------------------------------------------------------------
@@ -322,8 +326,8 @@ class StoreView:
             kind = "upper-air (with a level dimension)" if upper_air else "surface (no level)"
             raise ValueError(
                 f"variable {canonical!r} ({kind}) is not in store {self.path!r}; the store has "
-                f"{self.describe_variables()}. Map it with names={{'{canonical}': 'STORE_NAME'}} "
-                f"(CLI: --name {canonical}=STORE_NAME) or drop it from the variable list"
+                f"{self.describe_variables()}. {rename_fix(canonical, self.renamable)}, or drop it from "
+                f"the variable list"
             )
         self.names[canonical] = found
         return found

@@ -27,6 +27,7 @@ __all__ = [
     "TIME_UNIT_ATTRS",
     "TimeAxis",
     "decode_times",
+    "evenly_spaced",
     "hour_dayofyear",
     "parse_hours",
     "period_mask",
@@ -44,6 +45,14 @@ TIME_UNIT_ATTRS = ("time_units", "time:units", "units_time", "time_unit", "time_
 #: the model's time inputs at the input time, in this order (``time_features``)
 TIME_FEATURES = ("sin_hour", "cos_hour", "sin_dayofyear", "cos_dayofyear")
 N_TIME_FEATURES = len(TIME_FEATURES)
+
+
+def evenly_spaced(indices: np.ndarray, most: int | None) -> np.ndarray:
+    """At most ``most`` of ``indices`` (all when ``most`` is 0 or ``None``), evenly spaced over them,
+    the first and the last included: the same on every rank."""
+    if most and len(indices) > most:
+        return indices[np.linspace(0, len(indices) - 1, most).round().astype(int)]
+    return indices
 
 
 def period_mask(times: np.ndarray, period: Sequence[Any] | None, unit: str | None = None) -> np.ndarray:

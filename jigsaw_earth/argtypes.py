@@ -1,5 +1,5 @@
 """The command line's argument vocabulary, written once: ``AxB`` integer tuples (grids, meshes,
-chunks), byte sizes and comma lists (variables, levels, names).
+chunks), byte sizes, comma lists (variables, levels, names) and paths that may be URLs.
 
 Every parser takes ``what`` (the flag, e.g. ``"--grid"``) and raises a one-line ``ValueError``
 naming the flag, the value received and the form to write, with an example.
@@ -9,11 +9,22 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import TypeVar
 
-__all__ = ["BYTE_UNITS", "parse_bytes", "parse_grid", "parse_ints", "parse_list"]
+__all__ = [
+    "BYTE_UNITS",
+    "URL",
+    "one_input",
+    "parse_bytes",
+    "parse_grid",
+    "parse_ints",
+    "parse_list",
+    "path_or_url",
+]
 
 T = TypeVar("T")
+URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]+://")  # scheme://…: a store or file somewhere else
 
 # decimal (KB = 1000 B) and binary (KiB = 1024 B) units, matched case-insensitively
 BYTE_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -67,3 +78,16 @@ def parse_list(
     except ValueError:
         eg = f", e.g. {example}" if example else ""
         raise ValueError(f"{what} {','.join(texts)!r}: write a comma list{eg}") from None
+
+
+def one_input(inputs: Sequence[object], command: str, what: str, example: str) -> None:
+    """A command that takes exactly one positional input (``bench io STORE``): an error naming how many
+    came, and ``example``, otherwise."""
+    if len(inputs) != 1:
+        raise ValueError(f"{command} takes one {what}, got {len(inputs)}: {example}")
+
+
+def path_or_url(text: str) -> Path | str:
+    """A path argument: a ``Path``, or a URL (``gs://…``, ``s3://…``) kept as written, which a ``Path``
+    would fold into ``gs:/…`` (what reads it opens it by fsspec; what writes refuses it by name)."""
+    return text if URL.match(text) else Path(text)

@@ -10,9 +10,10 @@ import sys
 
 from .fs_errors import explain
 
-__all__ = ["EXIT_INTERRUPTED", "main"]
+__all__ = ["EXIT_INTERRUPTED", "EXIT_PEER_GONE", "main"]
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as shells report it
+EXIT_PEER_GONE = 1  # a collective failed because another rank died: that rank's status says why
 
 COMMANDS = {
     "validate": "jigsaw_earth.commands.validate",
@@ -27,6 +28,7 @@ COMMANDS = {
     "predict": "jigsaw_earth.commands.predict",
     "selftest": "jigsaw_earth.commands.selftest",
     "launch": "jigsaw_earth.commands.launch",
+    "ensemble": "jigsaw_earth.commands.ensemble",
 }
 
 # One line per command for ``--help``; a command's module (and its heavy imports) is loaded only
@@ -35,7 +37,7 @@ SUMMARIES = {
     "validate": "check every distributed op, layer and model against its serial counterpart",
     "data": "synthesise, prepare, inspect ERA5-style Zarr stores; per-rank I/O report",
     "bench": "jigsaw layers and models against plain-PyTorch twins; matmul micro-benchmark",
-    "model": "model summary: parameters, per-rank memory and communication without allocating",
+    "model": "model summary (parameters, memory, communication); export a trained model, verify one",
     "plan": "rank the data × lat × lon meshes of a world size: memory, bytes, step time, a pick",
     "train": "train from a YAML config (single process, torchrun or Slurm srun)",
     "config": "validate or show a training config",
@@ -44,6 +46,7 @@ SUMMARIES = {
     "predict": "sharded inference: forecasts written by all ranks into one WB2-layout Zarr",
     "selftest": "is this machine ready? versions, GEMM rate, a tiny run on the device against the CPU",
     "launch": "N ranks of a command on this node, exiting with their status (75 after a stop signal)",
+    "ensemble": "ensembles from any model: calibrate a predict --perturb scheme's amplitude",
 }
 
 
@@ -95,11 +98,9 @@ def _main(argv: list[str]) -> int:
     try:
         return int(args.run(args) or 0)
     except KeyboardInterrupt:
-        resumes = "a predict resumes from its last recorded batch" if args.command == "predict" else (
-            "a training run resumes from its last checkpoint")  # fmt: skip
         print(
             f"jigsaw-earth {args.command}: interrupted (Ctrl-C); nothing after the last message was kept "
-            f"({resumes})",
+            f"({_resumes(args.command)})",
             file=sys.stderr,
         )
         return EXIT_INTERRUPTED
@@ -110,6 +111,34 @@ def _main(argv: list[str]) -> int:
     except (ValueError, KeyError) as err:
         print(f"jigsaw-earth {args.command}: error: {err}", file=sys.stderr)
         return 2
+    except RuntimeError as err:
+        if not _peer_gone(err):
+            raise
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        print(f"jigsaw-earth {args.command}: error: another rank is gone ({first}); its own messages say "
+              f"why. Run the same command again: {_resumes(args.command)}", file=sys.stderr)  # fmt: skip
+        return EXIT_PEER_GONE
+
+
+def _resumes(command: str) -> str:
+    if command == "predict":
+        return "a predict resumes from its last recorded batch"
+    return "a training run resumes from its last checkpoint"
+
+
+#: what torch.distributed's backends say when another rank's process is gone (gloo raises a plain
+#: ``RuntimeError``, NCCL a ``DistBackendError`` naming a remote error), and the shared-memory rings
+#: (``distributed/shm.py``)
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "remote worker crashing",
+             "ncclRemoteError", "remote process exited", "exited while rank")  # fmt: skip
+
+
+def _peer_gone(err: RuntimeError) -> bool:
+    """A collective failed because another rank died (killed, out of memory), not by this rank's fault."""
+    dist = sys.modules.get("torch.distributed")
+    kind = getattr(dist, "DistError", None)
+    text = str(err)
+    return (kind is not None and isinstance(err, kind)) or any(s in text for s in PEER_GONE)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ __all__ = [
     "PLUGIN_ENV",
     "CopyOut",
     "DeviceTimer",
+    "check_device_option",
     "copies_done",
     "default_backend",
     "device_count",
@@ -47,19 +48,23 @@ _plugins: set[str] = set()
 
 
 def load_device_plugin() -> None:
-    """Activate the device plugin ``JIGSAW_DEVICE_PLUGIN`` names in this process, once: a module or a
-    ``.py`` file whose ``activate()`` makes its device known to torch (an out-of-tree accelerator's
-    registration; the tests' fake accelerator ``tests/fake_gpu.py``). Every rank calls this before it
-    chooses its device: spawned ranks, and ``python -m jigsaw_earth`` under torchrun or srun."""
+    """Activate the device plugin ``JIGSAW_DEVICE_PLUGIN`` names in this process, once: a module, a
+    ``.py`` file or a package's folder whose ``activate()`` makes its device known to torch (an
+    out-of-tree accelerator's registration; the tests' fake accelerator, the package
+    ``tests.fakegpu``). Every rank calls this before it chooses its device: spawned ranks, and
+    ``python -m jigsaw_earth`` under torchrun or srun."""
     spec = os.environ.get(PLUGIN_ENV, "")
     if not spec or spec in _plugins:
         return
     try:
-        if spec.endswith(".py"):
-            name = Path(spec).stem
+        path = Path(spec)
+        package = ("/" in spec or os.sep in spec) and path.is_dir()  # a path, not a module's name
+        if spec.endswith(".py") or package:
+            name, file = (path.name, path / "__init__.py") if package else (path.stem, path)
             module = sys.modules.get(name)
-            if module is None or Path(getattr(module, "__file__", "")).resolve() != Path(spec).resolve():
-                loader = importlib.util.spec_from_file_location(name, spec)
+            if module is None or Path(getattr(module, "__file__", "")).resolve() != file.resolve():
+                where = {"submodule_search_locations": [str(path)]} if package else {}
+                loader = importlib.util.spec_from_file_location(name, file, **where)
                 if loader is None or loader.loader is None:
                     raise ImportError(f"cannot load {spec}")
                 module = importlib.util.module_from_spec(loader)
@@ -70,8 +75,8 @@ def load_device_plugin() -> None:
         activate = module.activate
     except (ImportError, OSError, AttributeError) as err:
         raise ValueError(
-            f"{PLUGIN_ENV}={spec!r}: cannot activate it ({err}); name an importable module or a .py file "
-            f"that defines activate(), or unset {PLUGIN_ENV}"
+            f"{PLUGIN_ENV}={spec!r}: cannot activate it ({err}); name an importable module, a .py file or a "
+            f"package's folder that defines activate(), or unset {PLUGIN_ENV}"
         ) from None
     activate()
     _plugins.add(spec)
@@ -82,6 +87,17 @@ def device_count(device_type: str) -> int:
     if device_type == "cpu":
         return 0
     return int(torch.get_device_module(device_type).device_count())
+
+
+def check_device_option(device: str, option: str = "--device") -> None:
+    """A command's ``--device cuda`` on a torch that sees no GPU: one line naming the build and the fix,
+    before any rank starts."""
+    if device.partition(":")[0] == "cuda" and not torch.cuda.is_available():
+        build = f"CUDA {torch.version.cuda}, but it sees no GPU" if torch.version.cuda else "a CPU-only build"
+        raise ValueError(
+            f"{option} {device}: torch {torch.__version__} is {build}; use {option} cpu, or install the "
+            f"CUDA build of torch that matches the driver (nvidia-smi) on a machine with a GPU"
+        )
 
 
 def resolve_device(request: str = "auto", local_rank: int | None = None) -> torch.device:

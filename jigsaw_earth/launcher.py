@@ -91,7 +91,13 @@ def launch(command: Sequence[str], nproc: int, wait_s: float = 120.0, nodes: Nod
 
     saved = {sig: signal.signal(sig, forward) for sig in FORWARDED}
     try:
-        return launch_status(_wait(procs, wait_s))
+        exits = _wait(procs, wait_s)
+        status = launch_status(exits)
+        if status:
+            ended = len(procs) - len(exits)
+            log.warning("ranks exited with %s%s; launch exits %d", ", ".join(map(str, exits)),
+                        f" ({ended} stopped by the launcher)" if ended else "", status)  # fmt: skip
+        return status
     finally:
         for sig, handler in saved.items():
             signal.signal(sig, handler)

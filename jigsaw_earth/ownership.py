@@ -74,6 +74,11 @@ Recognise = Callable[[Path], bool]
 MARKER = "jigsaw_earth"
 FOLDER_MARKER = "jigsaw_earth.json"  # a folder of files (predict --format grib2|netcdf): its marker
 IN_PROGRESS = ".in-progress"
+#: what bucket URLs serve, for the refusals of outputs that must be local
+BUCKETS = (
+    "bucket URLs, s3:// and gs://, are read as data stores by train, predict and score, and written by "
+    "`jigsaw-earth data prepare --out`"
+)
 _TMP = ".tmp-"
 
 
@@ -210,7 +215,11 @@ def _check_common(text: str, option: str, what: str) -> Path:
     if not text.strip():
         raise ValueError(f"{option} is empty; give the path of the {what} to write")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", text):
-        raise ValueError(f"{option} {text!r} must be a local path; write locally and copy it afterwards")
+        raise ValueError(
+            f"{option} {text!r} must be a local path: checkpoints and run records are files written under "
+            f"a temporary name and renamed, which object stores cannot do; write locally and copy it "
+            f"afterwards ({BUCKETS})"
+        )
     return Path(text).expanduser().resolve()
 
 
@@ -376,8 +385,8 @@ def check_output(
         raise ValueError(f"{option} is empty; give the path of the {kind} store to write")
     if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+:/", text):  # a URL (pathlib turns '://' into ':/')
         raise ValueError(
-            f"{option} {text!r} must be local: a path, written atomically by rename; write "
-            f"locally and copy it afterwards"
+            f"{option} {text!r} must be local: a path, written atomically by rename (object stores have "
+            f"no rename); write locally and copy it afterwards ({BUCKETS})"
         )
     out = Path(dst).expanduser().resolve()
     for allow_inside, pairs in ((True, may_hold_outputs), (False, protected)):

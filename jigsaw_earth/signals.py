@@ -6,6 +6,9 @@ boundary every rank learns whether any rank got one (one all-reduce of a flag, s
 at the same step), saves a checkpoint and raises ``Preempted``; ``jigsaw-earth train`` exits with
 ``EXIT_PREEMPTED`` (75, ``EX_TEMPFAIL``: "try again"), and the same command — or
 ``sbatch --requeue`` — resumes from that checkpoint.
+
+``predict`` asks before every model step (``host_group``: the flag on a gloo group of host tensors,
+so the rollout on a GPU never waits for the host to ask).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import signal
 import sys
 import threading
 from types import FrameType, TracebackType
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -23,7 +27,7 @@ import torch.distributed as dist
 from .distributed.comm import all_reduce_
 from .distributed.mesh import DomainMesh
 
-__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "Preempted", "StopSignals", "rerun_hint"]
+__all__ = ["EXIT_PREEMPTED", "STOP_SIGNALS", "Preempted", "StopSignals", "host_group", "rerun_hint"]
 
 log = logging.getLogger(__name__)
 EXIT_PREEMPTED = 75
@@ -63,11 +67,17 @@ class StopSignals:
             signal.signal(sig, handler)  # type: ignore[arg-type]
         self._saved.clear()
 
-    def should_stop(self) -> bool:
-        """Collective: ``True`` on every rank when any rank received a stop signal."""
-        flag = torch.tensor([1.0 if self.received else 0.0], device=self.mesh.device)
-        if self.mesh.is_distributed and dist.is_initialized():
-            all_reduce_(flag, self.mesh.world, op="stop_flag", reduce=dist.ReduceOp.MAX)
+    def should_stop(self, group: Any = None) -> bool:
+        """Collective: ``True`` on every rank when any rank received a stop signal. ``group``: a gloo
+        group of every rank (``host_group``), the flag a host tensor (no device work); None: the
+        mesh's world on its device."""
+        if group is not None:
+            flag = torch.tensor([1.0 if self.received else 0.0])
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        else:
+            flag = torch.tensor([1.0 if self.received else 0.0], device=self.mesh.device)
+            if self.mesh.is_distributed and dist.is_initialized():
+                all_reduce_(flag, self.mesh.world, op="stop_flag", reduce=dist.ReduceOp.MAX)
         if flag.item() and self.received is None:
             self.received = "a signal to another rank"
         return bool(flag.item())
@@ -80,3 +90,11 @@ def rerun_hint() -> str:
         f"start the same job again ({shlex.join(['jigsaw-earth', *sys.argv[1:]])} on every rank, on any "
         f"hosts; the Slurm templates requeue exit {EXIT_PREEMPTED})"
     )
+
+
+def host_group(mesh: DomainMesh) -> Any:
+    """Collective: a group of every rank that reduces host tensors (the world's own when its backend is
+    gloo, else a new gloo group); None for a single process."""
+    if not (mesh.is_distributed and dist.is_initialized()) or dist.get_world_size() == 1:
+        return None
+    return dist.group.WORLD if dist.get_backend() == "gloo" else dist.new_group(backend="gloo")

@@ -27,6 +27,10 @@ How the two callers choose the arguments:
   ``member`` = ``0 … N − 1``. Call ``member_noise`` once per member and step, and pass the
   result to ``model_step(..., noise=...)``; a member keeps its own noise stream through the
   rollout because ``step`` advances with the lead.
+
+``field_normal`` draws the same kind of field for any other stream key: ``predict --perturb``'s
+initial-condition perturbations use keys of their own (``inference/perturb.py``), so they never
+repeat a model's noise.
 """
 
 from __future__ import annotations
@@ -39,7 +43,7 @@ import torch
 from jigsaw_earth.distributed.tiles import Tile
 from jigsaw_earth.layers.base import normal_at
 
-__all__ = ["forecast_sample_index", "member_noise", "noise_key", "train_sample_index"]
+__all__ = ["field_normal", "forecast_sample_index", "member_noise", "noise_key", "train_sample_index"]
 
 
 def noise_key(member: int, step: int) -> str:
@@ -79,6 +83,23 @@ def member_noise(
     ``shape`` is ``(B, K, h, w)`` with ``(h, w) == tile.shape``; ``sample_index`` is ``(B,)`` global
     sample indices, or an int: the first of ``B`` consecutive ones; ``grid`` is ``(n_lat, n_lon)``.
     """
+    return field_normal(shape, seed=seed, key=noise_key(member, step), sample_index=sample_index, tile=tile,
+                        grid=grid, device=device)  # fmt: skip
+
+
+def field_normal(
+    shape: Sequence[int],
+    *,
+    seed: int,
+    key: str,
+    sample_index: torch.Tensor | int,
+    tile: Tile,
+    grid: tuple[int, int],
+    device: torch.device | str | None = None,
+) -> torch.Tensor:
+    """This rank's tile ``(B, K, h, w)`` of the standard-normal fields of stream ``key``: the value at
+    global point ``(lat, lon)`` of channel ``k`` of sample ``s`` is ``normal_at(index, seed, key)`` with
+    the module's ``index`` (the same on every mesh). Arguments as ``member_noise``'s."""
     b, k, h, w = (int(s) for s in shape)
     if (h, w) != tile.shape:
         raise ValueError(
@@ -102,4 +123,4 @@ def member_noise(
 
     index = ((samples.view(-1, 1, 1, 1) * k + ar(0, k, 1)) * n_lat + ar(tile.lat_start, h, 2)) * n_lon
     index = index + ar(tile.lon_start, w, 3)
-    return normal_at(index, seed, noise_key(member, step))
+    return normal_at(index, seed, key)

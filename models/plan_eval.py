@@ -25,6 +25,7 @@ import math
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
+from jigsaw_earth.data.variables import headline_channels
 from jigsaw_earth.models import build_model
 from jigsaw_earth.models.meta import meta_construction
 from jigsaw_earth.models.plan import Hardware, domain_crossing
@@ -39,9 +40,7 @@ __all__ = ["HEADLINE", "STATE_FIELDS", "EvalPlan", "forward_seconds", "inference
 
 STATE_FIELDS = 4  # (B, C, h, w) float32 fields a rollout holds besides the model's activations
 # WB2's headline fields (its scorecards): predict --variables/--levels writes only these
-HEADLINE = ("geopotential@500", "temperature@850", "specific_humidity@700", "u_component_of_wind@850",
-            "v_component_of_wind@850", "2m_temperature", "mean_sea_level_pressure",
-            "10m_u_component_of_wind", "10m_v_component_of_wind")  # fmt: skip
+HEADLINE = headline_channels()
 
 
 def writes(channels: int, steps: int, every: int = 4) -> dict[str, tuple[int, int]]:

@@ -120,17 +120,6 @@ class ModelEntry:
                 values[key] = tuple(value)
         return self.config_cls(**values)
 
-    def build(
-        self,
-        domain: Any,
-        n_state: int,
-        n_static: int,
-        n_time: int,
-        preset: str | None = None,
-        **overrides: Any,
-    ) -> nn.Module:
-        return self.cls()(domain, n_state, n_static, n_time, self.config(preset, **overrides))
-
 
 _REGISTRY: dict[str, ModelEntry] = {}
 _ENTRY_POINTS_LOADED = False
@@ -228,7 +217,8 @@ def build_model(
     **overrides: Any,
 ) -> nn.Module:
     """Model ``name`` (registered or ``package.module:Class``) at ``preset`` with config ``overrides``."""
-    return model_entry(name).build(domain, n_state, n_static, n_time, preset, **overrides)
+    entry = model_entry(name)
+    return entry.cls()(domain, n_state, n_static, n_time, entry.config(preset, **overrides))
 
 
 def model_from_config(model_cfg: Any, domain: Any, n_state: int, n_static: int, n_time: int = 4) -> nn.Module:

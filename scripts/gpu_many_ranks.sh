@@ -7,7 +7,7 @@
 # Expected: every selftest PASS; the demo on mesh 2x2 ends at the CPU 2x2 run's final loss 0.476679;
 # NCCL asked for ranks that share a GPU is refused before NCCL starts (exit 2, naming the fix).
 # A dry run without a GPU, on the tests' fake accelerator (every rank sharing one fake device):
-#   DEVICE=fakegpu JIGSAW_DEVICE_PLUGIN=tests/fake_gpu.py FAKEGPU_COUNT=1 bash scripts/gpu_many_ranks.sh
+#   DEVICE=fakegpu JIGSAW_DEVICE_PLUGIN=tests/fakegpu FAKEGPU_COUNT=1 bash scripts/gpu_many_ranks.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 work="${1:-$(mktemp -d)}"

@@ -5,7 +5,10 @@
     sudo python scripts/multinode_bench.py --dir runs/multinode-bench [--repeats 3] [--steps 20] [--mbit 200]
     sudo python scripts/multinode_bench.py --dir runs/multinode-bench --faults [--timeout-s 120]
 
-Needs root (network, UTS and mount namespaces: ``tests/simhosts.py``). Every configuration runs once
+Needs root (network, UTS and mount namespaces: ``tests/simhosts.py``). The simulated hosts share this
+machine's cores unless ``--own-cores`` gives each half of them (as separate machines have their own:
+the shared-memory transport spins only where a host has a core per rank); 1 host × 4 always runs on
+every core. Every configuration runs once
 per round, the rounds one after the other, so the machine's load hits them alike; each run's step
 time and exposed communication are rank 0's mean over its steps after the first (``step_summary`` in
 ``metrics.jsonl``). Prints each configuration's median and its ratio to 1 host × 4 in the same round
@@ -40,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 from tests.simhosts import SimulatedHosts  # noqa: E402
 
 CONFIGS = ("1 host x 4", "2 hosts x 2, per pair", "2 hosts x 2, gloo everywhere")
+PAIR = ["node1", "node2"]  # the two hosts of a job; "solo" runs 1 host x 4 with every core
 
 
 def _train(store: Path, run_dir: Path, steps: int, *more: str) -> list[str]:
@@ -63,10 +67,10 @@ def _run(hosts: SimulatedHosts, config: str, store: Path, root: Path, steps: int
     if config.startswith("1 host"):
         cmd = [sys.executable, "-m", "jigsaw_earth", "launch", "--nproc-per-node", "4",
                *_train(store, run_dir, steps)]  # fmt: skip
-        hosts.check(hosts.names[0], cmd, cwd=ROOT, timeout_s=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        hosts.check("solo", cmd, cwd=ROOT, timeout_s=1800, env={**os.environ, "OMP_NUM_THREADS": "1"})
     else:
-        procs = hosts.launch(hosts.names, _train(store, run_dir, steps, *more), per_host=2, logs=root,
-                             cwd=ROOT, port=29500 + k % 1000)  # fmt: skip
+        procs = hosts.launch(PAIR, _train(store, run_dir, steps, *more), per_host=2, logs=root, cwd=ROOT,
+                             port=29500 + k % 1000)  # fmt: skip
         codes = {h: p.wait(timeout=1800) for h, p in procs.items()}
         if any(codes.values()):
             raise RuntimeError(f"{config}: exit codes {codes}; see {root}/*.log")
@@ -137,6 +141,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--mbit", type=float, help="also run 2 hosts x 2 with the link shaped to this Mbit/s")
     parser.add_argument("--faults", action="store_true", help="time a killed host and a cut link instead")
+    parser.add_argument("--own-cores", action="store_true",
+                        help="each of the two hosts on half of the cores (1 host x 4 on all)")  # fmt: skip
     parser.add_argument("--link-only", action="store_true",
                         help="with --mbit: only 2 hosts x 2 per pair, unshaped and shaped")  # fmt: skip
     parser.add_argument("--timeout-s", type=float, default=120.0, help="distributed.timeout_s with --faults")
@@ -157,7 +163,10 @@ def main() -> None:
     configs += [f"2 hosts x 2 at {args.mbit:g} Mbit/s, per pair"] if args.mbit else []
     load0 = Path("/proc/loadavg").read_text().split()[:3]
     got: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
-    with SimulatedHosts(["node1", "node2"], shared=[root]) as hosts:
+    cores = sorted(os.sched_getaffinity(0))
+    half = len(cores) // 2
+    cpus = {"node1": cores[:half], "node2": cores[half:]} if args.own_cores and half else None
+    with SimulatedHosts([*PAIR, "solo"], shared=[root], cpus=cpus) as hosts:
         rtt = hosts.round_trip_s("node1", "node2")
         for r in range(args.repeats):
             for i, config in enumerate(configs):
@@ -176,6 +185,7 @@ def main() -> None:
         "load_after": load1,
         "round_trip_s": rtt,
         "steps": args.steps,
+        "cpus": cpus,
     }
     print(
         f"load average {' '.join(load0)} before, {' '.join(load1)} after; TCP round trip {rtt * 1e6:.0f} µs"

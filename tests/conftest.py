@@ -25,7 +25,7 @@ def assert_records_pass(records: tuple[dict, ...]) -> None:
     failed = [
         f"{r['op']} {r['mesh']} {r['shape']}: err fwd {r['error_forward']:.2e} bwd {r['error_backward']:.2e}"
         f" (serial {r['serial_error_forward']:.2e} / {r['serial_error_backward']:.2e}, judge"
-        f" {r['judge_forward']:.2f} / {r['judge_backward']:.2f})"
+        f" {r['judge_forward']:.2f} / {r['judge_backward']:.2f}, tol {r['tolerance']})"
         f" bytes {r['comm_bytes']} expected {r['expected_bytes']} extra {r['extra']}"
         for r in records
         if not r["passed"]

@@ -25,6 +25,13 @@ RENAME = {
 }
 
 
+def synth_argv(out: str | Path, grid: str, end: str, *extra: str) -> list[str]:
+    """``jigsaw-earth data synth`` of a small store laid out for mesh 2x2: levels 500 and 850 from
+    2020-01-01 to ``end``, no climatology, then ``extra``."""
+    return ["data", "synth", "--out", str(out), "--grid", grid, "--start", "2020-01-01", "--end", end,
+            "--levels", "500,850", "--for-mesh", "2x2", "--no-climatology", *extra]  # fmt: skip
+
+
 def truth(n_lat: int = 13, n_lon: int = 16, n_time: int = 10, seed: int = 0) -> dict[str, Any]:
     """Random global fields in the normalised order: latitude descending, levels ascending."""
     rng = np.random.default_rng(seed)

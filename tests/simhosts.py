@@ -22,7 +22,8 @@ no ``netem``, so no delay is added: the link's latency is the veth's and the bri
 microseconds; ``round_trip_s`` measures it). ``close`` (or leaving the ``with`` block) kills
 everything and deletes the namespaces; names carry the creating process's pid and a random token,
 so two runs never collide, and ``sweep`` (called on every start) removes what a killed test run
-left behind.
+left behind. ``cpus={"node1": [0], "node2": [1]}`` gives hosts cores of their own (every command run
+there is pinned to them), as separate machines have; by default the hosts share this machine's.
 
 Needs root and ``ip``, ``unshare``, ``nsenter`` and ``tc`` (Linux); ``unavailable()`` says in one line
 what is missing, and the tests skip with it.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import random
 import secrets
@@ -131,13 +133,15 @@ def _topmost(paths: Iterable[Path]) -> list[Path]:
 class SimulatedHosts:
     """K simulated hosts joined by one switch (see the module docstring); a context manager."""
 
-    def __init__(self, names: Sequence[str], shared: Iterable[str | os.PathLike] = (), prefix: str = PREFIX):
+    def __init__(self, names: Sequence[str], shared: Iterable[str | os.PathLike] = (), prefix: str = PREFIX,
+                 cpus: dict[str, Sequence[int]] | None = None):  # fmt: skip
         if len(set(names)) != len(names) or not names:
             raise ValueError(f"host names must be distinct and at least one: {list(names)}")
         for name in names:
             if not name.replace("-", "").isalnum() or len(name) > 60:
                 raise ValueError(f"host name {name!r}: use letters, digits and '-' (a valid hostname)")
         self.names = list(names)
+        self.cpus = {h: sorted(c) for h, c in (cpus or {}).items()}  # a host's own cores (default: all)
         self.token = f"{prefix}-{os.getpid()}-{secrets.token_hex(3)}"
         self.subnet = f"198.18.{random.randrange(1, 255)}"  # per run, though the links are private anyway
         self.addresses = {n: f"{self.subnet}.{i + 1}" for i, n in enumerate(names)}
@@ -243,8 +247,9 @@ class SimulatedHosts:
             env: dict[str, str] | None = None, **popen: object) -> subprocess.Popen:  # fmt: skip
         """Start ``cmd`` on ``host`` (its network, name, /dev/shm and /tmp) in a session of its own;
         ``popen``: more ``subprocess.Popen`` arguments (stdout, stderr, text…)."""
+        start = functools.partial(_start_child, self.cpus.get(host))
         proc = subprocess.Popen([*self._enter(host, cwd), *cmd], env=env, start_new_session=True,
-                                preexec_fn=_die_with_parent, **popen)  # type: ignore[call-overload]  # fmt: skip
+                                preexec_fn=start, **popen)  # type: ignore[call-overload]  # fmt: skip
         self.procs.append(proc)
         return proc
 
@@ -367,8 +372,10 @@ else:
 """
 
 
-def _die_with_parent() -> None:  # pragma: no cover - runs in the child between fork and exec
+def _start_child(cpus: Sequence[int] | None) -> None:  # pragma: no cover - in the child before exec
     ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: no command outlives the test
+    if cpus:
+        os.sched_setaffinity(0, cpus)  # the host's own cores, as a machine of its own
 
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:

@@ -864,7 +864,15 @@ PREDICT_CASES: list[tuple[str, Any, list[str]]] = [
         lambda w: P(w, "--overwrite", out=str(w["mine"] / "notes.txt")),
         ["is a file or link", "remove it yourself"],
     ),
-    ("out-exists", lambda w: P(w, out=str(w["fc"])), ["already exists", "--overwrite"]),
+    (
+        "out-holds-another-forecast",
+        lambda w: P(w, out=str(w["fc"])),
+        [
+            "holds a complete forecast of another request",
+            "model steps (--steps): 1 (recorded: 2)",
+            "--overwrite",
+        ],
+    ),
     ("out-user-no-overwrite", lambda w: P(w, out=str(w["mine"])), ["already exists", "--overwrite"]),
     ("checkpoint-missing", lambda w: P(w, "--checkpoint", "/nonexistent/step_1"), ["meta.json not found"]),
     (
@@ -1328,7 +1336,7 @@ OTHER_CASES: list[tuple[str, Any, list[str]]] = [
         ["of another kind ('forecast', not 'store')"],
     ),
     ("prepare-out-exists", lambda w, t: PR(w, w["store"], w["mine"]), ["already exists", "--overwrite"]),
-    ("prepare-out-url", lambda w, t: PR(w, w["store"], "memory://p.zarr"), ["'memory:/p.zarr' must be"]),
+    ("prepare-out-url", lambda w, t: PR(w, w["store"], "memory://p.zarr"), ["'memory://p.zarr' must be"]),
     ("prepare-source-missing", lambda w, t: PR(w, t / "none.zarr", t / "p.zarr"), ["does not exist"]),
     (
         "prepare-levels-missing",

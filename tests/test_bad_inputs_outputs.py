@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from . import test_bad_inputs as base
-from .test_bad_inputs import P, _assert_clean_error, _cli, _config_for, _refused_cleanly, _snapshot, _text
+from .test_bad_inputs import PL, P, _assert_clean_error, _cli, _config_for, _refused_cleanly, _snapshot, _text
 
 # the bad-input table's world (store, climatology, a finished run, a forecast, a user folder)
 store, finished_run, run_copy, world = base.store, base.finished_run, base.run_copy, base.world
@@ -169,36 +169,12 @@ OUTPUT_CASES: list[tuple[str, Any, list[str]]] = [
     ),
     (
         "plan-json-run-config",
-        lambda w, t: [
-            "plan",
-            "--model",
-            "weathermixer",
-            "--preset",
-            "tiny",
-            "--grid",
-            "32x64",
-            "--world-size",
-            "4",
-            "--json",
-            str(w["run"] / "config.yaml"),
-        ],
+        lambda w, t: PL("--json", str(w["run"] / "config.yaml"), ws="4"),
         ["--json", "is the record", "config.yaml"],
     ),
     (
         "plan-json-other-json",
-        lambda w, t: [
-            "plan",
-            "--model",
-            "weathermixer",
-            "--preset",
-            "tiny",
-            "--grid",
-            "32x64",
-            "--world-size",
-            "4",
-            "--json",
-            str(w["scores"]),
-        ],
+        lambda w, t: PL("--json", str(w["scores"]), ws="4"),
         ["--json", "scores.json exists and is not an earlier JSON output of this command", "another kind"],
     ),
     (

@@ -63,6 +63,10 @@ def test_bench_errors_are_clear(tmp_path, capsys):
     bad.write_text("{}")
     assert main(["bench", "report", str(bad)]) == 2
     assert "holds no bench results" in capsys.readouterr().err
+    for kind, what in [("io", "store"), ("scaling", "CONFIG file"), ("forecast", "CONFIG file"),
+                       ("strategies", "CONFIG file"), ("compile", "CONFIG file")]:  # fmt: skip
+        assert main(["bench", kind, "a.yaml", "b.yaml"]) == 2
+        assert f"bench {kind} takes one {what}, got 2: " in capsys.readouterr().err
 
 
 def test_bench_models_parts_time_each_layer(tmp_path, capsys):

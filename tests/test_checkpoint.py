@@ -22,6 +22,7 @@ import torch.distributed as dist
 from torch import nn
 
 from jigsaw_earth.checkpoint import (
+    SaveRequest,
     export_full_state_dict,
     latest_checkpoint,
     list_checkpoints,
@@ -91,7 +92,9 @@ def _run_2x2(mesh: DomainMesh, run_dir: str) -> dict:
     domain, model, opt = _build(mesh)
     first = [_step(domain, model, opt, s) for s in range(3)]
     t0 = time.perf_counter()
-    path = save_checkpoint(run_dir, 3, model, opt, mesh, {"loader": 3}, rank_state={"rank": mesh.rank})
+    path = save_checkpoint(
+        SaveRequest(run_dir, 3, model, opt, mesh, {"loader": 3}, rank_state={"rank": mesh.rank})
+    )
     full_save_s = time.perf_counter() - t0
     saved = _blocks(model, opt)
     domain, model, opt = _build(mesh, seed=7)
@@ -103,7 +106,7 @@ def _run_2x2(mesh: DomainMesh, run_dir: str) -> dict:
     for s in range(3):
         _step(domain, model, opt, s)
     saver = BackgroundSaver()
-    saver.save(bg_dir, 3, model, opt, mesh, {"loader": 3}, rank_state={"rank": mesh.rank})
+    saver.save(SaveRequest(bg_dir, 3, model, opt, mesh, {"loader": 3}, rank_state={"rank": mesh.rank}))
     during = [_step(domain, model, opt, s) for s in range(3, 6)]
     bg_path = saver.wait()
     domain, model, opt = _build(mesh, seed=7)
@@ -114,7 +117,7 @@ def _run_2x2(mesh: DomainMesh, run_dir: str) -> dict:
     # A crash after every rank wrote its shards but before the commit keeps step 3 as latest.
     original, ckpt_manager._commit = ckpt_manager._commit, _fail_commit
     try:
-        save_checkpoint(run_dir, 6, model, opt, mesh)
+        save_checkpoint(SaveRequest(run_dir, 6, model, opt, mesh))
         crashed = False
     except RuntimeError:
         crashed = True
@@ -202,9 +205,10 @@ def test_background_save_while_training_resumes_exactly(runs):
 
 
 KILLED_WRITER = """
-import json, sys, time
+import json, sys, threading, time
 from pathlib import Path
 from torch.distributed.checkpoint import filesystem
+from jigsaw_earth.checkpoint import SaveRequest
 from jigsaw_earth.checkpoint.background import BackgroundSaver
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from tests.test_checkpoint import _blocks, _build, _step
@@ -215,20 +219,23 @@ domain, model, opt = _build(mesh)
 _step(domain, model, opt, 0)
 (run / "step1.json").write_text(json.dumps(_blocks(model, opt)))  # this process's threads, its sums
 saver = BackgroundSaver()
-saver.save(run, 1, model, opt, mesh)
+saver.save(SaveRequest(run, 1, model, opt, mesh))
 saver.wait()
 real = filesystem._write_item
+printed = threading.Event()  # the marker only once the caller has gone on (a loaded machine included)
 
 def stalled(*args, **kwargs):
     out = real(*args, **kwargs)  # one tensor of step 2 written, then the process is killed
+    printed.wait(120)
     marker.write_text("writing")
     time.sleep(600)
     return out
 
 filesystem._write_item = stalled
 _step(domain, model, opt, 1)
-saver.save(run, 2, model, opt, mesh)
+saver.save(SaveRequest(run, 2, model, opt, mesh))
 print("saving in the background", flush=True)
+printed.set()
 _step(domain, model, opt, 2)  # training goes on while the thread writes
 time.sleep(600)
 """
@@ -262,7 +269,7 @@ def test_kill_during_background_write_keeps_previous(tmp_path):
     assert load_checkpoint(latest_checkpoint(tmp_path), model, opt, mesh)["step"] == 1
     assert _blocks(model, opt) == expected
     saver = BackgroundSaver()
-    saver.save(tmp_path, 2, model, opt, mesh)
+    saver.save(SaveRequest(tmp_path, 2, model, opt, mesh))
     assert saver.wait() == root / "step_000000002"
     assert sorted(p.name for p in root.iterdir()) == ["latest", "step_000000001", "step_000000002"]
 
@@ -305,7 +312,7 @@ def test_keep_last_and_stale_tmp(tmp_path):
     (tmp_path / "checkpoints" / "step_000000009.tmp").mkdir(parents=True)  # a killed save
     for s in range(1, 5):
         _step(domain, model, opt, s)
-        save_checkpoint(tmp_path, s, model, opt, mesh, keep_last=2)
+        save_checkpoint(SaveRequest(tmp_path, s, model, opt, mesh, keep_last=2))
     names = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
     assert names == ["latest", "step_000000003", "step_000000004"], names
     assert latest_checkpoint(tmp_path).name == "step_000000004"
@@ -319,7 +326,7 @@ def test_errors(tmp_path):
     mesh = DomainMesh(MeshShape())
     domain, model, opt = _build(mesh)
     _step(domain, model, opt, 0)
-    path = save_checkpoint(tmp_path, 1, model, opt, mesh)
+    path = save_checkpoint(SaveRequest(tmp_path, 1, model, opt, mesh))
     # Different global shapes → names the tensor, both shapes and the fix.
     _, other, other_opt = _build(mesh, width=20)
     with pytest.raises(ValueError, match=r"model/inp.weight has global shape \(5, 18\).*\(5, 20\)"):

@@ -23,7 +23,7 @@ from zarr.codecs import BloscCodec, Crc32cCodec, GzipCodec, ZstdCodec
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.tiles import TileGrid
 
-from .data_helpers import SURFACE, UPPER, channels_global, dataset, padded_window, truth
+from .data_helpers import SURFACE, UPPER, channels_global, dataset, padded_window, synth_argv, truth
 
 T = truth(n_lat=13, n_lon=16, n_time=6)
 SPEC = VariableSpec(UPPER, (250, 850), SURFACE, static=("land_sea_mask",))
@@ -254,30 +254,7 @@ def test_synth_compression_choices_read_the_same(tmp_path):
     reads = {}
     for comp in ("none", "zstd", "lz4"):
         out = tmp_path / f"{comp}.zarr"
-        assert (
-            main(
-                [
-                    "data",
-                    "synth",
-                    "--out",
-                    str(out),
-                    "--grid",
-                    "16x32",
-                    "--start",
-                    "2020-01-01",
-                    "--end",
-                    "2020-01-01T18",
-                    "--levels",
-                    "500,850",
-                    "--for-mesh",
-                    "2x2",
-                    "--compression",
-                    comp,
-                    "--no-climatology",
-                ]
-            )
-            == 0
-        )
+        assert main(synth_argv(out, "16x32", "2020-01-01T18", "--compression", comp)) == 0
         view = StoreView.open(str(out))
         codecs = str(view.array("temperature").metadata.codecs)
         assert ("Zstd" in codecs) == (comp == "zstd") and ("Blosc" in codecs) == (comp == "lz4")

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import xarray as xr
-from jigsaw_earth.data import prepare as prepare_module
+from jigsaw_earth.data import prepare_write
 from jigsaw_earth.data.batch import VariableSpec
 from jigsaw_earth.data.climatology import open_climatology
 from jigsaw_earth.data.prepare import prepare_store
@@ -133,16 +133,22 @@ def test_statistics_and_climatology_on_another_grid(tmp_path, store):
         open_climatology(cpath, view)
 
 
-def test_prepare_crash_leaves_nothing(tmp_path, store, monkeypatch):
+def test_prepare_crash_leaves_an_unfinished_store_that_the_next_run_finishes(tmp_path, store, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(prepare_module, "compute_statistics", boom)
+    monkeypatch.setattr(prepare_write, "write_statistics", boom)
     out = tmp_path / "out.zarr"
     with pytest.raises(RuntimeError):
         prepare_store(store, out, progress=False)
     assert not out.exists()
-    assert not list(tmp_path.glob("out.zarr*"))
+    (unfinished,) = tmp_path.glob("out.zarr*")
+    assert unfinished.name == "out.zarr.tmp-prepare"
+    with pytest.raises(ValueError, match="incomplete write"):
+        StoreView.open(unfinished)
+    monkeypatch.undo()
+    prepare_store(store, out, progress=False)
+    assert StoreView.open(out).times.size and not unfinished.exists()
 
 
 def test_incomplete_store_is_refused(tmp_path, store):

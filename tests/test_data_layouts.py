@@ -3,9 +3,12 @@ accumulations, the CDS netCDF pair, truncated files, fsspec stores, mesh chunkin
 
 from __future__ import annotations
 
+import functools
 import json
 import warnings
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -150,30 +153,30 @@ def test_gaps_are_listed_kept_and_skipped_only_when_allowed(tmp_path, capsys):
     assert store_preflight(cfg) == []
 
 
-def test_trainer_pairs_inputs_with_targets_by_time_across_gaps():
-    """TrainData (training, validation and predict) finds targets by time, not index stride."""
+def _memory_data(times: np.ndarray, channels: list[str], **kw: Any) -> Callable[..., Any]:
+    """``TrainData`` on one rank over random in-memory fields of ``channels`` at ``times``, every time for
+    training: a factory taking ``TrainData``'s remaining arguments (``kw``'s are given)."""
     from jigsaw_earth.data.samples import MemorySource, TrainData
 
     from jigsaw_earth.distributed.mesh import DomainMesh
 
-    times = hours("2020-01-01", np.delete(np.arange(20) * 6, [7]))
-    fields = np.random.default_rng(0).normal(size=(len(times), 1, N_LAT, N_LON)).astype(np.float32)
-    mesh = DomainMesh(MeshShape(1, 1, 1))
+    shape = (len(times), len(channels), N_LAT, N_LON)
+    fields = np.random.default_rng(0).normal(size=shape).astype(np.float32)
     grid = TileGrid(N_LAT, N_LON, 1, 1)
-    source = MemorySource(fields, fields[0], times, LAT, ["x"], ["s"], grid.tile_of(0))
-    kw = dict(
-        mean=np.zeros(1),
-        std=np.ones(1),
-        global_batch=2,
-        seed=0,
-        step_hours=12,
-        train_period=[],
-        val_period=[],
-        rollout_steps=2,
+    source = MemorySource(fields, fields[0], times, LAT, channels, ["s"], grid.tile_of(0))
+    mesh = DomainMesh(MeshShape(1, 1, 1))
+    return functools.partial(TrainData, source, mesh, grid, train_period=[], val_period=[], **kw)
+
+
+def test_trainer_pairs_inputs_with_targets_by_time_across_gaps():
+    """TrainData (training, validation and predict) finds targets by time, not index stride."""
+    times = hours("2020-01-01", np.delete(np.arange(20) * 6, [7]))
+    make = _memory_data(
+        times, ["x"], mean=np.zeros(1), std=np.ones(1), global_batch=2, seed=0, step_hours=12, rollout_steps=2
     )
     with pytest.raises(ValueError, match=r"data\.allow_gaps: true"):
-        TrainData(source, mesh, grid, **kw)
-    data = TrainData(source, mesh, grid, **kw, allow_gaps=True)
+        make()
+    data = make(allow_gaps=True)
     for step in range(5):
         batch = data.train_batch(step)
         lead = batch.target_times - batch.times[:, None]
@@ -186,28 +189,12 @@ def test_trainer_pairs_inputs_with_targets_by_time_across_gaps():
 
 def test_prefetch_depth_never_changes_a_batch():
     """Batches read ahead (any depth, jumps as on resume) equal batches read on demand."""
-    from jigsaw_earth.data.samples import MemorySource, TrainData
-
-    from jigsaw_earth.distributed.mesh import DomainMesh
-
     times = hours("2020-01-01", np.arange(30) * 6)
-    fields = np.random.default_rng(0).normal(size=(len(times), 2, N_LAT, N_LON)).astype(np.float32)
-    mesh = DomainMesh(MeshShape(1, 1, 1))
-    grid = TileGrid(N_LAT, N_LON, 1, 1)
-    source = MemorySource(fields, fields[0], times, LAT, ["x", "y"], ["s"], grid.tile_of(0))
-    kw = dict(
-        mean=np.array([0.5, -1.0]),
-        std=np.array([2.0, 3.0]),
-        global_batch=3,
-        seed=1,
-        step_hours=6,
-        train_period=[],
-        val_period=[],
-        rollout_steps=1,
-    )
-    plain = TrainData(source, mesh, grid, **kw, prefetch=0)
+    make = _memory_data(times, ["x", "y"], mean=np.array([0.5, -1.0]), std=np.array([2.0, 3.0]),
+                        global_batch=3, seed=1, step_hours=6, rollout_steps=1)  # fmt: skip
+    plain = make(prefetch=0)
     for depth in (1, 3):
-        ahead = TrainData(source, mesh, grid, **kw, prefetch=depth)
+        ahead = make(prefetch=depth)
         for step in (0, 1, 2, 7, 8, 3):  # a jump forward and one back (resume, validation)
             a, b = ahead.train_batch(step), plain.train_batch(step)
             assert ahead.last_wait_s >= 0

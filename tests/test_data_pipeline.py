@@ -16,7 +16,7 @@ from jigsaw_earth.data.writer import ChunkLayout
 
 from jigsaw_earth.cli import main
 
-from .data_helpers import RENAME, dataset, truth
+from .data_helpers import RENAME, dataset, synth_argv, truth
 
 CFG = SynthConfig(n_lat=16, n_lon=32, start="2020-01-01", end="2020-01-08T18", levels=(850, 500))
 SPEC = VariableSpec(("geopotential", "temperature"), (500, 850), ("2m_temperature",))
@@ -92,28 +92,7 @@ def test_prepare_from_netcdf_folder_normalises(tmp_path):
 
 def test_cli_synth_inspect_io_report(tmp_path, capsys):
     out = tmp_path / "t.zarr"
-    assert (
-        main(
-            [
-                "data",
-                "synth",
-                "--out",
-                str(out),
-                "--grid",
-                "32x64",
-                "--start",
-                "2020-01-01",
-                "--end",
-                "2020-01-02",
-                "--levels",
-                "500,850",
-                "--for-mesh",
-                "2x2",
-                "--no-climatology",
-            ]
-        )
-        == 0
-    )
+    assert main(synth_argv(out, "32x64", "2020-01-02")) == 0
     assert main(["data", "inspect", str(out), "--json", str(tmp_path / "i.json")]) == 0
     info = json.loads((tmp_path / "i.json").read_text())
     assert info["grid"]["latitude_order"] == "descending" and info["time"]["step_hours"] == 6.0

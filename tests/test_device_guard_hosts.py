@@ -1,12 +1,12 @@
 """The fake GPUs across hosts: two per simulated host (``tests/simhosts.py``), NCCL's rules on every call.
 
 ``jigsaw-earth launch --nnodes 2 --nproc-per-node 2`` on two hosts, every rank with the device
-plugin (``fake_gpu.py``) and ``FAKEGPU_COUNT=2``: each rank takes its own host's device by its local
+plugin (``tests/fakegpu/``) and ``FAKEGPU_COUNT=2``: each rank takes its own host's device by its local
 rank (ranks 2 and 3 on ``node2``'s ``fakegpu:0`` and ``fakegpu:1``, as ``cuda:LOCAL_RANK`` on a GPU
-node), NCCL's groups (``fake_nccl.py``) span both hosts and no two ranks of one host share a device;
+node), NCCL's groups (``tests/fakegpu/nccl.py``) span both hosts and no two ranks of one host share a device;
 the tiny WeatherMixer of ``selftest`` trains 8 steps on mesh 1 × 2 × 2 to the losses of the same run
 on the CPU (1 host × 4 ranks), and no rank hands a CPU tensor to NCCL. The guard knows hosts: a
-device is a host's (``fake_nccl``'s "Duplicate GPU" check keys it by host name), so the latitude
+device is a host's (``nccl.py``'s "Duplicate GPU" check keys it by host name), so the latitude
 axis's group of rank 0 and rank 2, both on ``fakegpu:0`` of their own host, is NCCL's to make. Slow
 (the fake device's checks run in Python on every operator: 4 minutes on the loaded 2-core machine).
 """
@@ -29,7 +29,7 @@ from jigsaw_earth.selftest import tiny_config, tiny_store
 from .simhosts import SimulatedHosts, unavailable
 
 REPO = Path(__file__).resolve().parents[1]
-FAKE = Path(__file__).with_name("fake_gpu.py")
+FAKE = "tests.fakegpu"  # the device plugin, by module name (the ranks run from the repository root)
 HOSTS = ["node1", "node2"]
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")]
 
@@ -55,7 +55,7 @@ def test_two_fake_gpus_per_host_each_rank_its_local_device(tmp_path: Path) -> No
     reports, logs = tmp_path / "reports", tmp_path / "logs"
     reports.mkdir()
     logs.mkdir()
-    env = {PLUGIN_ENV: str(FAKE), "FAKEGPU_COUNT": "2", "FAKEGPU_REPORT": str(reports),
+    env = {PLUGIN_ENV: FAKE, "FAKEGPU_COUNT": "2", "FAKEGPU_REPORT": str(reports),
            "FAKENCCL_RECORD": "1", "PYTHONPATH": os.pathsep.join(sys.path)}  # fmt: skip
     with SimulatedHosts(HOSTS, shared=[tmp_path]) as hosts:
         command = ["train", str(_config(tmp_path, "fake", "fakegpu"))]

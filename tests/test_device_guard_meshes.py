@@ -1,4 +1,4 @@
-"""More meshes on four fake GPUs (``fake_gpu.py``, NCCL's rules on every call), each run compared with
+"""More meshes on four fake GPUs (``tests/fakegpu/``, NCCL's rules on every call), each run compared with
 one CPU process: a UNet on 1 × 4 (7-column tiles: its convolutions and down-sampling cross every
 edge), resumed on data × domain 2 × 1 × 2 from the 1 × 4 run's checkpoint, an ensemble over the
 mesh's ensemble axis (1 × 2 × 1 × 2, fair CRPS, noise channels) forecast with ``predict --members
@@ -20,7 +20,8 @@ from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.spawn import spawn
 from jigsaw_earth.selftest import GRID, tiny_config
 
-FAKE = Path(__file__).with_name("fake_gpu.py")
+from .test_device_guard_ranks import FAKE
+
 FIELDS = dict(levels=(500, 850), upper_air=("geopotential", "temperature"),
               surface=("2m_temperature", "mean_sea_level_pressure"))  # fmt: skip
 
@@ -98,7 +99,7 @@ def test_meshes_ensembles_and_a_fine_tune_on_fake_gpus(
 
     synth_store(tmp_path / "data.zarr", SynthConfig(n_lat=GRID[0], n_lon=GRID[1], start="2020-01-01",
                                                     end="2020-01-16", **FIELDS))  # fmt: skip
-    monkeypatch.setenv(PLUGIN_ENV, str(FAKE))
+    monkeypatch.setenv(PLUGIN_ENV, FAKE)
     device = spawn(MeshShape(1, 1, 4), _cases, _configs(tmp_path, "fakegpu", False), str(tmp_path),
                    device="fakegpu", timeout_s=3000)[0]  # fmt: skip
     monkeypatch.delenv(PLUGIN_ENV)

@@ -1,8 +1,8 @@
 """The device guard on many ranks: each rank on its own fake accelerator (``fakegpu:<local rank>``),
-every ``torch.distributed`` call held to NCCL's rules (``fake_nccl.py``), and ranks that share a
+every ``torch.distributed`` call held to NCCL's rules (``fakegpu/nccl.py``), and ranks that share a
 device staging their messages through host memory (``distributed/transport.py``).
 
-The ranks of a spawn or of ``python tests/fake_gpu.py COMMAND`` get the fake through
+The ranks of a spawn or of ``python -m tests.fakegpu COMMAND`` get the fake through
 ``JIGSAW_DEVICE_PLUGIN``. ``selftest --nproc 4`` runs the three models (every kind of exchange) on a
 2 × 2 mesh with uneven tiles against the CPU, and each rank reports its calls: no CPU tensor reaches
 NCCL. The three bug classes a CPU test cannot see are put back one at a time (monkeypatched in the
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -28,18 +27,20 @@ from jigsaw_earth.device import PLUGIN_ENV
 from jigsaw_earth.distributed.mesh import DomainMesh, MeshShape
 from jigsaw_earth.distributed.spawn import spawn
 
-FAKE = Path(__file__).with_name("fake_gpu.py")
+from .test_device_guard import ENV
+
+FAKE = "tests.fakegpu"  # the plugin, by module name (the ranks inherit this process's sys.path)
 
 
 def _selftest(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """``python tests/fake_gpu.py selftest --device fakegpu ARGS`` with every rank reporting its
+    """``python -m tests.fakegpu selftest --device fakegpu ARGS`` with every rank reporting its
     calls; the run and the reports of the ranks that made ``torch.distributed`` calls."""
     reports = tmp_path / "reports"
     reports.mkdir()
     run = subprocess.run(
-        [sys.executable, str(FAKE), "selftest", "--device", "fakegpu", *args, "--workdir", str(tmp_path)],
+        [sys.executable, "-m", FAKE, "selftest", "--device", "fakegpu", *args, "--workdir", str(tmp_path)],
         cwd=tmp_path, capture_output=True, text=True, timeout=1200,
-        env={**os.environ, "FAKEGPU_REPORT": str(reports), "FAKENCCL_RECORD": "1", **env},
+        env={**ENV, "FAKEGPU_REPORT": str(reports), "FAKENCCL_RECORD": "1", **env},
     )  # fmt: skip
     ranks = [json.loads(p.read_text()) for p in sorted(reports.glob("rank-*.json"))]
     return run, [r for r in ranks if r["calls"]]
@@ -112,7 +113,7 @@ def _bugs_put_back(mesh: DomainMesh, root: str) -> dict[str, Any]:
     from jigsaw_earth.selftest import tiny_config
     from jigsaw_earth.training.loop import Trainer
 
-    fake = sys.modules["fake_gpu"]  # the plugin this rank activated
+    fake = sys.modules[FAKE]  # the plugin this rank activated
     cfg = parse_config(tiny_config(Path(root), "steps", "fakegpu", 2, "unet"))
     trainer = Trainer(cfg, setup_mesh(cfg))
     reads = []
@@ -158,7 +159,7 @@ def test_the_guard_fails_on_each_bug_put_back(tmp_path: Path, monkeypatch: pytes
     from jigsaw_earth.selftest import tiny_store
 
     tiny_store(tmp_path / "data.zarr")
-    monkeypatch.setenv(PLUGIN_ENV, str(FAKE))
+    monkeypatch.setenv(PLUGIN_ENV, FAKE)
     ranks = spawn(MeshShape(1, 1, 2), _bugs_put_back, str(tmp_path), device="fakegpu", timeout_s=600)
     for rank, got in enumerate(ranks):
         assert got["reads"][1:] == [1, 1, 1], (rank, got["reads"], got["places"])
@@ -201,7 +202,7 @@ def _nccl_rules(mesh: DomainMesh) -> dict[str, str]:
 
 
 def test_the_guard_refuses_what_nccl_refuses(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(PLUGIN_ENV, str(FAKE))
+    monkeypatch.setenv(PLUGIN_ENV, FAKE)
     for rank, got in enumerate(spawn(MeshShape(1, 1, 2), _nccl_rules, device="cpu", timeout_s=300)):
         assert "created before set_device" in got["group before set_device"], got
         duplicate = got["two ranks on one device"]

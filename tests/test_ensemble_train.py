@@ -216,5 +216,5 @@ def test_crps_with_tendency_scaling_counts_each_channels_tendency_equally(tmp_pa
         got = trainer._loss_local(batch, 1)
         pred = trainer.forward(batch.inputs, batch.static, data.step_time_features(batch, 0))
         err = (pred - batch.targets[:, 0]).abs() / data.tendency_std.view(1, -1, 1, 1)
-        want = (err * data.lat_weights.view(1, 1, -1, 1)).sum() / trainer.count
+        want = (err * data.lat_weights.view(1, 1, -1, 1)).sum() / trainer.loss.count
     assert float(got) == pytest.approx(float(want), rel=1e-5)

@@ -18,6 +18,8 @@ from jigsaw_earth.layers.base import init_model, local_domain
 from jigsaw_earth.layers.ring_attention import ring_attention
 from jigsaw_earth.validation.registry import run_checks
 
+from .conftest import assert_records_pass
+
 OPS = ["ring_attention", "global_attention", "local_attention"]
 MESHES = [(1, 2), (2, 1), (2, 2), (1, 4), (3, 1)]  # 1x3: `jigsaw-earth validate` (time budget)
 # every record each mesh must produce (op name → cases); all grids fit all meshes above
@@ -55,8 +57,7 @@ def test_every_case_ran(records):
 
 
 def test_records_pass(records):
-    failed = [_describe(r) for r in records if not r["passed"]]
-    assert not failed, "\n".join(failed)
+    assert_records_pass(records)
 
 
 def test_bytes_exact_and_nonzero(records):

@@ -106,7 +106,7 @@ def test_forecast_differs_from_persistence(stores: dict[str, Path]) -> None:
 
 def test_existing_store_is_not_overwritten(stores: dict[str, Path], tmp_path: Path) -> None:
     cfg = parse_config(_config(stores["truth"].parent, (1, 1)))
-    with pytest.raises(ValueError, match="already exists"):
+    with pytest.raises(ValueError, match="holds a complete forecast of another request; it differs in"):
         run_prediction(cfg, stores["1x1"], start="2020-01-11", end="2020-01-13", steps=1)
 
 
@@ -204,7 +204,12 @@ def test_overwrite_replaces_an_empty_folder_and_its_own_store(
     out = tmp_path / "fc.zarr"
     out.mkdir()
     _predict(stores, out, overwrite=True)
-    assert xr.open_zarr(out).attrs["jigsaw_earth"] == {"kind": "forecast", "complete": True}
+    marker = xr.open_zarr(out).attrs["jigsaw_earth"]
+    assert (marker["kind"], marker["complete"], marker["request"]["model steps (--steps)"]) == (
+        "forecast",
+        True,
+        1,
+    )
     (out / "extra").write_text("x")  # still predict's own store (the marker decides)
     _predict(stores, out, overwrite=True)
     assert not (out / "extra").exists()

@@ -266,14 +266,14 @@ def test_a_stopped_grib2_forecast_resumes_to_the_same_files(
     assert _main([*base, "--out", tmp_path / "ref"], capsys)[0] == 0
     out = tmp_path / "fc"
     folder = Path(f"{out}.in-progress")
-    calls = []
+    boundary = progress.Progress.boundary
 
-    def stop_second(self) -> bool:
-        calls.append(1)
-        self.received = self.received or ("SIGTERM" if len(calls) == 2 else None)
-        return self.received is not None
+    def stop_second(self, i: int, pipe) -> None:  # a stop asked for just before batch 2
+        if self.first + i == 1:
+            self.signals.received = "SIGTERM"
+        boundary(self, i, pipe)
 
-    monkeypatch.setattr(progress.PredictSignals, "should_stop", stop_second)
+    monkeypatch.setattr(progress.Progress, "boundary", stop_second)
     code, text = _main([*base, "--out", out], capsys)
     assert code == 75 and "stopped on SIGTERM before batch 2 of 2" in text, text
     assert folder.is_dir() and not out.exists()

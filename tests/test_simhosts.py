@@ -35,8 +35,10 @@ def _connect(hosts: SimulatedHosts, src: str, dst: str, port: int, timeout_s: fl
 
 
 def test_hosts_are_apart_but_share_the_project_folder(tmp_path):
-    with SimulatedHosts(["node1", "node2"], shared=[tmp_path]) as hosts:
+    with SimulatedHosts(["node1", "node2"], shared=[tmp_path], cpus={"node1": [0]}) as hosts:
         names = {h: hosts.check(h, ["hostname"]).strip() for h in hosts.names}
+        cores = "import os; print(sorted(os.sched_getaffinity(0)))"
+        assert hosts.check("node1", [sys.executable, "-c", cores]).strip() == "[0]"  # its own core
         assert names == {"node1": "node1", "node2": "node2"}
         # each resolves the other's name to its link address, and its own to its own (not loopback)
         code = (

@@ -111,28 +111,19 @@ def _bug_cases(mesh: DomainMesh) -> list[dict]:
     grid = (8, 12)
     x_tokens = torch.randn(2, *grid, 12, generator=torch.Generator().manual_seed(1))
     x_field = torch.randn(2, 3, *grid, generator=torch.Generator().manual_seed(2))
+    linear = dict(layout="tokens", reference=lambda m, t: t @ m.weight + m.bias)
+    cases = [  # (op with the bug, op without, shape, build, input, check_module's options)
+        ("bug.linear_grad", "clean.linear", "8x12 12->20", _linear, x_tokens, linear),
+        ("bug.halo_cell", "clean.box_sum", "8x12 c3", _BoxSum, x_field, {}),
+    ]
     out = []
     for bug in (False, True):
-        rec = check_module(
-            mesh,
-            "bug.linear_grad" if bug else "clean.linear",
-            "8x12 12->20",
-            lambda d, bug=bug: _linear(d, bug),
-            x_tokens,
-            grid,
-            layout="tokens",
-            reference=lambda m, t: t @ m.weight + m.bias,
-        )
-        out.append(rec.as_dict())
-        rec = check_module(
-            mesh,
-            "bug.halo_cell" if bug else "clean.box_sum",
-            "8x12 c3",
-            lambda d, bug=bug: _BoxSum(d, bug),
-            x_field,
-            grid,
-        )
-        out.append(rec.as_dict())
+        for op_bug, op, shape, build, x, kw in cases:
+
+            def layer(d: Domain, build=build, bug=bug) -> nn.Module:
+                return build(d, bug)
+
+            out.append(check_module(mesh, op_bug if bug else op, shape, layer, x, grid, **kw).as_dict())
     return out
 
 

@@ -75,7 +75,7 @@ def prepare(raw: dict, root: Path, grid: tuple[int, int], steps: int) -> dict:
     """The scratch store and checkpoint; returns the config of the runs."""
     import torch
 
-    from ..checkpoint import save_checkpoint
+    from ..checkpoint import SaveRequest, save_checkpoint
     from ..config import parse_config
     from ..data.sources import build_data
     from ..data.synth import SynthConfig, synth_store
@@ -91,7 +91,7 @@ def prepare(raw: dict, root: Path, grid: tuple[int, int], steps: int) -> dict:
     parsed, mesh = parse_config(cfg), DomainMesh(MeshShape(1, 1, 1))
     with torch.no_grad():
         model = build_run_model(parsed, mesh, build_data(parsed, mesh, training=False))
-    save_checkpoint(cfg["run"]["dir"], 0, model, None, mesh)
+    save_checkpoint(SaveRequest(cfg["run"]["dir"], 0, model, None, mesh))
     return cfg
 
 

@@ -2,10 +2,11 @@
 
 from .export import export_full_state_dict, load_full_tensors
 from .load import load_checkpoint
-from .manager import latest_checkpoint, list_checkpoints, pinned, read_meta, save_checkpoint
+from .manager import SaveRequest, latest_checkpoint, list_checkpoints, pinned, read_meta, save_checkpoint
 from .state import capture_rng, restore_rng
 
 __all__ = [
+    "SaveRequest",
     "capture_rng",
     "export_full_state_dict",
     "latest_checkpoint",

@@ -16,7 +16,6 @@ memory the size of this rank's part of a checkpoint.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from pathlib import Path
@@ -24,11 +23,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
 
 from ..device import copies_done, host_empty
 from ..distributed.mesh import DomainMesh
-from .manager import capture, write_checkpoint
+from .manager import SaveRequest, capture, write_checkpoint
 from .planner import Block
 
 __all__ = ["BackgroundSaver"]
@@ -54,28 +52,13 @@ class BackgroundSaver:
         self.stall_s = 0.0  # the caller's time in the last ``save`` (the copy off the device)
         self.write_s = 0.0  # the thread's time writing the last finished save
 
-    def save(
-        self,
-        run_dir: str | os.PathLike,
-        step: int,
-        model: nn.Module,
-        optimizer: torch.optim.Optimizer | None,
-        mesh: DomainMesh,
-        state: dict[str, Any] | None = None,
-        *,
-        rank_state: dict[str, Any] | None = None,
-        keep_last: int | None = 3,
-        expected_bytes: int | None = None,
-    ) -> Path:
-        """Start writing the checkpoint of ``step`` (``save_checkpoint``'s arguments); collective."""
+    def save(self, request: SaveRequest) -> Path:
+        """Start writing the checkpoint ``request`` describes (as ``save_checkpoint``); collective."""
         self.wait()
         t0 = time.perf_counter()
-        group = self._checkpoint_group(mesh)
-        job = capture(
-            run_dir, step, model, optimizer, mesh, state,
-            rank_state=rank_state, keep_last=keep_last, expected_bytes=expected_bytes, stage=self._stage,
-        )  # fmt: skip
-        copied = copies_done(mesh.device)
+        group = self._checkpoint_group(request.mesh)
+        job = capture(request, stage=self._stage)
+        copied = copies_done(request.mesh.device)
         self.stall_s = time.perf_counter() - t0
 
         def write() -> None:
@@ -94,8 +77,8 @@ class BackgroundSaver:
                 self.stall_s,
             )
 
-        self.pending_step, self._path, self._error = step, None, None
-        self._thread = threading.Thread(target=write, name=f"checkpoint-{step}", daemon=True)
+        self.pending_step, self._path, self._error = request.step, None, None
+        self._thread = threading.Thread(target=write, name=f"checkpoint-{request.step}", daemon=True)
         self._thread.start()
         return job.final
 

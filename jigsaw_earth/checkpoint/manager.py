@@ -35,7 +35,7 @@ import uuid
 import warnings
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import KW_ONLY, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -60,6 +60,7 @@ __all__ = [
     "CHECKPOINT_DIR",
     "CheckpointWriteError",
     "SaveJob",
+    "SaveRequest",
     "capture",
     "latest_checkpoint",
     "list_checkpoints",
@@ -125,6 +126,30 @@ def latest_checkpoint(run_dir: str | os.PathLike) -> Path | None:
     return found[-1] if found else None
 
 
+@dataclass(frozen=True)
+class SaveRequest:
+    """One checkpoint save: ``model`` (and ``optimizer``) at ``step`` into ``RUN_DIR/checkpoints/``, as
+    ``save_checkpoint`` and ``BackgroundSaver.save`` take it.
+
+    ``state`` (JSON-ready; rank 0's copy is stored) holds what else a resume needs: data-loader
+    position, scheduler state, config hash. ``rank_state`` is per rank (e.g. ``capture_rng()``).
+    The save keeps the newest ``keep_last`` checkpoints (``None``: all) and never removes the one
+    ``latest`` names. With ``expected_bytes`` (the checkpoint's estimated size) and too little free space, the
+    checkpoints that this save would prune anyway are pruned *before* it (never ``latest``'s).
+    """
+
+    run_dir: str | os.PathLike
+    step: int
+    model: nn.Module
+    optimizer: torch.optim.Optimizer | None
+    mesh: DomainMesh
+    state: dict[str, Any] | None = None
+    _: KW_ONLY
+    rank_state: dict[str, Any] | None = None
+    keep_last: int | None = 3
+    expected_bytes: int | None = None
+
+
 @dataclass
 class SaveJob:
     """What one save writes, captured at its step: this rank's blocks (the live tensors, or host
@@ -148,20 +173,11 @@ class SaveJob:
 
 
 def capture(
-    run_dir: str | os.PathLike,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    mesh: DomainMesh,
-    state: dict[str, Any] | None = None,
-    *,
-    rank_state: dict[str, Any] | None = None,
-    keep_last: int | None = 3,
-    expected_bytes: int | None = None,
-    stage: Callable[[dict[str, Block]], dict[str, Block]] | None = None,
+    request: SaveRequest, stage: Callable[[dict[str, Block]], dict[str, Block]] | None = None
 ) -> SaveJob:
-    """The ``SaveJob`` of ``save_checkpoint``'s arguments; ``stage`` copies the blocks this rank
-    writes (e.g. into host memory) so that training may change the live tensors meanwhile."""
+    """The ``SaveJob`` of ``request``; ``stage`` copies the blocks this rank writes (e.g. into host
+    memory) so that training may change the live tensors meanwhile."""
+    model, optimizer, mesh, step = request.model, request.optimizer, request.mesh, request.step
     tensors = model_blocks(model)
     if optimizer is not None:
         tensors.update(optimizer_blocks(model, optimizer))
@@ -177,45 +193,23 @@ def capture(
         "torch": torch.__version__,
         "tensors": {k: {"global_shape": list(b.global_shape)} for k, (b, _) in tensors.items()},
         "optimizer": None if optimizer is None else optimizer_json(model, optimizer),
-        "state": state or {},
+        "state": request.state or {},
     }
-    root = Path(run_dir) / CHECKPOINT_DIR
+    root = Path(request.run_dir) / CHECKPOINT_DIR
     staged = blocks if stage is None else stage(blocks)
-    return SaveJob(root, step, staged, meta, rank_state, keep_last, expected_bytes)
+    return SaveJob(root, step, staged, meta, request.rank_state, request.keep_last, request.expected_bytes)
 
 
-def save_checkpoint(
-    run_dir: str | os.PathLike,
-    step: int,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    mesh: DomainMesh,
-    state: dict[str, Any] | None = None,
-    *,
-    rank_state: dict[str, Any] | None = None,
-    keep_last: int | None = 3,
-    expected_bytes: int | None = None,
-) -> Path:
-    """Write a checkpoint of ``model`` (and ``optimizer``) at ``step``; collective over the job.
+def save_checkpoint(request: SaveRequest) -> Path:
+    """Write the checkpoint ``request`` describes; collective over the job. Returns the final path.
+    ``BackgroundSaver`` writes the same files from a thread, training meanwhile.
 
-    ``state`` (JSON-ready; rank 0's copy is stored) holds what else a resume needs: data-loader
-    position, scheduler state, config hash. ``rank_state`` is per rank (e.g. ``capture_rng()``).
-    Keeps the newest ``keep_last`` checkpoints (``None``: keep all) and never removes the one
-    ``latest`` names. Returns the final path. ``BackgroundSaver`` writes the same files from a
-    thread, training meanwhile.
-
-    With ``expected_bytes`` (the checkpoint's estimated size) and too little free space, the
-    checkpoints that this save would prune anyway are pruned *before* it (never ``latest``'s).
     A save that fails on any rank (a full disk, a blocked directory) removes its ``.tmp``
     folder on every rank's behalf and raises on every rank: the filesystem's ``OSError`` where
     it happened, ``CheckpointWriteError`` elsewhere; a later save can succeed.
     """
     t0 = time.perf_counter()
-    job = capture(
-        run_dir, step, model, optimizer, mesh, state,
-        rank_state=rank_state, keep_last=keep_last, expected_bytes=expected_bytes,
-    )  # fmt: skip
-    final = write_checkpoint(job, lambda failed: _any_rank(mesh, failed))
+    final = write_checkpoint(capture(request), lambda failed: _any_rank(request.mesh, failed))
     log.info("saved checkpoint %s in %.2f s", final, time.perf_counter() - t0)
     return final
 

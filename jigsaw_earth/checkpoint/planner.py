@@ -19,7 +19,6 @@ import dataclasses
 import io
 import pathlib
 import pickle
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -185,8 +184,3 @@ class SafeFileSystemReader(FileSystemReader):
             metadata.storage_meta = StorageMeta()
         metadata.storage_meta.load_id = self.load_id
         return metadata
-
-
-def saved_chunks(md: Metadata, fqn: str) -> Sequence[ChunkStorageMetadata]:
-    entry = md.state_dict_metadata[fqn]
-    return entry.chunks if isinstance(entry, TensorStorageMetadata) else []

@@ -23,6 +23,7 @@ import hashlib
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -40,7 +41,14 @@ from .manager import _PIN, _quiet, read_meta
 from .planner import Block, BlockLoadPlanner, SafeFileSystemReader
 from .state import model_blocks
 
-__all__ = ["ChannelMap", "channel_maps", "check_transfer", "checkpoint_sha256", "load_transferred"]
+__all__ = [
+    "ChannelMap",
+    "ParentWeights",
+    "channel_maps",
+    "check_transfer",
+    "checkpoint_sha256",
+    "load_transferred",
+]
 
 log = logging.getLogger(__name__)
 
@@ -129,14 +137,19 @@ def _put(target: torch.Tensor, positions: list[tuple[int, torch.Tensor]], values
 
 
 def check_transfer(
-    path: str | os.PathLike, model: nn.Module, maps: dict[str, tuple[ChannelMap, ...]]
+    path: str | os.PathLike,
+    model: nn.Module,
+    maps: dict[str, tuple[ChannelMap, ...]],
+    saved: dict[str, tuple[int, ...]] | None = None,
 ) -> dict[str, tuple[int, ...]]:
-    """Refuse a parent whose tensors do not fit ``model`` (reads only ``meta.json``): a tensor
-    missing on either side, or another global shape outside the mapped channel dimensions.
-    Returns the global shape each of the model's tensors has in the parent."""
+    """Refuse a parent whose tensors do not fit ``model`` (reads only ``meta.json``, or takes the
+    parent's global shapes ``saved`` by ``model/`` key): a tensor missing on either side, or another
+    global shape outside the mapped channel dimensions. Returns the global shape each of the
+    model's tensors has in the parent."""
     path = Path(path)
-    meta = read_meta(path)
-    saved = {k: tuple(v["global_shape"]) for k, v in meta["tensors"].items() if k.startswith("model/")}
+    if saved is None:
+        meta = read_meta(path)
+        saved = {k: tuple(v["global_shape"]) for k, v in meta["tensors"].items() if k.startswith("model/")}
     mine = {k: b for k, (b, _) in model_blocks(model).items()}
     unknown = sorted(k for k in maps if f"model/{k}" not in mine)
     if unknown:
@@ -177,13 +190,25 @@ def check_transfer(
     return shapes
 
 
+@dataclass(frozen=True)
+class ParentWeights:
+    """Weights that are not a DCP checkpoint (a shared model's folder): their global shapes by
+    ``model/`` key, how to fill blocks of them, and the parent's ``{"step", "state", "mesh"}``."""
+
+    shapes: dict[str, tuple[int, ...]]
+    fill: Callable[[dict[str, Block]], None]
+    info: dict[str, Any]
+
+
 def load_transferred(
     path: str | os.PathLike,
     model: nn.Module,
     mesh: DomainMesh,
     maps: dict[str, tuple[ChannelMap, ...]],
+    weights: ParentWeights | None = None,
 ) -> dict[str, Any]:
-    """Fill ``model`` from checkpoint ``path`` of a model whose channels differ (collective).
+    """Fill ``model`` from checkpoint ``path`` of a model whose channels differ (collective), or
+    from ``weights`` read another way (``path`` then names them).
 
     ``maps`` (``channel_maps``) names the channel-indexed parameters by path. Every other
     parameter must have the parent's global shape (``check_transfer``). Returns ``{"step",
@@ -191,8 +216,8 @@ def load_transferred(
     """
     t0 = time.perf_counter()
     path = Path(path)
-    meta = read_meta(path)
-    parent_shapes = check_transfer(path, model, maps)
+    meta = read_meta(path) if weights is None else weights.info
+    parent_shapes = check_transfer(path, model, maps, None if weights is None else weights.shapes)
     mine = {k: b for k, (b, _) in model_blocks(model).items()}
     targets: dict[str, Block] = {}
     scatters: list[
@@ -219,7 +244,11 @@ def load_transferred(
         scatters.append((param, local, tmp, lo, tmaps))
     with torch.no_grad():
         try:
-            _quiet(dcp.load, {}, storage_reader=SafeFileSystemReader(path), planner=BlockLoadPlanner(targets))
+            if weights is not None:
+                weights.fill(targets)
+            else:
+                reader = SafeFileSystemReader(path)
+                _quiet(dcp.load, {}, storage_reader=reader, planner=BlockLoadPlanner(targets))
         except (Exception, CheckpointException) as e:  # DCP's CheckpointException is a BaseException
             cause = str(e).strip().splitlines()[-1] if str(e).strip() else repr(e)
             raise ValueError(

@@ -31,6 +31,7 @@ import torch
 
 from ..argtypes import parse_grid, parse_list
 from ..bench.cases import SIZES
+from ..device import check_device_option
 from ..distributed.comm import ledger
 from ..distributed.matmul import (
     channel_bytes,
@@ -136,7 +137,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_compile_parser(kinds)
 
     io = kinds.add_parser("io", help="a training sample per rank through the tile reader, against raw reads")
-    io.add_argument("inputs", nargs="*", type=Path, metavar="STORE", help="the Zarr store")
+    io.add_argument("inputs", nargs="*", metavar="STORE", help="the Zarr store (a path or a bucket URL)")
     io.add_argument("--mesh", default="2x2", metavar="LATxLON", help="the mesh (default 2x2)")
     io.add_argument(
         "--ranks",
@@ -150,7 +151,17 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         default=0,
         help="halo width read around each tile, across the pole (default 0: as training)",
     )
-    io.add_argument("--read-threads", type=int, default=2, help="the reader's threads (default 2)")
+    io.add_argument(
+        "--read-threads",
+        type=int,
+        help="the reader's threads (default 2; from a bucket: data.read_threads' auto, the requests in "
+        "flight)",
+    )
+    io.add_argument(
+        "--no-hedge",
+        action="store_true",
+        help="from a bucket: never send a slow request again (default: hedge)",
+    )
     io.add_argument(
         "--cache",
         choices=["warm", "cold", "both"],
@@ -283,8 +294,7 @@ def _run_cases(args: argparse.Namespace) -> int:
 
     if args.inputs:
         raise ValueError(f"bench {args.what} takes no positional files; write JSON with --json PATH")
-    if args.device == "cuda" and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available here; use --device cpu")
+    check_device_option(args.device)
     if args.threads < 1:
         raise ValueError(f"--threads {args.threads}: use 1 or more")
     meshes = [] if args.meshes == "none" else parse_list(args.meshes)

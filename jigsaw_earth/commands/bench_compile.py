@@ -13,8 +13,9 @@ import argparse
 import os
 from pathlib import Path
 
-from ..argtypes import parse_grid, parse_list
+from ..argtypes import one_input, parse_grid, parse_list
 from ..bench.compile import format_compile_bench, run_compile_bench
+from ..device import check_device_option
 from ..distributed.mesh import parse_mesh
 from .checked_write import write_json
 
@@ -47,9 +48,8 @@ def run_bench_compile(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..config.parse import to_dict
 
-    if len(args.inputs) != 1:
-        got = len(args.inputs)
-        raise ValueError(f"bench compile takes one CONFIG file, got {got}: e.g. configs/demo.yaml")
+    one_input(args.inputs, "bench compile", "CONFIG file", "e.g. configs/demo.yaml")
+    check_device_option(args.device)  # before any rank is spawned
     if args.steps < 2:
         raise ValueError(f"--steps {args.steps}: use 2 or more (the first compiles)")
     if not 0 <= args.warmup < args.steps:

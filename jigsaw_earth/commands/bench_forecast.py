@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..argtypes import parse_grid
+from ..argtypes import one_input, parse_grid
 from ..bench.forecast import format_forecast, run_forecast_bench
 from .checked_write import write_json
 
@@ -24,11 +24,7 @@ def run_bench_forecast(args: argparse.Namespace) -> int:
     from ..config import load_config
     from ..config.parse import to_dict
 
-    if len(args.inputs) != 1:
-        raise ValueError(
-            f"bench forecast takes one CONFIG file, got {len(args.inputs)}: e.g. "
-            f"configs/benchmarks/scaling-small.yaml"
-        )
+    one_input(args.inputs, "bench forecast", "CONFIG file", "e.g. configs/benchmarks/scaling-small.yaml")
     if args.world_size < 2:
         raise ValueError(f"--world-size {args.world_size}: use 2 or more ranks")
     if args.steps < 1:

@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import logging
 
+from ..argtypes import one_input
 from ..bench.io import bench_io, format_io
 from ..data.batch import VariableSpec
+from ..data.objects import is_object_url
 from ..data.store import StoreView
 from ..distributed.halo import Halo
 from ..distributed.mesh import parse_mesh
@@ -18,16 +20,14 @@ log = logging.getLogger(__name__)
 
 
 def run_io(args: argparse.Namespace) -> int:
-    if len(args.inputs) != 1:
-        raise ValueError(
-            f"bench io takes one store, got {len(args.inputs)}: jigsaw-earth bench io STORE --mesh 2x2"
-        )
+    one_input(args.inputs, "bench io", "store", "jigsaw-earth bench io STORE --mesh 2x2")
     path = str(args.inputs[0])
     shape = parse_mesh(args.mesh)
     if args.lead_steps < 1:
         raise ValueError(f"--lead-steps {args.lead_steps}: use 1 or more")
-    if args.read_threads < 1:
+    if args.read_threads is not None and args.read_threads < 1:
         raise ValueError(f"--read-threads {args.read_threads}: use 1 or more")
+    threads = args.read_threads or ("auto" if is_object_url(path) else 2)
     repeats = args.repeats or 5
     if repeats < 1:
         raise ValueError(f"--repeats {repeats}: use 1 or more")
@@ -45,7 +45,8 @@ def run_io(args: argparse.Namespace) -> int:
             ranks=args.ranks,
             halo=halo,
             lead_steps=args.lead_steps,
-            threads=args.read_threads,
+            threads=threads,
+            hedge=not args.no_hedge,
             repeats=repeats,
             cold=cold,
         )

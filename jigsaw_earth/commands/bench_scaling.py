@@ -14,6 +14,7 @@ import argparse
 import logging
 import os
 
+from ..argtypes import one_input
 from ..bench.scaling import run_scaling
 from ..bench.scaling_report import format_scaling
 from .checked_write import write_json
@@ -29,10 +30,7 @@ def run_bench_scaling(args: argparse.Namespace) -> int:
     from ..config.parse import to_dict
     from .bench_strategies import _grid
 
-    if len(args.inputs) != 1:
-        raise ValueError(
-            f"bench scaling takes one CONFIG file, got {len(args.inputs)}: e.g. configs/demo.yaml"
-        )
+    one_input(args.inputs, "bench scaling", "CONFIG file", "e.g. configs/demo.yaml")
     if args.world_size < 2:
         raise ValueError(f"--world-size {args.world_size}: use 2 or more ranks")
     for name in ("steps", "warmup"):

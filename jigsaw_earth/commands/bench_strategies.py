@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from ..argtypes import parse_bytes, parse_grid, parse_list
+from ..argtypes import one_input, parse_bytes, parse_grid, parse_list
 from ..bench.strategies import STRATEGIES
 from .checked_write import write_json
 
@@ -54,10 +54,7 @@ def _grid(args: argparse.Namespace, cfg) -> tuple[int, int]:
 
 
 def _check(args: argparse.Namespace) -> list[str]:
-    if len(args.inputs) != 1:
-        raise ValueError(
-            f"bench strategies takes one CONFIG file, got {len(args.inputs)}: e.g. configs/demo.yaml"
-        )
+    one_input(args.inputs, "bench strategies", "CONFIG file", "e.g. configs/demo.yaml")
     if args.world_size < 2 or args.world_size % 2:
         raise ValueError(
             f"--world-size {args.world_size}: use an even number >= 2 (jigsaw x DDP needs 2 replicas)"

@@ -8,7 +8,7 @@ import math
 import time
 from pathlib import Path
 
-from ..argtypes import parse_grid, parse_list
+from ..argtypes import parse_grid, parse_list, path_or_url
 from ..distributed.halo import Halo
 from ..distributed.mesh import parse_mesh
 from .checked_write import check_json, write_json
@@ -80,7 +80,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     dsub = p.add_subparsers(dest="data_command", required=True, metavar="SUBCOMMAND")
 
     s = dsub.add_parser("synth", help="write a synthetic ERA5-like store (WB2 layout) + climatology")
-    s.add_argument("--out", required=True, type=Path, help="store to write (its climatology goes beside it)")
+    s.add_argument(
+        "--out", required=True, type=path_or_url, help="store to write (its climatology goes beside it)"
+    )
     s.add_argument("--grid", default="32x64", metavar="LATxLON", help="global grid (default 32x64, 5.625°)")
     s.add_argument("--start", default="2019-01-01T00", help="first time (default 2019-01-01T00)")
     s.add_argument("--end", default="2020-12-31T18", help="last time, 6-hourly (default 2020-12-31T18)")
@@ -99,7 +101,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
     r = dsub.add_parser("prepare", help="convert a WB2-layout store or netCDF folder to the training layout")
     r.add_argument("src", help="Zarr store (path or fsspec URL), netCDF/GRIB file, or a folder/glob of them")
-    r.add_argument("--out", required=True, type=Path, help="training store to write (local path)")
+    r.add_argument(
+        "--out", required=True, help="training store to write: a local path or a bucket URL (s3://, gs://)"
+    )
     _variables(r)
     r.add_argument("--start", help="first time to keep")
     r.add_argument("--end", help="last time to keep")
@@ -136,8 +140,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--nans",
         choices=["refuse", "fill", "keep"],
         default="refuse",
-        help="NaNs in the source (scanned before writing): refuse (default: report them per variable), "
+        help="NaNs in the source (a local one scanned before writing, a bucket's as it is read): refuse "
+        "(default: report them per variable), "
         "fill with each variable's mean, or keep them unscanned",
+    )
+    r.add_argument(
+        "--memory-mb",
+        type=float,
+        default=1024,
+        help="about the memory of one block of times read at once (default 1024; two blocks are held, "
+        "one read while the other is written)",
     )
     r.add_argument("--no-progress", action="store_true", help="no progress bar")
     _layout_args(r)
@@ -151,7 +163,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="NaN scan: none, 5 sampled times (default) or every time",
     )
     i.add_argument("--name", action="append", metavar="CANONICAL=STORE_NAME")
-    i.add_argument("--json", type=Path, metavar="PATH")
+    i.add_argument("--json", type=path_or_url, metavar="PATH")
 
     o = dsub.add_parser("io-report", help="bytes each rank of a mesh reads for one sample")
     o.add_argument("path", help="store to read one sample from")
@@ -174,7 +186,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="also time N samples: tile reader vs xarray whole-field read + slicing",
     )
     _variables(o)
-    o.add_argument("--json", type=Path, metavar="PATH")
+    o.add_argument("--json", type=path_or_url, metavar="PATH")
     p.set_defaults(run=run)
 
 
@@ -283,6 +295,7 @@ def _prepare(args: argparse.Namespace) -> int:
         overwrite=args.overwrite,
         progress=not args.no_progress,
         nans=args.nans,
+        memory_mb=args.memory_mb,
     )
     if info["nans_filled"]:
         print(f"filled NaNs with each variable's mean: {info['nans_filled']}")

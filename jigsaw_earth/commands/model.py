@@ -1,4 +1,5 @@
-"""``jigsaw-earth model summary``: parameters, per-rank memory and communication of a model.
+"""``jigsaw-earth model summary``: parameters, per-rank memory and communication of a model
+(``model export`` and ``model verify``, sharing a trained model: ``model_share.py``).
 
 Constructs every domain rank's model on the ``meta`` device (nothing is allocated), so the
 paper-scale presets at 721 × 1440 are summarised in seconds::
@@ -30,7 +31,9 @@ log = logging.getLogger(__name__)
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("model", help="describe a model: parameters, per-rank memory, communication")
+    p = sub.add_parser(
+        "model", help="describe a model (parameters, per-rank memory, communication); export and verify one"
+    )
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     s = actions.add_parser("summary", help="sizes and per-step communication on a mesh, without allocating")
     s.add_argument(
@@ -61,6 +64,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     s.add_argument("--json", type=Path, metavar="PATH", help="write the summaries as JSON")
     s.set_defaults(run=run)
+    from .model_share import add_actions
+
+    add_actions(actions)
 
 
 def _config_channels(doc: dict) -> str | None:

@@ -7,6 +7,7 @@ import argparse
 import logging
 from pathlib import Path
 
+from ..argtypes import path_or_url
 from ..metrics.scorecard import read_baselines, read_scores
 
 log = logging.getLogger(__name__)
@@ -14,10 +15,10 @@ log = logging.getLogger(__name__)
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="scorecard PNGs and forecast/truth/error maps of a score file")
-    p.add_argument("scores", type=Path, metavar="PREFIX.json", help="written by `jigsaw-earth score`")
-    p.add_argument("--out", type=Path, required=True, metavar="DIR", help="folder for the PNGs")
+    p.add_argument("scores", type=path_or_url, metavar="PREFIX.json", help="written by `jigsaw-earth score`")
+    p.add_argument("--out", type=path_or_url, required=True, metavar="DIR", help="folder for the PNGs")
     p.add_argument(
-        "--baselines", type=Path, metavar="CSV", help="published RMSEs (default: the shipped ones)"
+        "--baselines", type=path_or_url, metavar="CSV", help="published RMSEs (default: the shipped ones)"
     )
     p.set_defaults(run=run)
 

@@ -1,12 +1,14 @@
 """``jigsaw-earth predict``: sharded inference into one WB2-layout forecast Zarr store (``--format
 grib2|netcdf``: a folder of GRIB 2 or CF netCDF files); ``--members N`` writes an ensemble (a
-``number`` dimension) of a stochastic model; ``--init SOURCE`` starts from an analysis (GRIB, netCDF,
+``number`` dimension) of a stochastic model, or of any model with ``--perturb SCHEME`` (perturbed
+initial states: ``perturb_options.py``); ``--init SOURCE`` starts from an analysis (GRIB, netCDF,
 Zarr) instead of ``data.store``.
 
-Exit codes: 0 done; 2 a bad config, input or filesystem fault (one line names it and the fix); 75
-stopped on SIGTERM, SIGUSR1 or Ctrl-C before a batch, or by a lost host, with every earlier batch recorded in
-``OUT.in-progress`` (``PREFIX.in-progress`` for ``--score --scores PREFIX`` alone): the same command
-resumes it; 130 a second Ctrl-C. ``--unfinished [DIR]`` lists predict's unfinished forecasts and
+Exit codes: 0 done, or ``--out`` already held this forecast (nothing is done: ``inference/rerun.py``); 2
+a bad config, input or filesystem fault (one line names it and the fix); 75 stopped on SIGTERM, SIGUSR1
+or Ctrl-C before the next model step, or by a lost host, with every batch done recorded in ``OUT.in-progress``
+(``PREFIX.in-progress`` for ``--score --scores PREFIX`` alone): the same command resumes it; 130 a
+second Ctrl-C. ``--unfinished [DIR]`` lists predict's unfinished forecasts and
 ``--remove-unfinished PATH`` removes one (nothing else).
 """
 
@@ -22,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..config import load_config
+from .perturb_options import add_perturb_arguments, perturbation_from_args
 
 if TYPE_CHECKING:
     from ..config.schema import TrainConfig
@@ -65,6 +68,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--checkpoint", help="checkpoint folder; default: the newest in run.dir")
     p.add_argument(
+        "--model",
+        metavar="DIR",
+        help="a shared model's folder (`model export`) instead of a run's CONFIG: on any mesh, its input "
+        "contract checked before it loads; KEY=VALUE overrides such as data.store=STORE",
+    )
+    p.add_argument(
         "--first-init", "--start", dest="start", metavar="TIME",
         help="first initialisation time (default: data.val_period[0]); --first-init works under torchrun, "
         "which takes --start for its own --start-method",
@@ -88,7 +97,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "--members",
         type=int,
         metavar="N",
-        help="an ensemble of N members (store dimension 'number'; a stochastic model: model.noise_channels)",
+        help="an ensemble of N members (store dimension 'number'): a stochastic model (model.noise_channels) "
+        "or any model with --perturb",
     )
     p.add_argument("--seed", type=int, help="the ensemble's noise seed (default run.seed); with --members")
     p.add_argument(
@@ -99,6 +109,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         help="number the members K … K+N-1: further members of the same ensemble (the same seed), e.g. "
         "--members 10 --first-member 10 after a first --members 10 run",
     )
+    add_perturb_arguments(p)
     g = p.add_argument_group("scoring while forecasting (--score)")
     g.add_argument(
         "--score", action="store_true", help="WB2 RMSE/bias/ACC (ensembles: CRPS …) as it runs, as `score`"
@@ -195,6 +206,18 @@ def _stores(args: argparse.Namespace, cfg: TrainConfig) -> tuple[tuple[str, str 
             ("--init source", args.init))  # fmt: skip
 
 
+def _complete(args: argparse.Namespace, result: Prediction) -> None:
+    """Rank 0: ``--out`` already held this forecast; where its scores are, if it was scored."""
+    n = result.init_times.size
+    print(f"{result.path} is complete: it holds this forecast ({n} inits × {result.steps} steps, the same "
+          f"request); nothing was forecast or written. Change the request, or pass "
+          f"--overwrite with another one, to forecast again")  # fmt: skip
+    if args.scores:
+        found = Path(f"{args.scores}.json")
+        print(f"its scores: {found}" if found.is_file() else f"its scores {found} are missing: score the "
+              f"store with jigsaw-earth score {result.path} --truth STORE --out {args.scores}")  # fmt: skip
+
+
 def _report(args: argparse.Namespace, result: Prediction, cfg: TrainConfig) -> None:
     """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
     r = result
@@ -244,11 +267,12 @@ _FORECAST_OPTIONS = (("config", "CONFIG"), ("overrides", "KEY=VALUE"), ("out", "
                      ("levels", "--levels"), ("lead_hours", "--lead-hours"), ("lead_every", "--lead-every"),
                      ("batch_size", "--batch-size"), ("overwrite", "--overwrite"), ("members", "--members"),
                      ("seed", "--seed"), ("score", "--score"), ("scores", "--scores"), ("init", "--init"),
-                     ("time", "--time"), ("template", "--template"))  # fmt: skip
+                     ("time", "--time"), ("template", "--template"), ("model", "--model"),
+                     ("perturb", "--perturb"))  # fmt: skip
 
 
 def _unfinished(args: argparse.Namespace) -> int:
-    from ..inference.unfinished import find_unfinished, remove_unfinished
+    from ..inference.unfinished import find_unfinished, foreign_files, foreign_text, remove_unfinished
 
     given = [name for dest, name in _FORECAST_OPTIONS if getattr(args, dest, None)]
     if given:
@@ -267,12 +291,38 @@ def _unfinished(args: argparse.Namespace) -> int:
     for folder in folders:
         found = find_unfinished(folder)
         print(f"{len(found)} unfinished forecast{'s' * (len(found) != 1)} of predict in {folder}")
+        removable = []
         for item in found:
             print(f"  {item.text()}")
-        if found:
+            foreign = foreign_files(item.path)
+            if foreign:  # --remove-unfinished would refuse it: say why here
+                print(f"    {foreign_text(item.path, foreign)}: move your files out before removing it")
+            elif item.holder is None:
+                removable.append(item)
+        if removable:
             print(f"resume one with the command that started it, or remove it: jigsaw-earth predict "
-                  f"--remove-unfinished {found[0].path}")  # fmt: skip
+                  f"--remove-unfinished {removable[0].path}")  # fmt: skip
+        elif found:
+            print("resume one with the command that started it; none can be removed now (in use, or holding "
+                  "files predict did not write)")  # fmt: skip
     return 0
+
+
+def _model_config(args: argparse.Namespace) -> TrainConfig:
+    """``--model DIR``: the configuration its contract describes, with the KEY=VALUE overrides."""
+    from ..mesh_setup import world_size_from_env
+    from ..sharing.folder import ModelFolder
+    from ..sharing.use import model_config
+
+    if args.config is not None and "=" in args.config:  # an override where CONFIG would stand
+        args.overrides, args.config = [args.config, *args.overrides], None
+    if args.config is not None or args.checkpoint is not None:
+        given = "CONFIG " + args.config if args.config is not None else "--checkpoint"
+        raise ValueError(
+            f"--model {args.model} is the model to forecast with; leave out {given} (set the store with "
+            "data.store=STORE)"
+        )
+    return model_config(ModelFolder.open(args.model), args.overrides, world_size_from_env())
 
 
 def run(args: argparse.Namespace) -> int:
@@ -283,10 +333,16 @@ def run(args: argparse.Namespace) -> int:
 
     if args.unfinished is not None or args.remove_unfinished:
         return _unfinished(args)
-    if args.config is None:
-        raise ValueError("give the run's config (predict CONFIG --out STORE ...), or --unfinished [DIR]")
+    if args.model is not None:
+        cfg = _model_config(args)
+    elif args.config is None:
+        raise ValueError(
+            "give the run's config (predict CONFIG --out STORE ...), a shared model (predict --model DIR "
+            "...), or --unfinished [DIR]"
+        )
+    else:
+        cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
-    cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
     start, end = _init_period(args, cfg)
     if args.seed is not None and args.members is None:
         raise ValueError(f"--seed {args.seed} is the ensemble's noise seed; add --members N or leave it out")
@@ -295,6 +351,7 @@ def run(args: argparse.Namespace) -> int:
             f"--first-member {args.first_member} numbers an ensemble's members; add --members N or leave "
             f"it out"
         )
+    perturb = perturbation_from_args(args, cfg)
     score = _score_request(args)
     if args.scores:  # before any work: the one output check (never a run record, never in a store)
         from ..metrics.scorecard import check_scores_output
@@ -326,11 +383,15 @@ def run(args: argparse.Namespace) -> int:
             init_times=[t for item in args.time for t in item.split(",") if t] if args.time else None,
             fmt=args.format,
             template=args.template,
+            model=args.model,
+            perturb=perturb,
         )
     except Stopped as err:
         if rank == 0:
             print(f"jigsaw-earth predict: {err}", file=sys.stderr)
         return err.exit_code
-    if rank == 0:
+    if rank == 0 and result.complete:
+        _complete(args, result)
+    elif rank == 0:
         _report(args, result, cfg)
     return 0

@@ -2,8 +2,10 @@
 climatology and the published baselines at the same resolution; optionally pictures (``--plot``).
 A store with a member dimension (``number``) is scored as an ensemble (WB2's CRPS, spread/skill …).
 Every score has an interval (``--method``, ``--confidence``); the forecast is compared with the
-baselines and ``--against`` another forecast (differences, p-values, corrected over the cells); the
-per-init statistics are written beside the scores, and FORECAST may be such files instead of a store."""
+baselines and ``--against`` another forecast (differences, p-values, corrected over the cells; a
+deterministic ``--against`` store beside an ensemble is scored as a one-member ensemble, whose CRPS is its
+MAE, so the CRPS difference is paired too); the per-init statistics are written beside the scores, and
+FORECAST may be such files instead of a store."""
 
 from __future__ import annotations
 
@@ -15,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import xarray as xr
 
+from ..argtypes import URL, path_or_url
 from ..data.store import open_dataset
+from ..metrics.engine import MEMBER
 from ..metrics.evaluate import check_times, evaluate_statistics, normalise
 from ..metrics.intervals import METHODS
 from ..metrics.regions import REGIONS
@@ -41,14 +45,19 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "score", help="WeatherBench 2 RMSE/bias/ACC (and ensemble CRPS, spread/skill) of a forecast store"
     )
     p.add_argument(
-        "forecast", type=Path, nargs="+", metavar="FORECAST",
+        "forecast", type=path_or_url, nargs="+", metavar="FORECAST",
         help="a forecast store (dims time, prediction_timedelta, …), or PREFIX-stats.nc files of earlier "
         "scores (campaigns joined on their inits)",
     )  # fmt: skip
-    p.add_argument("--truth", type=Path, metavar="ERA5.zarr", help="verifying analysis (for a store)")
-    p.add_argument("--climatology", type=Path, metavar="CLIM.zarr", help="dims hour, dayofyear, … (for ACC)")
+    p.add_argument("--truth", type=path_or_url, metavar="ERA5.zarr", help="verifying analysis (for a store)")
     p.add_argument(
-        "--baselines", type=Path, metavar="CSV", help="published RMSEs (default: the shipped WB1/WB2 numbers)"
+        "--climatology", type=path_or_url, metavar="CLIM.zarr", help="dims hour, dayofyear, … (for ACC)"
+    )
+    p.add_argument(
+        "--baselines",
+        type=path_or_url,
+        metavar="CSV",
+        help="published RMSEs (default: the shipped WB1/WB2 numbers)",
     )
     p.add_argument("--variables", nargs="+", metavar="NAME", help="score only these variables")
     p.add_argument(
@@ -62,14 +71,16 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--end", help="last init time")
     p.add_argument(
         "--out",
-        type=Path,
+        type=path_or_url,
         metavar="PREFIX",
         help="write PREFIX.json, PREFIX.csv and PREFIX-stats.nc (default: next to FORECAST)",
     )
-    p.add_argument("--plot", type=Path, metavar="DIR", help="also write the scorecard and maps as PNGs here")
+    p.add_argument(
+        "--plot", type=path_or_url, metavar="DIR", help="also write the scorecard and maps as PNGs here"
+    )
     g = p.add_argument_group("intervals and significance (docs/metrics.md, 'Intervals')")
     g.add_argument(
-        "--against", type=Path, metavar="OTHER",
+        "--against", type=path_or_url, metavar="OTHER",
         help="compare with a second forecast store (scored as FORECAST) or its PREFIX-stats.nc, on the "
         "inits both have",
     )  # fmt: skip
@@ -104,13 +115,14 @@ def _open(path: Path, what: str) -> xr.Dataset:
     return open_dataset(path)
 
 
-def _absolute(path: Path) -> str:
+def _absolute(path: Path | str) -> str:
     return str(path) if "://" in str(path) else str(path.resolve())
 
 
 def _is_statistics(paths: list[Path]) -> bool:
-    """FORECAST names statistics files (``.nc``), not a store; a mix is refused."""
-    kinds = {p.suffix == ".nc" and p.is_file() for p in paths}
+    """FORECAST names statistics files (``.nc``: read as such, a missing one said so), not a store; a
+    mix is refused."""
+    kinds = {str(p).endswith(".nc") and not URL.match(str(p)) for p in paths}
     if len(kinds) > 1 or (len(paths) > 1 and kinds != {True}):
         raise ValueError(
             f"FORECAST {[str(p) for p in paths]}: give one forecast store, or one or more PREFIX-stats.nc "
@@ -147,6 +159,8 @@ def _outputs(args: argparse.Namespace, variables: list[str], stats_input: bool) 
         default = first.with_name(first.name.removesuffix(SUFFIX) + f"-{args.method}")
         stores = (("--against", args.against), ("--truth store", args.truth),
                   ("--climatology store", args.climatology))  # fmt: skip
+    elif args.out is None and isinstance(first, str):
+        raise ValueError(f"FORECAST {first} is a URL: give --out PREFIX, a local prefix for the scores")
     else:
         default = first.with_name(first.name.removesuffix(".zarr") + "-scores")
     prefix = args.out or default
@@ -167,14 +181,19 @@ def _label(args: argparse.Namespace) -> list[str]:
     return names
 
 
-def _name_of(path: Path) -> str:
-    return path.name.removesuffix(SUFFIX).removesuffix(".zarr").removesuffix("-scores") or "against"
+def _name_of(path: Path | str) -> str:
+    name = str(path).rstrip("/").rsplit("/", 1)[-1]
+    return name.removesuffix(SUFFIX).removesuffix(".zarr").removesuffix("-scores") or "against"
 
 
 def _store_statistics(
-    args: argparse.Namespace, path: Path, truth: xr.Dataset, clim: xr.Dataset | None, baselines: bool = True
-) -> Statistics:
+    args: argparse.Namespace, path: Path, truth: xr.Dataset, clim: xr.Dataset | None, baselines: bool = True,
+    one_member: bool = False,
+) -> Statistics:  # fmt: skip
+    """``one_member``: a deterministic store is scored as an ensemble of one member (CRPS = MAE)."""
     forecast = normalise(_open(path, "forecast"), "forecast")
+    if one_member and MEMBER not in forecast.dims:
+        forecast = forecast.expand_dims({MEMBER: [0]}, axis=2)
     if "time" in forecast.dims:
         check_times(forecast["time"].values, f"forecast {path}: init times")
     if args.start or args.end:
@@ -184,6 +203,10 @@ def _store_statistics(
     stats = evaluate_statistics(forecast, truth, clim, variables=args.variables, regions=args.regions,
                                 baselines=baselines, progress=sys.stderr.isatty())  # fmt: skip
     stats.ds.attrs.update(forecast=_absolute(path), resolution=grid_resolution(forecast.sizes["longitude"]))
+    for what in ("truth", "climatology"):  # what they were computed against, checked by every comparison
+        given = getattr(args, what)
+        if given is not None:
+            stats.ds.attrs[what] = _absolute(given)
     stats.source = str(path)
     return stats
 
@@ -203,13 +226,15 @@ def _read_statistics(args: argparse.Namespace) -> Statistics:
     return stats
 
 
-def _against(args: argparse.Namespace, truth, clim) -> Statistics:
-    if args.against.suffix == ".nc" and args.against.is_file():
+def _against(args: argparse.Namespace, truth, clim, ensemble: bool = False) -> Statistics:
+    """The ``--against`` forecast's statistics (``ensemble``: FORECAST is one, so a deterministic store is
+    scored as a one-member ensemble beside it)."""
+    if _is_statistics([args.against]):
         other = Statistics.read(args.against)
     else:
         if truth is None:
             raise ValueError(f"--against {args.against} is a forecast store: give --truth to score it")
-        other = _store_statistics(args, args.against, truth, clim, baselines=False)
+        other = _store_statistics(args, args.against, truth, clim, baselines=False, one_member=ensemble)
     return other.renamed(_model(other), "against")
 
 
@@ -246,7 +271,7 @@ def run(args: argparse.Namespace) -> int:
         if base in stats.models:
             comparisons += compare_rows(stats, model, stats, base, opts)
     if args.against is not None:
-        other = _against(args, truth, clim)
+        other = _against(args, truth, clim, ensemble=stats.ds.attrs.get("members") is not None)
         comparisons += compare_rows(stats, model, other, "against", opts, _name_of(args.against))
     times = stats.times
     first, last = (str(np.datetime_as_string(t, unit="h")) for t in (times.min(), times.max()))

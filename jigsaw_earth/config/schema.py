@@ -129,7 +129,8 @@ class DataConfig(Section):
         "threads reading one batch's fields in parallel (file reads, decompression and copies release "
         "the GIL); auto = the cores this rank has: the CPUs the process may run on (its affinity) "
         "shared by the ranks of its host (LOCAL_WORLD_SIZE, or Slurm's tasks per node); a number is "
-        "capped at that too",
+        "capped at that too. From a bucket (s3://, gs://) the threads mostly wait on the link: auto = 16 "
+        "requests in flight per rank (docs/data.md, Object storage), a number as given",
         "auto",
     )
 
@@ -203,11 +204,12 @@ class TrainingConfig(Section):
     )
     max_skipped_steps: int = doc("with nan_policy=skip: stop after this many skipped steps", 10, ge=0)
     init_from: str | None = doc(
-        "fine-tune: start from another run's weights, a checkpoint (RUN_DIR/checkpoints/step_N) or a run "
-        "directory (its newest checkpoint), with a fresh optimizer, step and schedule; data, mesh, loss "
-        "and schedule may differ; channels are matched by name (added ones start at zero weight, removed "
-        "ones are dropped); another model or grid is refused (docs/training.md, Fine-tuning). Read at the "
-        "run's first start only: a resume continues from the run's own checkpoints; null = from run.seed",
+        "fine-tune: start from another run's weights, a checkpoint (RUN_DIR/checkpoints/step_N), a run "
+        "directory (its newest checkpoint) or a shared model's folder (model export), with a fresh "
+        "optimizer, step and schedule; data, mesh, loss and schedule may differ; channels are matched by "
+        "name (added ones start at zero weight, removed ones are dropped); another model or grid is refused "
+        "(docs/training.md, Fine-tuning). Read at the run's first start only: a resume continues from the "
+        "run's own checkpoints; null = from run.seed",
         None,
     )
     freeze: list[str] = doc(

@@ -33,6 +33,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import dask.array as da
 import numpy as np
@@ -281,12 +282,16 @@ class ForecastWriter:
                 self._arrays[name][(*at, rows, cols)] = fields[(*c, k)]
             k += 1
 
-    def close(self) -> Path:
-        """Collective: wait for every rank, then publish the store (rank 0 renames)."""
+    def close(self, request: dict[str, Any] | None = None, stop: Any = None) -> Path:
+        """Collective: wait for every rank, then publish the store (rank 0 renames) with ``request``
+        (what was forecast: ``inference/rerun.py``) in its marker. ``stop``: unused (nothing is converted)."""
         _barrier()
         if self.rank == 0:
             group = zarr.open_group(self.tmp, mode="r+")
-            group.attrs[MARKER] = {"kind": KIND, "complete": True}
+            marker: dict[str, Any] = {"kind": KIND, "complete": True}
+            if request is not None:
+                marker["request"] = request
+            group.attrs[MARKER] = marker
             with _progress_beside():  # consolidated metadata is not in the v3 spec (yet): xarray reads it
                 warnings.filterwarnings("ignore", message="Consolidated metadata")
                 zarr.consolidate_metadata(self.tmp)

@@ -24,6 +24,7 @@ import logging
 import shutil
 import warnings
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ import numpy as np
 import torch.distributed as dist
 import xarray as xr
 
+from ..data.grib_messages import GRIB_SUFFIXES
 from ..distributed.tiles import TileGrid
 from ..ownership import FOLDER_MARKER, MARKER, check_output, replace_output
 from .forecast_store import KIND, ForecastLayout, ForecastWriter
@@ -44,6 +46,8 @@ log = logging.getLogger(__name__)
 
 FORMATS = ("zarr", "grib2", "netcdf")
 TEMPLATES = {"grib2": "{date}{time}_{step:03d}.grib2", "netcdf": "{date}{time}.nc"}
+#: the endings each format's files take (what ``data prepare`` and ``--init`` read as that format)
+SUFFIXES = {"grib2": GRIB_SUFFIXES, "netcdf": (".nc", ".nc4")}
 Item = tuple[int, int, int | None]  # (init, lead, member) positions in the layout
 
 
@@ -72,6 +76,12 @@ def file_groups(layout: ForecastLayout, fmt: str, template: str | None) -> dict[
             f"{TEMPLATES[fmt]!r}"
         ) from None
     for name in groups:
+        if not name.lower().endswith(SUFFIXES[fmt]):
+            raise ValueError(
+                f"--template {template!r} gives {name!r}, a name of another kind of file: --format {fmt} "
+                f"files end in {' or '.join(SUFFIXES[fmt])}, as readers (data prepare, --init) expect; e.g. "
+                f"--template {TEMPLATES[fmt]!r}"
+            )
         path = Path(name)
         if path.is_absolute() or ".." in path.parts or not path.name or name == FOLDER_MARKER:
             raise ValueError(
@@ -119,8 +129,10 @@ class FileWriter:
     def abort(self) -> None:
         self.tiles.abort()
 
-    def close(self) -> Path:
-        """Collective: every rank writes its files, then rank 0 publishes the folder as ``path``."""
+    def close(self, request: dict[str, Any] | None = None, stop: Callable[[str], None] | None = None) -> Path:
+        """Collective: every rank writes its files, then rank 0 publishes the folder as ``path`` with
+        ``request`` (what was forecast: ``rerun.py``) in its marker. ``stop(what)``: asked before each
+        round of files (one a rank), collective; it raises to stop (the resume converts again)."""
         _barrier()  # every tile is in the store
         staging = self.tiles.tmp / OUTPUT
         names = sorted(self.groups)
@@ -130,14 +142,20 @@ class FileWriter:
             staging.mkdir()
         _barrier()
         world = dist.get_world_size() if dist.is_initialized() else 1
-        for name in names[self.rank :: world]:
-            target = staging / name
-            target.parent.mkdir(parents=True, exist_ok=True)
-            (self._grib if self.fmt == "grib2" else self._netcdf)(target, self.groups[name])
+        for first in range(0, len(names), world):
+            if stop is not None:
+                stop(f"the conversion to {self.fmt} files ({first} of {len(names)} written)")
+            if first + self.rank < len(names):
+                name = names[first + self.rank]
+                target = staging / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                (self._grib if self.fmt == "grib2" else self._netcdf)(target, self.groups[name])
         _barrier()
         if self.rank == 0:
-            info = {MARKER: {"kind": KIND, "complete": True, "format": self.fmt}, "template": self.template,
-                    "files": names}  # fmt: skip
+            marker = {"kind": KIND, "complete": True, "format": self.fmt}
+            if request is not None:
+                marker["request"] = request
+            info = {MARKER: marker, "template": self.template, "files": names}
             if self.fmt == "grib2":
                 variables = [*self.layout.upper_air, *self.layout.surface]
                 info["packing_bound"] = {v: PACKING_BOUND[v] for v in variables}

@@ -18,7 +18,13 @@ from ..config.parse import to_dict
 from ..config.schema import TrainConfig
 from ..data.preflight import default_climatology_path
 
-__all__ = ["SHAPE_KEYS", "check_against_checkpoint", "find_checkpoint", "protected_paths"]
+__all__ = [
+    "SHAPE_KEYS",
+    "check_against_checkpoint",
+    "compare_shape_keys",
+    "find_checkpoint",
+    "protected_paths",
+]
 
 # Config items that decide the model's parameters or the meaning of its channels: a forecast with
 # any of them changed would load the wrong shapes or read the wrong variables.
@@ -63,6 +69,19 @@ def _pick(raw: dict[str, Any], key: str) -> Any:
     return node
 
 
+def compare_shape_keys(cfg: TrainConfig, saved: dict[str, Any], where: str, fix: str) -> None:
+    """Refuse a config whose ``SHAPE_KEYS`` differ from ``saved`` (a raw config), naming the item;
+    ``fix`` may name ``{item}``."""
+    mine = to_dict(cfg)
+    for key in SHAPE_KEYS:
+        a, b = _flat(_pick(mine, key), key), _flat(_pick(saved, key), key)
+        for item in sorted(set(a) | set(b)):
+            if a.get(item) != b.get(item):
+                raise ValueError(
+                    f"{item}={a.get(item)!r} differs from {b.get(item)!r} in {where}; {fix.format(item=item)}"
+                )
+
+
 def check_against_checkpoint(cfg: TrainConfig, checkpoint: Path) -> None:
     """Refuse a config whose model shape or channels differ from the checkpoint's run config.
 
@@ -76,24 +95,24 @@ def check_against_checkpoint(cfg: TrainConfig, checkpoint: Path) -> None:
         saved = yaml.safe_load(saved_file.read_text()) or {}
     except (OSError, yaml.YAMLError):
         return
-    mine = to_dict(cfg)
-    for key in SHAPE_KEYS:
-        a, b = _flat(_pick(mine, key), key), _flat(_pick(saved, key), key)
-        for item in sorted(set(a) | set(b)):
-            if a.get(item) != b.get(item):
-                raise ValueError(
-                    f"{item}={a.get(item)!r} differs from {b.get(item)!r} in the config of checkpoint "
-                    f"{checkpoint} ({saved_file}); predict with the configuration it was trained with "
-                    f"(drop the override of {item})"
-                )
+    fix = "predict with the configuration it was trained with (drop the override of {item})"
+    compare_shape_keys(cfg, saved, f"the config of checkpoint {checkpoint} ({saved_file})", fix)
 
 
-def protected_paths(cfg: TrainConfig, checkpoint: Path) -> tuple[tuple[str, str | Path | None], ...]:
-    """What ``predict --out`` may never be, contain or lie inside."""
+def protected_paths(
+    cfg: TrainConfig, checkpoint: Path, model: bool = False
+) -> tuple[tuple[str, str | Path | None], ...]:
+    """What ``predict --out`` may never be, contain or lie inside (``model``: ``checkpoint`` is a
+    shared model's folder, ``predict --model``)."""
     d = cfg.data
-    return (
+    stores = (
         ("truth/training store data.store", d.store),
         ("climatology", d.climatology or default_climatology_path(d.store)),
+    )
+    if model:
+        return (*stores, ("model folder", checkpoint))
+    return (
+        *stores,
         ("checkpoint folder", checkpoint.parent),
         ("checkpoints of run.dir", Path(cfg.run.dir) / "checkpoints"),
     )

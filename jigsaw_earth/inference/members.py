@@ -4,7 +4,8 @@ Members differ only by their noise (``model.noise_channels``; ``models/noise.py`
 stream): member ``m`` of init ``t`` at rollout step ``k`` draws ``member_noise(seed, member=m,
 sample_index=forecast_sample_index(t), step=k)`` — the same numbers on any mesh, batch or split of
 members, so a member keeps its own noise stream through the rollout. A deterministic model would
-give identical members: ``--members`` above 1 is refused for it.
+give identical members: ``--members`` above 1 is refused for it unless ``--perturb`` perturbs their
+initial states (``perturb.py``; combined with a stochastic model's noise where it has one).
 
 Members are spread over the mesh's ``ensemble`` axis as the trainer spreads them: group ``e`` of
 ``E`` runs members ``e·N/E … (e+1)·N/E − 1``, batched: rows ``[i·B, (i+1)·B)`` of the state are
@@ -51,12 +52,14 @@ class Members:
 
     @classmethod
     def plan(
-        cls, cfg: TrainConfig, mesh: DomainMesh, total: int, seed: int | None, first: int = 0
-    ) -> Members:
+        cls, cfg: TrainConfig, mesh: DomainMesh, total: int, seed: int | None, first: int = 0,
+        perturbed: bool = False,
+    ) -> Members:  # fmt: skip
         """The members this rank runs — numbers ``first … first + total − 1`` of the ensemble, so a
         second run with ``first`` = the first run's total draws further members of the same
-        ensemble; a clear error when the ensemble cannot differ or split."""
-        check(cfg, total, mesh.shape.ensemble, first)
+        ensemble; a clear error when the ensemble cannot differ or split (``perturbed``: their
+        initial states are perturbed, so a deterministic model's members differ too)."""
+        check(cfg, total, mesh.shape.ensemble, first, perturbed)
         m = total // mesh.shape.ensemble
         e = mesh.ensemble_index
         axis = mesh.ensemble if mesh.shape.ensemble > 1 else None
@@ -106,26 +109,30 @@ class Members:
             return all_gather(x.contiguous(), self.axis, dim=0, sizes=[x.shape[0]] * self.axis.size)
 
 
-def check(cfg: TrainConfig, total: int, groups: int = 1, first: int = 0) -> None:
+PERTURB_FIX = "or perturb their initial states (--perturb gaussian|correlated|bred|lagged, docs/ensembles.md)"
+
+
+def check(cfg: TrainConfig, total: int, groups: int = 1, first: int = 0, perturbed: bool = False) -> None:
     """Refuse an ensemble that cannot be: no members, a negative first member, identical members
-    of a deterministic model, or members that do not split evenly over ``groups`` ensemble groups."""
+    of a deterministic model (unless ``perturbed``), or members that do not split evenly over
+    ``groups`` ensemble groups."""
     if total < 1:
         raise ValueError(f"--members {total}: give at least 1 (e.g. --members 10)")
     if first < 0:
         raise ValueError(f"--first-member {first}: member numbers start at 0; give 0 or more")
-    if first > 0 and not noise_channels(cfg):
+    if first > 0 and not noise_channels(cfg) and not perturbed:
         raise ValueError(
             f"--first-member {first}: the model is deterministic (model.noise_channels=0), so member "
-            f"{first} would equal member 0; further members need a stochastic model"
+            f"{first} would equal member 0; further members need a stochastic model {PERTURB_FIX}"
         )
     if total % groups:
         raise ValueError(
             f"--members {total} must split evenly over mesh.ensemble={groups} groups; use a multiple "
             f"of {groups} (e.g. --members {groups * max(1, total // groups)}) or another mesh.ensemble"
         )
-    if total > 1 and not noise_channels(cfg):
+    if total > 1 and not noise_channels(cfg) and not perturbed:
         raise ValueError(
             f"--members {total}: the model is deterministic (model.noise_channels=0), so its "
             f"{total} members would be identical; train a stochastic model (model.noise_channels, "
-            f"e.g. 4, and loss.kind fair_crps) or use --members 1 (CRPS is then the MAE)"
+            f"e.g. 4, and loss.kind fair_crps), {PERTURB_FIX}, or use --members 1 (CRPS is then the MAE)"
         )

@@ -4,7 +4,8 @@ Every rank reads only its tile of the initial conditions, runs the model on its 
 sharded as in training), and writes its tile of every forecast into one Zarr store
 (``ForecastWriter``). Data-parallel replicas take disjoint initialisation times. With ``members``
 the store has a member dimension ``number`` and every rank runs its members batched, each with its
-own noise stream (``members.py``). The forecast step is the trainer's (``models.run.model_step``:
+own noise stream (``members.py``), its initial state perturbed with ``perturb`` (``perturb.py``,
+made on the tiles by ``perturb_fields.py``). The forecast step is the trainer's (``models.run.model_step``:
 autocast and tendency scaling as configured), and the weights come from a sharded checkpoint written
 on any mesh. The batches run in ``rollout.py`` (outputs through ``write_pool.py``, its account in
 ``timing.py``), on weights gathered once when several ranks share the domain and they fit
@@ -15,8 +16,9 @@ Inference is read-only on the run (``load.py``): no run-directory claim, no ``co
 ``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
 before any work (``ownership.check_output``): never the truth store, the checkpoints, or a
 path that is not predict's own. The store is written as ``OUT.in-progress`` and renamed when complete;
-SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next batch with every earlier batch recorded
-there, and the same command resumes it (``progress.py``). Rank 0 holds ``OUT.lock`` while writing,
+SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next model step with every batch done recorded
+there, and the same command resumes it (``progress.py``); on a complete ``--out`` of the same request it
+does nothing (``rerun.py``). Rank 0 holds ``OUT.lock`` while writing,
 refuses a store its filesystem cannot hold, and logs the model steps done (``campaign.py``).
 """
 
@@ -33,10 +35,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..checkpoint import load_checkpoint, pinned
+from ..checkpoint import load_checkpoint, pinned, read_meta
 from ..config.schema import TrainConfig
 from ..data.samples import TrainData
-from ..data.times import hour_dayofyear, period_mask
+from ..data.times import evenly_spaced, hour_dayofyear, period_mask
 from ..device import set_precision
 from ..distributed.heartbeat import watched
 from ..distributed.mesh import DomainMesh
@@ -45,13 +47,17 @@ from ..layers.replicas import replicated_weights
 from ..mesh_setup import setup_mesh
 from ..models.run import build_run_model, model_step
 from ..ownership import check_output
+from ..sharing.folder import ModelFolder
+from ..sharing.use import check_analysis, check_config, check_store, use_contract
 from ..signals import rerun_hint
 from .campaign import check_room, lock_output
 from .forecast_store import KIND, ForecastLayout, store_chunks
-from .formats import check_format, open_writer
+from .formats import TEMPLATES, check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
-from .progress import Progress, forecast_request
+from .perturb import Perturbation, check_history, check_perturbation, log_choice
+from .progress import BATCH, Progress, forecast_request
+from .rerun import finished, finished_request
 from .rollout import Rollout, run_batches
 from .scoring import ScoreRequest, TileScorer
 from .selection import Selection, select
@@ -81,9 +87,7 @@ def select_inits(
             f"no initialisation time in [{start}, {end}] every {every_hours} h has {steps} forecast "
             f"steps inside the store ({times[0]} … {times[-1]}); widen --start/--end or lower --steps"
         )
-    if max_inits and len(idx) > max_inits:
-        idx = idx[np.linspace(0, len(idx) - 1, max_inits).round().astype(int)]
-    return idx
+    return evenly_spaced(idx, max_inits)
 
 
 def _layout(data: TrainData, init_times: np.ndarray, selection: Selection, members: int | None,
@@ -141,6 +145,7 @@ class Prediction:
     members: int | None = None
     statistics: Any = None  # the per-init statistics of ``rows`` (``metrics.statistics.Statistics``)
     times: LoopTimes | None = None  # where the forecast loop's time went (the slowest rank's)
+    complete: bool = False  # ``path`` already held this forecast: nothing was run or written
 
 
 @torch.no_grad()
@@ -170,6 +175,8 @@ def run_prediction(
     init_times: list[str] | None = None,
     fmt: str = "zarr",
     template: str | None = None,
+    model: str | Path | None = None,
+    perturb: Perturbation | None = None,
 ) -> Prediction:
     """Forecast from every selected init (``init``: from the initial states of that analysis, at
     ``init_times`` or all of its times, instead of the store's inits in ``start`` … ``end``); write the
@@ -180,10 +187,17 @@ def run_prediction(
     numbered from ``first_member`` (further members of the same ensemble). ``scores``: the prefix the
     scores are written to, which names a score-only run's in-progress folder (``PREFIX.in-progress``);
     a stop signal raises ``progress.Stopped`` after recording what is done. ``fmt``: ``zarr`` (one
-    store), ``grib2`` or ``netcdf`` (a folder of files named by ``template``, ``formats.py``)."""
+    store), ``grib2`` or ``netcdf`` (a folder of files named by ``template``, ``formats.py``). ``model``:
+    a shared model's folder (``model export``) instead of ``cfg.run.dir``'s checkpoint, its contract
+    checked against the store and ``init`` before the model is built (``sharing/use.py``).
+    ``perturb``: the members' initial states perturbed so (any model; ``perturb.py``)."""
     _check_options(out, every_hours, max_inits, batch_size, score)
+    if perturb is not None:
+        if members is None:
+            raise ValueError(f"--perturb {perturb.scheme} perturbs an ensemble's members; add --members N")
+        check_perturbation(perturb, members, first_member, cfg.data.step_hours, init is not None)
     if members is not None:
-        check(cfg, members, cfg.mesh.ensemble, first_member)
+        check(cfg, members, cfg.mesh.ensemble, first_member, perturb is not None)
     elif cfg.mesh.ensemble > 1:
         raise ValueError(
             f"mesh.ensemble={cfg.mesh.ensemble} spreads ensemble members over groups of ranks; give "
@@ -197,22 +211,31 @@ def run_prediction(
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
     progress = Progress.for_output(out, scores)
-    ckpt = find_checkpoint(cfg, progress.checkpoint(checkpoint))
-    protected = protected_paths(cfg, ckpt)
+    recorded = finished_request(out)  # a complete output of predict's: the same request is a no-op
+    shared = None if model is None else ModelFolder.open(model)
+    ckpt = shared.path if shared is not None else find_checkpoint(cfg, progress.checkpoint(checkpoint))
+    protected = protected_paths(cfg, ckpt, shared is not None)
     if init is not None:
         protected += (("--init source", init),)
     if score is not None:
         protected += (("--truth store", score.truth), ("--climatology", score.climatology))
-    run_dir = (("run directory run.dir", cfg.run.dir),)
+    run_dir = () if shared is not None else (("run directory run.dir", cfg.run.dir),)
     if out is not None:
-        check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=run_dir)
+        check_output(out, KIND, overwrite=overwrite or recorded is not None, protected=protected,
+                     may_hold_outputs=run_dir)  # fmt: skip
     progress.check(protected, run_dir)
-    check_against_checkpoint(cfg, ckpt)
+    if shared is not None:  # the contract, before any model is built
+        check_config(shared, cfg)
+        check_store(shared, cfg.data.store)
+    else:
+        check_against_checkpoint(cfg, ckpt)
     analysis = None
     if init is not None:  # checked against the model's grid, variables and levels before any model is built
         from ..data.analysis import open_analysis
 
         analysis = open_analysis(init, cfg.data, init_times)
+        if shared is not None:
+            check_analysis(shared, analysis)
     own = mesh is None
     if mesh is not None and mesh.shape != cfg.mesh.shape:
         raise ValueError(f"mesh {mesh.shape} differs from the config's mesh {cfg.mesh.shape}")
@@ -221,11 +244,15 @@ def run_prediction(
         lock = None
         try:
             lock = None if out is None else on_rank0(mesh, lambda: lock_output(out))  # OUT.lock
-            ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member)
+            ens = None if members is None else Members.plan(cfg, mesh, members, seed, first_member,
+                                                            perturb is not None)  # fmt: skip
+            batch = progress.batch_size(batch_size)
+            if batch is None and recorded is not None:  # the complete output's, as a resume's
+                batch = recorded.get(BATCH)
             with _watched(cfg, mesh, progress) if own else nullcontext():
                 return _predict(cfg, mesh, ckpt, out, protected, start, end, selection, every_hours,
-                                max_inits, progress.batch_size(batch_size), overwrite, score, ens, progress,
-                                analysis, fmt, template)  # fmt: skip
+                                max_inits, batch, overwrite, score, ens, progress, analysis, fmt, template,
+                                shared, perturb, recorded)  # fmt: skip
         finally:
             if lock is not None:
                 lock.release()
@@ -240,6 +267,14 @@ def _watched(cfg: TrainConfig, mesh: DomainMesh, progress: Progress) -> Any:
     release = progress.lock.release if progress.lock is not None else lambda: None  # any host resumes
     return watched(mesh.rank, mesh.shape.world_size, mesh.hosts, cfg.distributed.timeout_s, lambda v: hint,
                    release)  # fmt: skip
+
+
+def _shared(mesh: DomainMesh, value: Any) -> Any:
+    """Collective: rank 0's ``value`` on every rank."""
+    box = [value]
+    if mesh.is_distributed and dist.is_initialized():
+        dist.broadcast_object_list(box, src=0)
+    return box[0]
 
 
 def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bool,
@@ -259,15 +294,33 @@ def _training_rate(model: torch.nn.Module, data: TrainData, batch: Any, bf16: bo
     return training_forward_rate(model, forward, data.local_batch * data.mesh.axis("data").size)
 
 
+def _perturber(perturb: Perturbation | None, ens: Members | None, data: TrainData, model: torch.nn.Module,
+               bf16: bool, tendency: torch.Tensor | None) -> Any:  # fmt: skip
+    """The members' perturbations on this rank's tile, made with the forecast's model step."""
+    if perturb is None or ens is None:
+        return None
+    from .perturb_fields import Perturber
+
+    def step(
+        x: torch.Tensor, static: torch.Tensor, tf: torch.Tensor, noise: torch.Tensor | None
+    ) -> torch.Tensor:
+        return model_step(model, x, static, tf, bf16=bf16, tendency=tendency, noise=noise)
+
+    return Perturber(perturb, ens, data, step)
+
+
 def _predict(
     cfg: TrainConfig, mesh: Any, ckpt: Path, out: str | Path | None, protected: Any, start: str, end: str,
     selection: Selection, every_hours: int, max_inits: int, batch_size: int | None, overwrite: bool,
     score: ScoreRequest | None, ens: Members | None, progress: Progress, analysis: Analysis | None = None,
-    fmt: str = "zarr", template: str | None = None,
+    fmt: str = "zarr", template: str | None = None, shared: ModelFolder | None = None,
+    perturb: Perturbation | None = None, recorded: dict[str, Any] | None = None,
 ) -> Prediction:  # fmt: skip
     from ..data.sources import build_data
 
     data = build_data(cfg, mesh, training=False)
+    if shared is not None:
+        use_contract(shared, data)  # the model's own normalisation and static fields
     dev = mesh.device
     set_precision(cfg.training.precision)
     steps = selection.steps
@@ -276,9 +329,32 @@ def _predict(
         init_times = np.asarray(data.times)[inits]
     else:
         init_times = inits = analysis.times
+    if perturb is not None and ens is not None:  # the earlier analyses bred and lagged members need
+        check_history(perturb, range(ens.first, ens.first + ens.total), data.times, inits)
+        if mesh.rank == 0:
+            log_choice(perturb)
     total = None if ens is None else ens.total
     layout = _layout(data, init_times, selection, total, 0 if ens is None else ens.first)
     check_format(fmt, template, layout)
+    files = None if fmt == "zarr" else template or TEMPLATES[fmt]
+    source = digest = None
+    if analysis is not None:  # the analysis's content, read once (rank 0), is part of the request
+        source = analysis.path
+        from ..data.analysis import fingerprint
+
+        digest = _shared(mesh, on_rank0(mesh, lambda: fingerprint(analysis.path)))
+
+    def request_for(batch: int, step: int) -> dict[str, Any]:
+        return forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch, score,
+                                source, digest, fmt, files, perturb)  # fmt: skip
+
+    if recorded is not None and batch_size is not None and out is not None:
+        step = shared.step if shared is not None else int(read_meta(ckpt)["step"])
+        if finished(out, recorded, request_for(batch_size, step), overwrite):
+            if mesh.rank == 0:
+                log.info("--out %s already holds this forecast: nothing to do", out)
+            return Prediction(Path(out), None, layout.init_times, steps, data.grid.n_lon, float("nan"),
+                              batch_size, float("nan"), total, complete=True)  # fmt: skip
     if out is not None:  # the size of what will be written, refused before any forecast if it cannot fit
         line = on_rank0(mesh, lambda: check_room(out, layout, fmt))
         if line:
@@ -298,19 +374,20 @@ def _predict(
         batch_size = max(1, auto_batch(model, data, max(1, len(mine)) * per_init, 2 if bf16 else 4, mesh)
                          // per_init)  # fmt: skip
     rollout = Rollout(model, data, inits, steps, lead_of, chans, bf16, tendency, ens, layout.init_times,
-                      analysis)  # fmt: skip
+                      analysis, _perturber(perturb, ens, data, model, bf16, tendency))  # fmt: skip
     pipe, pool, writer, output = Pipeline(), None, None, None
     try:
         # the first batch's inputs are read while the checkpoint loads (a resume reads its own)
         first = (
             (mine[:batch_size], pipe.read(partial(rollout.read, mine[:batch_size]))) if len(mine) else None
         )
-        with pinned(ckpt):
-            step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
+        if shared is not None:
+            step = shared.load(model)
+        else:
+            with pinned(ckpt):
+                step = int(load_checkpoint(ckpt, model, None, mesh)["step"])
         model.eval()
-        source = None if analysis is None else analysis.path
-        request = forecast_request(cfg, ckpt, step, layout.init_times, selection, ens, mesh, batch_size,
-                                   score, source)  # fmt: skip
+        request = request_for(batch_size, step)
         progress.open(mesh, request, len(inits), batch_size)  # collective: lock, compare, where to start
         if out is not None:
             # a file format converts its store at the end, field by field: one field a chunk there
@@ -333,7 +410,7 @@ def _predict(
         times = times.reduce(mesh.world, dev)
         train_rate = float("nan") if last is None else _training_rate(model, data, last, bf16, tendency, ens)
         rows = scorer.finish() if scorer is not None else None
-        path = writer.close() if writer is not None else None
+        path = writer.close(request, progress.check_stop) if writer is not None else None
         progress.finish()
     except BaseException as err:
         progress.abort(err)

@@ -1,11 +1,16 @@
 """A forecast that survives its time limit: stop on a signal, record each batch, resume where it stopped.
 
 Signals (``PredictSignals``: training's ``StopSignals`` with Ctrl-C added): ``SIGTERM``, ``SIGUSR1`` and
-``SIGINT`` only set a flag. Before each batch that every data replica has, every rank learns whether any
-rank got one (one all-reduce of a flag, so all ranks stop before the same batch); then each rank waits
-until its earlier batches are written, scored and recorded, and ``Stopped`` is raised on every rank
-(``jigsaw-earth predict`` exits 75, ``EX_TEMPFAIL``, as training does). A second Ctrl-C raises
-``KeyboardInterrupt`` at once; what was recorded is kept.
+``SIGINT`` only set a flag. Before every model step of a batch that every data replica has, every rank
+learns whether any rank got one (one all-reduce of a flag on a gloo group of host tensors,
+``signals.host_group``, so all ranks stop at the same step and a GPU's rollout is never synchronised
+for it), so a stop takes one model step however large the batch. Before a batch, each rank waits until
+its earlier batches are written, scored and recorded; within one, its inits are not complete (they
+complete together, at its last step), so its leads written so far are dropped (its writes in flight
+finish first) and the resume forecasts it again. Then ``Stopped`` is raised on every rank
+(``jigsaw-earth predict`` exits 75, ``EX_TEMPFAIL``, as training does). The conversion of
+``--format grib2|netcdf`` asks before each round of files (``check_stop``), and a resume converts
+again. A second Ctrl-C raises ``KeyboardInterrupt`` at once; what was recorded is kept.
 
 Recording (``Progress``, in the output's in-progress folder ``unfinished.py``): after a batch's last lead
 is written and scored (on the recording thread, in order), each rank saves its score shares of that batch
@@ -16,10 +21,11 @@ batch in flight when a process was killed is written again. Forecasts and shares
 never stopped, so the store and the scores are the same bit for bit (same mesh, batch and device).
 
 A resume must ask for the same forecast (``forecast_request``): checkpoint (by default the recorded one),
-data store, init times, variables, levels, leads, members, seed, mesh, batch (by default the recorded
-one), precision, device and scoring (truth, climatology, regions). Anything else may change
-(``--overwrite``, ``--scores``, logging, the launcher). A different request is refused naming each
-difference.
+data store, initial conditions (an ``--init`` source's path and content), init times, variables, levels,
+leads, members, seed, mesh, batch (by default the recorded one), precision, device, output format and
+file names, and scoring (truth, climatology, regions). Anything else may change (``--overwrite``,
+``--scores``, logging, the launcher). A different request is refused naming each difference. A
+complete output keeps its request (``rerun.py``): the same command again is a no-op.
 """
 
 from __future__ import annotations
@@ -31,7 +37,7 @@ import os
 import shutil
 import signal
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
@@ -44,7 +50,7 @@ import torch.distributed as dist
 
 from ..distributed.heartbeat import communication_error
 from ..ownership import MARKER, check_output, in_progress_path, read_marker
-from ..signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals
+from ..signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals, host_group
 from .unfinished import (
     FORMAT,
     KIND,
@@ -61,7 +67,15 @@ from .unfinished import (
     record_arrays,
 )
 
-__all__ = ["EXIT_STOPPED", "PredictSignals", "Progress", "Stopped", "forecast_request"]
+__all__ = [
+    "BATCH",
+    "EXIT_STOPPED",
+    "PredictSignals",
+    "Progress",
+    "Stopped",
+    "differences",
+    "forecast_request",
+]
 
 log = logging.getLogger(__name__)
 EXIT_STOPPED = EXIT_PREEMPTED
@@ -69,7 +83,7 @@ CHECKPOINT, BATCH = "checkpoint (--checkpoint)", "batch (--batch-size)"
 
 
 class Stopped(Exception):
-    """Predict stopped on a signal before a batch, with every earlier batch recorded."""
+    """Predict stopped on a signal, with every batch done recorded."""
 
     exit_code = EXIT_STOPPED
 
@@ -84,8 +98,8 @@ class PredictSignals(StopSignals):
             raise KeyboardInterrupt
         if self.received is None:
             self.received = signal.Signals(signum).name
-            log.warning("received %s: predict stops before the next batch, once the earlier ones are "
-                        "recorded (Ctrl-C again: stop at once)", self.received)  # fmt: skip
+            log.warning("received %s: predict stops before the next model step, once the batches done "
+                        "are recorded (Ctrl-C again: stop at once)", self.received)  # fmt: skip
 
 
 def _where(path: str | Path) -> str:
@@ -94,10 +108,13 @@ def _where(path: str | Path) -> str:
 
 
 def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarray, selection: Any,
-                     members: Any, mesh: Any, batch_size: int, score: Any,
-                     init: str | None = None) -> dict[str, Any]:  # fmt: skip
-    """What decides a forecast's numbers: a resume must ask for exactly this (JSON values); ``init``:
-    the analysis the initial states come from (``--init``; None: ``data.store``)."""
+                     members: Any, mesh: Any, batch_size: int, score: Any, init: str | None = None,
+                     init_digest: str | None = None, fmt: str = "zarr", template: str | None = None,
+                     perturb: Any = None) -> dict[str, Any]:  # fmt: skip
+    """What decides a forecast's output: a resume must ask for exactly this (JSON values); ``init``:
+    the analysis the initial states come from (``--init``; None: ``data.store``) and ``init_digest`` its
+    content's; ``fmt`` and ``template``: the output's format and file names (as resolved); ``perturb``:
+    the members' perturbation."""
     times = [str(t) for t in np.asarray(init_times).astype("datetime64[h]")]
     hours = [int(h) for h in selection.leads / np.timedelta64(1, "h")]
     scoring = None
@@ -111,6 +128,7 @@ def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarr
         "checkpoint step": step,
         "data.store": _where(cfg.data.store),
         "initial conditions (--init)": None if init is None else _where(init),
+        "content of the initial conditions (--init)": init_digest,
         "initialisation times (--start, --end, --every-hours, --max-inits)": times,
         "variables (--variables)": [*selection.upper_air, *selection.surface],
         "levels (--levels)": list(selection.levels),
@@ -119,11 +137,14 @@ def forecast_request(cfg: Any, checkpoint: Path, step: int, init_times: np.ndarr
         "members (--members)": None if members is None else members.total,
         "noise seed (--seed)": None if members is None else members.seed,
         "first member (--first-member)": None if members is None else members.first,
+        "perturbation (--perturb, --amplitude …)": None if perturb is None else perturb.describe(),
         "mesh (data x [ensemble x] lat x lon)": str(mesh.shape),
         BATCH: batch_size,
         "precision (training.precision)": cfg.training.precision,
         "device": mesh.device.type,
         "scoring (--score --truth --climatology --regions)": scoring,
+        "output format (--format)": fmt,
+        "file names (--template)": template,
     }
     return json.loads(json.dumps(request))
 
@@ -134,7 +155,8 @@ def _short(value: Any) -> str:
     return json.dumps(value)
 
 
-def _differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+def differences(recorded: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """``item: now (recorded: then)`` for each item of two requests that differs."""
     keys = list(now) + [k for k in recorded if k not in now]
     return [f"{k}: {_short(now.get(k))} (recorded: {_short(recorded.get(k))})"
             for k in keys if recorded.get(k) != now.get(k)]  # fmt: skip
@@ -160,6 +182,7 @@ class Progress:
         self.sizes: list[int] = []
         self.request: dict[str, Any] = {}
         self._checked: tuple[Any, Any] = ((), ())
+        self._group: Any = None  # the stop flag's gloo group (``signals.host_group``)
         self._failed = False  # a batch's writes or scores failed: nothing after it is recorded
 
     @classmethod
@@ -215,6 +238,7 @@ class Progress:
         """Collective: lock the folder, compare a recorded request, find the batch to start from."""
         if self.signals is not None:
             self.signals.mesh = mesh
+            self._group = host_group(mesh)
         self.rank, self.world = mesh.rank, mesh.shape.world_size
         replicas, replica = mesh.axis("data").size, mesh.axis("data").index
         self.sizes = [len(range(r, n_inits, replicas)) for r in range(replicas)]  # inits per replica
@@ -247,12 +271,13 @@ class Progress:
         try:
             info = read_request(folder)
             if info is not None:
-                diffs = _differences(info["request"], self.request)
+                diffs = differences(info["request"], self.request)
                 if diffs:
                     raise ValueError(
                         f"{folder} holds an unfinished forecast of another request; it differs in: "
-                        f"{'; '.join(diffs)}. A resume needs the same checkpoint, store, inits, variables, "
-                        f"levels, leads, members, seed, mesh, batch, precision, device and scoring "
+                        f"{'; '.join(diffs)}. A resume needs the same checkpoint, store, initial conditions, "
+                        f"inits, variables, levels, leads, members, seed, mesh, batch, precision, device, "
+                        f"format, file names and scoring "
                         f"(--overwrite, --scores, logging and the launcher may change). Run it as recorded "
                         f"to finish it, or remove it: jigsaw-earth predict --remove-unfinished {folder}"
                     )
@@ -315,22 +340,51 @@ class Progress:
         """The batches still to run (the loop's index ``i`` is then batch ``first + i``)."""
         return chunks[self.first :]
 
+    def _asked(self) -> bool:
+        """Collective: whether any rank received a stop signal."""
+        return self.signals is not None and self.signals.should_stop(self._group)
+
     def boundary(self, i: int, pipe: Any) -> None:
         """Collective before batch ``first + i``: on a signal to any rank, record and raise ``Stopped``."""
         g = self.first + i
-        if g >= self.common or self.signals is None or not self.signals.should_stop():
+        if g >= self.common or not self._asked():
             return
-        pipe.drain()  # every earlier batch written, scored and recorded
+        self._stop(pipe, f"before batch {g + 1} of {self.total}", g)
+
+    def within(self, i: int, step: int, steps: int, pipe: Any,
+               writes: Callable[[], Sequence[Future]]) -> None:  # fmt: skip
+        """Collective before model step ``step + 1`` (of ``steps``, ``step`` ≥ 1) of batch ``first + i``:
+        on a signal to any rank, drop the batch (its inits are not complete: ``writes()``, its write jobs
+        so far, are cancelled or finish first), record the earlier ones and raise ``Stopped``."""
+        g = self.first + i
+        if g >= self.common or not self._asked():
+            return
+        for job in writes():  # nothing of this run may write after its lock is released
+            job.cancel() or job.exception()
+        where = (f"in batch {g + 1} of {self.total}, after model step {step} of {steps} (its inits, not "
+                 f"complete, are forecast again on resume)")  # fmt: skip
+        self._stop(pipe, where, g)
+
+    def check_stop(self, what: str) -> None:
+        """Collective, once every batch is recorded (``what``: the work under way, e.g. the conversion
+        to files): on a signal to any rank, raise ``Stopped``; the resume does that work again."""
+        if self._asked():
+            self._stop(None, f"during {what} (done again on resume)", self.total)
+
+    def _stop(self, pipe: Any, where: str, g: int) -> None:
+        if pipe is not None:
+            pipe.drain()  # every earlier batch written, scored and recorded
         if dist.is_initialized():
             dist.barrier()
         if self.lock is not None:
             self.lock.release()
         done = sum(min(g * self.batch, n) for n in self.sizes)
-        where = (f"{g} of {self.total} batches ({done} of {sum(self.sizes)} inits) are recorded in "
-                 f"{self.folder}: run the same command again (sbatch --requeue does) to resume"
-                 if self.folder is not None else "nothing is recorded for a score-only run without "
-                 "--scores PREFIX: a rerun starts over")  # fmt: skip
-        raise Stopped(f"stopped on {self.signals.received} before batch {g + 1} of {self.total}; {where}")
+        recorded = (f"{min(g, self.total)} of {self.total} batches ({done} of {sum(self.sizes)} inits) are "
+                    f"recorded in {self.folder}: run the same command again (sbatch --requeue does) to resume"
+                    if self.folder is not None else "nothing is recorded for a score-only run without "
+                    "--scores PREFIX: a rerun starts over")  # fmt: skip
+        assert self.signals is not None
+        raise Stopped(f"stopped on {self.signals.received} {where}; {recorded}")
 
     def record(self, i: int, scored: Future | None, written: Sequence[Future] = ()) -> None:
         """On the recording thread, once batch ``first + i`` is written (``written``: its write jobs)

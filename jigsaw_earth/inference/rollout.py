@@ -37,6 +37,7 @@ from .write_pool import ForecastOutput, WriterPool
 
 if TYPE_CHECKING:
     from ..data.analysis import Analysis
+    from .perturb_fields import Perturber
 
 __all__ = ["Rollout", "run_batches"]
 
@@ -57,6 +58,7 @@ class Rollout:
     ens: Members | None
     init_times: np.ndarray
     analysis: Analysis | None = None  # the initial states of ``predict --init`` (None: the data store's)
+    perturb: Perturber | None = None  # ``predict --perturb``: the members' initial perturbations
 
     @property
     def per_init(self) -> int:
@@ -73,6 +75,13 @@ class Rollout:
             batch = self.analysis.batch(self.data, positions)
         times = torch.stack([self.data.step_time_features(batch, lead) for lead in range(self.steps)])
         return batch.pin_memory() if dev.type == "cuda" else batch, pin(times, dev)
+
+    def initial(self, batch: Batch, positions: np.ndarray) -> torch.Tensor:
+        """The batch's initial state for every member of this rank ``(m·B, C, h, w)``, perturbed."""
+        state = batch.inputs if self.ens is None else self.ens.expand(batch.inputs)
+        if self.perturb is not None:
+            state = self.perturb.apply(state, self.inits[positions], self.init_times[positions])
+        return state
 
     def step(self, state: torch.Tensor, batch: Batch, tf: torch.Tensor, positions: np.ndarray,
              lead: int) -> torch.Tensor:  # fmt: skip
@@ -141,8 +150,11 @@ def run_batches(r: Rollout, chunks: list[np.ndarray], progress: Progress, pipe: 
             pipe.sink(partial(scorer.begin, chunk), "score")
         if output is not None:
             output.begin(chunk)
-        state = batch.inputs if r.ens is None else r.ens.expand(batch.inputs)
+        state = r.initial(batch, chunk)
+        writes = output.end_batch if output is not None else list
         for lead in range(r.steps):
+            if lead:  # collective: a stop signal ends the run here, the batch dropped, the earlier recorded
+                progress.within(i, lead, r.steps, pipe, writes)
             with forward:
                 state = r.step(state, batch, lead_times[lead], chunk, lead)
             steps_log.advance(len(chunk) * r.per_init)

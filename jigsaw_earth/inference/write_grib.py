@@ -26,35 +26,14 @@ from typing import Any, BinaryIO
 import numpy as np
 
 from ..data.grib import eccodes_module
+from ..data.variables import VARIABLES
 
 __all__ = ["CENTRE", "PACKING_BOUND", "PARAMS", "GribField", "check_grib", "encode", "write_messages"]
 
-# WB2 name → ecCodes paramId (WMO GRIB 2 parameters, resolved without a centre's local tables)
-PARAMS = {
-    "geopotential": 129,
-    "temperature": 130,
-    "u_component_of_wind": 131,
-    "v_component_of_wind": 132,
-    "specific_humidity": 133,
-    "vertical_velocity": 135,
-    "2m_temperature": 167,
-    "10m_u_component_of_wind": 165,
-    "10m_v_component_of_wind": 166,
-    "mean_sea_level_pressure": 151,
-}
-# the largest error packing may add, per variable, in its units (WB2's: m2/s2, K, m/s, kg/kg, Pa/s, Pa)
-PACKING_BOUND = {
-    "geopotential": 0.1,
-    "temperature": 0.01,
-    "u_component_of_wind": 0.01,
-    "v_component_of_wind": 0.01,
-    "specific_humidity": 1e-7,
-    "vertical_velocity": 1e-4,
-    "2m_temperature": 0.01,
-    "10m_u_component_of_wind": 0.01,
-    "10m_v_component_of_wind": 0.01,
-    "mean_sea_level_pressure": 0.1,
-}
+# WB2 name → ecCodes paramId (WMO GRIB 2 parameters, resolved without a centre's local tables), and the
+# largest error packing may add, per variable, in its units: both from the table of variables
+PARAMS = {v.name: v.grib_param for v in VARIABLES if v.grib_param is not None}
+PACKING_BOUND = {v.name: v.packing_bound for v in VARIABLES if v.grib_param is not None}
 CENTRE = 255
 MAX_BITS = 32
 MISSING = 9999.0

@@ -31,6 +31,7 @@ __all__ = [
     "init_model",
     "local_domain",
     "normal_at",
+    "output_sharded",
     "parameter_bytes",
     "sharded_parameter",
     "uniform_at",
@@ -123,6 +124,17 @@ def sharded_parameter(
     p = nn.Parameter(torch.empty(shape))
     p._jigsaw_spec = ShardSpec(tuple(global_shape), tuple(offsets))  # type: ignore[attr-defined]
     return p
+
+
+def output_sharded(
+    domain: Domain, weight_shape: Sequence[int], dim: int, bias: bool
+) -> tuple[tuple[int, ...], nn.Parameter, nn.Parameter | None]:
+    """A weight sharded over its output features (``weight_shape[dim]``, split as ``domain.split``) and
+    its bias likewise (``None`` without): ``(every rank's share of the outputs, weight, bias)``."""
+    n = weight_shape[dim]
+    start, stop = domain.split(n)
+    weight = sharded_parameter(weight_shape, dim, start, stop)
+    return domain.split_sizes(n), weight, sharded_parameter((n,), 0, start, stop) if bias else None
 
 
 def spec_of(p: torch.Tensor) -> ShardSpec:

@@ -35,7 +35,7 @@ from ..distributed.matmul import Strategy, autocast_operands, channel_strategy, 
 from ..distributed.matmul import _check_strategy as check_strategy
 from ..distributed.matmul import _training as is_training
 from ..distributed.tiles import TileGrid
-from .base import Domain, fill_fan_in_, sharded_parameter
+from .base import Domain, fill_fan_in_, output_sharded
 from .channels import ChannelDim, ChannelDims
 from .cost import Cost, channel_matmul, window_bytes
 
@@ -250,10 +250,8 @@ class Conv2d(nn.Module):
         self.out_domain = domain.resized(*n_out)
         pad_before = (self.padding[0][0], self.padding[1][0])
         self.windows = conv_windows(self.out_domain.grid, self.kernel, self.stride, self.dilation, pad_before)
-        start, stop = domain.split(out_ch)
-        self.out_sizes = domain.split_sizes(out_ch)
-        self.weight = sharded_parameter((out_ch, in_ch, *self.kernel), 0, start, stop)
-        self.bias = sharded_parameter((out_ch,), 0, start, stop) if bias else None
+        shape = (out_ch, in_ch, *self.kernel)
+        self.out_sizes, self.weight, self.bias = output_sharded(domain, shape, 0, bias)
         self.reset_parameters()
 
     def reset_parameters(self, seed: int = 0, key: str = "conv") -> None:

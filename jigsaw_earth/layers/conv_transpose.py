@@ -39,7 +39,7 @@ from ..distributed.conv_ring import conv_ring
 from ..distributed.halo import LatMode, LonMode, Window, gather_windows
 from ..distributed.matmul import Strategy, autocast_operands, channel_strategy, matmul_channels
 from ..distributed.tiles import TileGrid
-from .base import Domain, fill_fan_in_, sharded_parameter
+from .base import Domain, fill_fan_in_, output_sharded
 from .conv import _pair, check_field, conv_strategy
 from .cost import Cost, channel_matmul, gather_bytes, window_bytes
 
@@ -124,10 +124,8 @@ class ConvTranspose2d(nn.Module):
             for o, p, lo, s in zip((tile.lat_start, tile.lon_start), self.padding, window[::2], self.stride)
         )
         self.strategy: Strategy = strategy
-        start, stop = domain.split(out_ch)
-        self.out_sizes = domain.split_sizes(out_ch)
-        self.weight = sharded_parameter((in_ch, out_ch, *self.kernel), 1, start, stop)
-        self.bias = sharded_parameter((out_ch,), 0, start, stop) if bias else None
+        shape = (in_ch, out_ch, *self.kernel)
+        self.out_sizes, self.weight, self.bias = output_sharded(domain, shape, 1, bias)
         self.reset_parameters()
 
     def reset_parameters(self, seed: int = 0, key: str = "conv_transpose") -> None:

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from ..distributed.matmul import Strategy, matmul_channels
-from .base import Domain, fill_fan_in_, sharded_parameter
+from .base import Domain, fill_fan_in_, output_sharded
 from .channels import ChannelDim, ChannelDims
 from .cost import Cost, channel_matmul
 
@@ -36,10 +36,7 @@ class Linear(nn.Module):
         super().__init__()
         self.domain, self.in_features, self.out_features = domain, in_features, out_features
         self.strategy: Strategy = strategy
-        start, stop = domain.split(out_features)
-        self.out_sizes = domain.split_sizes(out_features)
-        self.weight = sharded_parameter((in_features, out_features), 1, start, stop)
-        self.bias = sharded_parameter((out_features,), 0, start, stop) if bias else None
+        self.out_sizes, self.weight, self.bias = output_sharded(domain, (in_features, out_features), 1, bias)
         self.reset_parameters()
 
     def reset_parameters(self, seed: int = 0, key: str = "linear") -> None:

@@ -44,7 +44,7 @@ from ..distributed.comm import comm_site
 from ..distributed.conv_ring import conv_whole
 from ..distributed.halo import LatMode, LonMode, gather_windows, scatter_add_windows
 from ..distributed.matmul import Strategy, autocast_operands, matmul_channels
-from .base import Domain, fill_fan_in_, sharded_parameter
+from .base import Domain, fill_fan_in_, output_sharded
 from .channels import ChannelDim, ChannelDims
 from .conv import _pair, check_field, conv_cost, conv_windows, sharded_conv
 from .cost import Cost, channel_matmul, window_bytes
@@ -99,10 +99,8 @@ class PatchEmbed(Replicating, nn.Module):
         self.windows = conv_windows(self.out_domain.grid, self.patch, self.stride, (1, 1), pad_before)
         self.strategy: Strategy = strategy
         rows = in_ch * self.patch[0] * self.patch[1]
-        start, stop = domain.split(embed_dim)
-        self.out_sizes = domain.split_sizes(embed_dim)
-        self.weight = _conv_layout(sharded_parameter((rows, embed_dim), 1, start, stop))
-        self.bias = sharded_parameter((embed_dim,), 0, start, stop) if bias else None
+        self.out_sizes, weight, bias_ = output_sharded(domain, (rows, embed_dim), 1, bias)
+        self.weight, self.bias = _conv_layout(weight), bias_  # weight before bias: the parameters' order
         self.reset_parameters()
 
     def reset_parameters(self, seed: int = 0, key: str = "patch_embed") -> None:
@@ -220,10 +218,7 @@ class PatchRecovery(Replicating, nn.Module):
             self.register_buffer("inv_count", 1.0 / (rows[:, None] * cols[None, :]), persistent=False)
         self.strategy: Strategy = strategy
         cols_out = out_ch * ph * pw
-        start, stop = domain_tokens.split(cols_out)
-        self.out_sizes = domain_tokens.split_sizes(cols_out)
-        self.weight = sharded_parameter((embed_dim, cols_out), 1, start, stop)
-        self.bias = sharded_parameter((cols_out,), 0, start, stop) if bias else None
+        self.out_sizes, self.weight, self.bias = output_sharded(domain_tokens, (embed_dim, cols_out), 1, bias)
         self.reset_parameters()
 
     def reset_parameters(self, seed: int = 0, key: str = "patch_recovery") -> None:

@@ -17,9 +17,11 @@ import numpy as np
 import xarray as xr
 
 from ..data.store import open_dataset
-from ..ownership import PNG_SOURCE, check_dir_output, png_of_ours
+from ..data.variables import VARIABLES
+from ..ownership import check_dir_output, png_of_ours
 from .engine import MEMBER
 from .evaluate import normalise
+from .figures import pyplot, save_figure
 from .scorecard import published_for
 from .significance_card import card_name, plot_significance
 
@@ -35,28 +37,14 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# One level per upper-air variable in the scorecard picture (WB2's headline levels); the printed
-# scorecard and the score files have every level.
-HEADLINE_LEVELS = {
-    "geopotential": 500,
-    "temperature": 850,
-    "specific_humidity": 700,
-    "u_component_of_wind": 850,
-    "v_component_of_wind": 850,
-}
+# One level per upper-air variable in the scorecard picture (WB2's headline levels, from the table of
+# variables); the printed scorecard and the score files have every level.
+HEADLINE_LEVELS = {v.name: v.headline_level for v in VARIABLES if v.headline_level is not None}
+CMAPS = {v.name: v.cmap for v in VARIABLES}  # the colour map of each variable's maps
 STYLE = {
     "persistence": {"color": "tab:gray", "linestyle": "--"},
     "climatology": {"color": "tab:brown", "linestyle": ":"},
 }
-
-
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def _label(var: str, level: Any) -> str:
@@ -64,7 +52,6 @@ def _label(var: str, level: Any) -> str:
 
 
 TITLE_CHARS = 44  # a panel title's line at fontsize 10 fits a 5-inch panel (wrapped beyond)
-SAVE = {"metadata": {"Source": PNG_SOURCE}, "bbox_inches": "tight", "pad_inches": 0.1}
 
 
 def _title(ax, text: str, fontsize: float = 10) -> None:
@@ -116,24 +103,20 @@ def plot_scorecard(
     """``scorecard-REGION.png``: per variable RMSE and ACC against lead (days); upper-air variables
     at their headline level (``HEADLINE_LEVELS``). An ensemble adds its spread (ensemble stddev,
     dashed) to the RMSE panel, as WB2's spread-and-skill plot, and a CRPS panel."""
-    plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for region in dict.fromkeys(r.get("region", "global") for r in rows):
-        fig = scorecard_figure(rows, baselines, resolution, region)
-        path = out_dir / f"scorecard-{region}.png"
-        fig.savefig(path, dpi=110, **SAVE)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+    regions = dict.fromkeys(r.get("region", "global") for r in rows)
+    return [
+        save_figure(scorecard_figure(rows, baselines, resolution, r), out_dir / f"scorecard-{r}.png", 110)
+        for r in regions
+    ]
 
 
 def scorecard_figure(
     rows: list[dict[str, Any]], baselines: list[dict[str, Any]], resolution: str, region: str
 ) -> Any:
     """The scorecard figure of ``region`` (a matplotlib ``Figure``, laid out, not saved)."""
-    plt = _pyplot()
+    plt = pyplot()
     series: dict[tuple, dict[str, list[tuple[float, float]]]] = defaultdict(lambda: defaultdict(list))
     bands: dict[tuple, dict[float, tuple[float, float]]] = defaultdict(dict)  # the intervals, shaded
     units: dict[tuple, str] = {}
@@ -257,7 +240,7 @@ def plot_maps(
     """``map-VARIABLE.png``: forecast, truth at the valid time and their difference, for one init
     and lead (default: the first init, the last lead); upper-air variables at 500 hPa when present.
     An ensemble shows its mean, and its spread (standard deviation over members, ddof 1) beside."""
-    plt = _pyplot()
+    plt = pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     forecast, truth = normalise(forecast, "forecast"), normalise(truth, "truth")
@@ -292,8 +275,8 @@ def plot_maps(
         lon, lat = f["longitude"].values, f["latitude"].values
         what = "ensemble mean" if MEMBER in forecast[name].dims else "forecast"
         panels = [
-            (axes[0], f, what, {"vmin": vmin, "vmax": vmax, "cmap": "viridis"}),
-            (axes[1], o, "truth", {"vmin": vmin, "vmax": vmax, "cmap": "viridis"}),
+            (axes[0], f, what, {"vmin": vmin, "vmax": vmax, "cmap": CMAPS.get(name, "viridis")}),
+            (axes[1], o, "truth", {"vmin": vmin, "vmax": vmax, "cmap": CMAPS.get(name, "viridis")}),
             (axes[2], err, f"{what} − truth", {"vmin": -lim, "vmax": lim, "cmap": "RdBu_r"}),
         ]
         if spread is not None:
@@ -311,10 +294,7 @@ def plot_maps(
             fig.colorbar(mesh, ax=ax, shrink=0.8, label=str(forecast[name].attrs.get("units", "")))
         fig.suptitle(title, fontsize=11)
         fig.tight_layout()
-        path = out_dir / f"map-{name}.png"
-        fig.savefig(path, dpi=100, **SAVE)
-        plt.close(fig)
-        paths.append(path)
+        paths.append(save_figure(fig, out_dir / f"map-{name}.png", 100))
     return paths
 
 

@@ -195,8 +195,11 @@ def format_scorecard(
             f"the mean member variance (ddof 1), spread/skill = ens. stddev / RMSE, as WB2."
         )
     if with_interval and interval:
+        method = interval["method"]
+        if interval.get("requested"):
+            method += f", as {interval['requested']} needs more inits"
         head += (
-            f" ±: half the width of the {interval['confidence']:.0%} interval ({interval['method']}, "
+            f" ±: half the width of the {interval['confidence']:.0%} interval ({method}, "
             f"{interval['inits']} inits)."
         )
     out = textwrap.wrap(head, WIDTH)
@@ -238,9 +241,13 @@ def check_scores_output(
     """``PREFIX.json``, ``PREFIX.csv`` and ``PREFIX-stats.nc``, checked as outputs
     (``ownership.check_file_output``: never a run's record, never inside a store or ``protected``,
     never over a file other than an earlier score file, table or statistics file)."""
+    from ..argtypes import URL
     from ..ownership import check_file_output, json_with_keys
     from .statistics import Statistics, stats_path
 
+    text = str(prefix)
+    if URL.match(text):  # before a Path folds its '//'
+        raise ValueError(f"{option} {text!r} must be a local path; write locally and copy it afterwards")
     prefix = Path(prefix)
     if prefix.name in ("", ".", "..") or prefix.is_dir():
         raise ValueError(
@@ -296,6 +303,15 @@ def read_scores(path: str | os.PathLike) -> tuple[list[dict[str, Any]], dict[str
     if not path.is_file():
         raise FileNotFoundError(f"score file {path} not found; write one with `jigsaw-earth score`")
     fix = "write it again with `jigsaw-earth score`"
+    with open(path, "rb") as f:
+        head = f.read(8)
+    if head.startswith((b"\x89HDF", b"CDF")):  # netCDF: the per-init statistics, or a forecast
+        prefix = path.name.removesuffix(".nc").removesuffix("-stats")
+        raise ValueError(
+            f"{path} is a netCDF file (a PREFIX-stats.nc of `jigsaw-earth score`, or a forecast), not a "
+            f"score file: plot the PREFIX.json written beside it ({path.with_name(prefix + '.json')}), or "
+            f"score the statistics into one: jigsaw-earth score {path} --out {path.with_name(prefix)}"
+        )
     try:
         data = json.loads(path.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as err:

@@ -19,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from .figures import pyplot, save_figure
+
 __all__ = ["card_name", "format_comparisons", "plot_significance", "significance_figure"]
 
 NAMES = {"rmse": "RMSE", "acc": "ACC", "crps": "CRPS"}
@@ -48,7 +50,9 @@ def _header(rows: list[dict[str, Any]], interval: dict[str, Any]) -> str:
     correction = {"holm": "Holm", "bh": "Benjamini–Hochberg", "none": "no correction"}[interval["correction"]]
     return (
         f"{rows[0]['model']} against {rows[0]['against']}: relative difference of each score in % [its "
-        f"{interval['confidence']:.0%} interval] ({interval['method']}, {interval['inits']} inits); * "
+        f"{interval['confidence']:.0%} interval] ({interval['method']}"
+        f"{', as ' + interval['requested'] + ' needs more inits' if interval.get('requested') else ''}, "
+        f"{interval['inits']} inits); * "
         f"significant after {correction} over these {n} cells"
     )
 
@@ -82,9 +86,7 @@ def format_comparisons(rows: list[dict[str, Any]], interval: dict[str, Any]) -> 
 
 def significance_figure(rows: list[dict[str, Any]], interval: dict[str, Any]) -> Any:
     """The scorecard figure of one comparison's rows (a matplotlib ``Figure``)."""
-    from .plots import _pyplot
-
-    plt = _pyplot()
+    plt = pyplot()
     lines = list(dict.fromkeys((_field(r["variable"], r["level"]), r["metric"]) for r in rows))
     regions = list(dict.fromkeys(r["region"] for r in rows))
     leads = sorted({r["lead_hours"] for r in rows})
@@ -127,16 +129,10 @@ def plot_significance(
     rows: list[dict[str, Any]], interval: dict[str, Any], out_dir: str | os.PathLike
 ) -> list[Path]:
     """``significance-AGAINST.png`` for every comparison in ``rows``."""
-    from .plots import SAVE, _pyplot
-
-    plt = _pyplot()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    paths = []
-    for against in dict.fromkeys(r["against"] for r in rows):
-        fig = significance_figure([r for r in rows if r["against"] == against], interval)
-        path = out_dir / card_name(against)
-        fig.savefig(path, dpi=110, **SAVE)
-        plt.close(fig)
-        paths.append(path)
-    return paths
+    return [
+        save_figure(significance_figure([r for r in rows if r["against"] == against], interval),
+                    out_dir / card_name(against), 110)
+        for against in dict.fromkeys(r["against"] for r in rows)
+    ]  # fmt: skip

@@ -7,6 +7,12 @@ ensemble, WB2's pointwise terms (``ensemble.POINTWISE``). Small (independent of 
 every score (``delta.SCORES``) and its interval, and two runs can be compared or joined later without
 forecasting again. On disk: a netCDF file ``PREFIX-stats.nc`` beside ``PREFIX.json``, one variable
 ``MODEL.STAT`` (time, lead, field, region) each.
+
+They carry what they were computed against: the ``truth`` and ``climatology`` stores (attributes, by
+absolute path), the leads, fields and regions (coordinates) and the inits (sorted, each once: a file
+that repeats or shuffles them is refused). A join (``join``) or a comparison (``shared``) of statistics
+computed against another truth or climatology is refused naming both (``check_reference``); a comparison
+names the leads, fields and regions it leaves out.
 """
 
 from __future__ import annotations
@@ -22,7 +28,17 @@ import xarray as xr
 
 from .ensemble import POINTWISE
 
-__all__ = ["FORMAT", "STATS", "SUFFIX", "Statistics", "field_name", "shared", "stats_path"]
+__all__ = [
+    "FORMAT",
+    "REFERENCES",
+    "STATS",
+    "SUFFIX",
+    "Statistics",
+    "check_reference",
+    "field_name",
+    "shared",
+    "stats_path",
+]
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +47,7 @@ FORMAT = "jigsaw-earth score statistics 1"
 SUFFIX = "-stats.nc"
 DIMS = ("time", "lead", "field", "region")
 NO_LEVEL = -1  # a surface field's level on disk
+REFERENCES = ("truth", "climatology")  # the stores the statistics were computed against (attributes)
 
 
 def field_name(variable: str, level: int | None) -> str:
@@ -49,6 +66,12 @@ class Statistics:
 
     def __init__(self, ds: xr.Dataset, source: str = "statistics"):
         if ds.attrs.get("format") != FORMAT:
+            if "prediction_timedelta" in ds.dims:  # a forecast written as netCDF (predict --format netcdf)
+                raise ValueError(
+                    f"{source} is a forecast in netCDF (predict --format netcdf), not statistics of "
+                    f"jigsaw-earth score; score reads a forecast as a Zarr store: predict it with --format "
+                    f"zarr, or score it as it runs (predict --score --scores PREFIX)"
+                )
             raise ValueError(
                 f"{source} is not a statistics file of jigsaw-earth score (format "
                 f"{ds.attrs.get('format')!r}, expected {FORMAT!r}); write one with `jigsaw-earth score`"
@@ -139,7 +162,17 @@ class Statistics:
             ds = xr.open_dataset(path, engine="netcdf4").load()
         except (OSError, ValueError) as err:
             raise ValueError(f"{path} is not a statistics file of jigsaw-earth score ({err})") from None
-        return cls(ds, str(path))
+        stats = cls(ds, str(path))
+        from .evaluate import check_times
+
+        check_times(stats.times, f"statistics file {path}: its init times")  # each once, in order
+        return stats
+
+    def reference(self, what: str) -> str | None:
+        """The ``truth`` or ``climatology`` store these statistics were computed against (None: none,
+        or not recorded)."""
+        value = self.ds.attrs.get(what)
+        return None if value is None or value == "" else str(value)
 
     @staticmethod
     def recognise(path: Path) -> bool:
@@ -177,6 +210,8 @@ class Statistics:
                     f"{sorted(map(str, first.ds.data_vars))}; join statistics of the same models"
                 )
         parts = [first, *rest]
+        for p in parts[1:]:
+            check_reference(first, p, "joined")
         times = np.concatenate([p.times for p in parts])
         values, counts = np.unique(times, return_counts=True)
         if (counts > 1).any():
@@ -191,9 +226,40 @@ class Statistics:
         return Statistics(self.ds.sel(time=times), self.source)
 
 
+def check_reference(a: Statistics, b: Statistics, doing: str = "compared") -> None:
+    """Refuse statistics computed against another truth or climatology store than ``a``'s: their scores
+    measure distances to different references. Where one side did not record its store (a file of an
+    earlier version) a warning says the same one is assumed."""
+    for what in REFERENCES:
+        mine, theirs = a.reference(what), b.reference(what)
+        if mine is not None and theirs is not None and mine != theirs:
+            raise ValueError(
+                f"{b.source} was scored against the {what} {theirs} but {a.source} against {mine}: "
+                f"statistics against another {what} cannot be {doing}. Score both against the same "
+                f"--{what} (a store is scored again with score STORE --{what} {mine})"
+            )
+        for known, unknown in ((a, b), (b, a)):
+            stats = {str(k).split(".", 1)[-1] for k in unknown.ds.data_vars}
+            used = what == "truth" or "fo" in stats  # ACC's statistics need a climatology
+            if known.reference(what) is not None and unknown.reference(what) is None and used:
+                log.warning("%s records no %s store (%s was scored against %s): %s assuming the same one",
+                            unknown.source, what, known.source, known.reference(what), doing)  # fmt: skip
+
+
+def _dropped(a: Statistics, b: Statistics, coord: str, kept: list[Any]) -> None:
+    """Say which values of ``coord`` each side loses in a comparison (nothing is dropped silently)."""
+    for s in (a, b):
+        lost = [v for v in s.ds[coord].values.tolist() if v not in kept]
+        if lost:
+            log.warning("%s's %s %s are not in the other forecast's statistics: left out of the comparison",
+                        s.source, "lead hours" if coord == "lead_hours" else f"{coord}s", lost)  # fmt: skip
+
+
 def shared(a: Statistics, b: Statistics) -> tuple[Statistics, Statistics]:
     """Both on the inits, fields, leads and regions they share (a warning says what is left out);
-    refused when they share no init or no cell."""
+    refused when they share no init or no cell, or were computed against another truth or
+    climatology (``check_reference``)."""
+    check_reference(a, b)
     times = np.intersect1d(a.times, b.times)
     if times.size == 0:
         span = lambda s: f"{s.times.min()} … {s.times.max()} ({s.times.size} inits)"  # noqa: E731
@@ -214,9 +280,11 @@ def shared(a: Statistics, b: Statistics) -> tuple[Statistics, Statistics]:
                 f"{b.ds[coord].values.tolist()}); compare forecasts of the same fields and regions"
             )
         sel[coord] = common
+        _dropped(a, b, coord, common)
     leads = [h for h in a.ds["lead_hours"].values if h in set(b.ds["lead_hours"].values)]
     if not leads:
         raise ValueError(f"{a.source} and {b.source} share no lead; compare forecasts of the same leads")
+    _dropped(a, b, "lead_hours", leads)
 
     def pick(s: Statistics) -> Statistics:
         ds = s.ds.sel(sel)

@@ -120,10 +120,6 @@ def acc(forecast: Data, truth: Data, climatology: Data) -> Data:
     return per_init.mean("time", skipna=False)
 
 
-def _lead_dims(x: Data) -> list[str]:
-    return [d for d in x.dims if d not in ("time", *SPACE)]
-
-
 def wb1_rmse(forecast: Data, truth: Data) -> Data:
     """WB1 RMSE: cos-lat weights, one mean over inits and space together, then the square root."""
     w = weights_like(forecast, "wb1")

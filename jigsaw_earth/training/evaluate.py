@@ -20,14 +20,14 @@ import torch
 
 from ..config.schema import TrainConfig
 from ..data.samples import TrainData
-from ..data.store import ALIASES
+from ..data.variables import VARIABLES
 from ..metrics.accumulator import MetricAccumulator
 
 __all__ = ["SHORT_NAMES", "format_table", "short_name", "validate"]
 
 log = logging.getLogger(__name__)
-# WB2 name -> the short name used in tables (z, t, t2m, u10, msl, ...): the data package's first alias.
-SHORT_NAMES = {name: aliases[0] for name, aliases in ALIASES.items() if aliases}
+# WB2 name -> the short name used in tables (z, t, t2m, u10, msl, ...), from the table of variables.
+SHORT_NAMES = {v.name: v.short for v in VARIABLES}
 BASELINES = ("model", "persistence", "climatology")
 
 

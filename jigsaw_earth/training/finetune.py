@@ -1,8 +1,9 @@
 """Fine-tuning: start a run from another run's weights and train only part of the model.
 
 ``training.init_from`` (a checkpoint; or a run directory, its checkpoints folder or that folder's
-``latest``: the newest checkpoint) gives a new run the parent's weights at its first start, with a
-fresh optimizer, step and schedule; the config's data, mesh, schedule and loss may differ.
+``latest``: the newest checkpoint; or a shared model's folder, ``model export``) gives a new run
+the parent's weights at its first start, with a fresh optimizer, step and schedule; the config's
+data, mesh, schedule and loss may differ.
 Channels are matched by name (``variable@level``, static fields, time features): the model's
 ``channel_dims`` hook names the tensors indexed by them, and ``checkpoint.transfer`` keeps the kept
 channels' weights, drops the removed ones and starts the added ones at zero (weights from new
@@ -16,7 +17,8 @@ the gradient sums, the norm, clipping and the ledger's gradient traffic cover on
 
 What a run records for its children (``run_record``, in every checkpoint's state): the model
 section, the grid, the channel names and the normalisation statistics. A parent written without
-it is described from its run directory's ``config.yaml`` (and its store's grid, when readable).
+it is described from its run directory's ``config.yaml`` (and its store's grid, when readable); a
+shared model by its contract, its weights read from its safetensors files.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from torch import nn
 from ..checkpoint import latest_checkpoint, read_meta
 from ..checkpoint.transfer import (
     ChannelMap,
+    ParentWeights,
     channel_maps,
     check_transfer,
     checkpoint_sha256,
@@ -47,12 +50,12 @@ from ..data.samples import TrainData
 from ..data.times import TIME_FEATURES
 from ..distributed.mesh import DomainMesh
 from ..layers.channels import ModelChannels
+from ..sharing.folder import ModelFolder, is_model_folder
 
 __all__ = [
     "ParentPlan",
     "apply_freeze",
     "frozen_parameters",
-    "init_from_parent",
     "load_parent",
     "model_channels",
     "parent_record",
@@ -184,8 +187,31 @@ def _from_config_yaml(ckpt: Path) -> dict[str, Any]:
     }
 
 
+def _shared_parent(path: Path) -> ModelFolder | None:
+    """The shared model at ``path`` (opened, its files checked), or None when it is not one."""
+    return ModelFolder.open(path) if is_model_folder(path) else None
+
+
+def _from_contract(folder: ModelFolder) -> dict[str, Any]:
+    c = folder.contract
+    norm = c["normalisation"]
+    return {
+        "model": {k: v for k, v in c["model"].items() if k != "parameters"},
+        "grid": [c["grid"]["n_lat"], c["grid"]["n_lon"]],
+        "channels": c["channels"]["inputs"],
+        "statistics": {k: norm[k] for k in ("mean", "std", "diff_std")},
+        "source": str(folder.path / "contract.json"),
+        "run": c["training"].get("run"),
+        "config_hash": None,
+    }
+
+
 def parent_record(ckpt: Path) -> dict[str, Any]:
-    """The parent's record: from its checkpoint, else from its run directory's ``config.yaml``."""
+    """The parent's record: from its checkpoint, else from its run directory's ``config.yaml``; a
+    shared model's from its contract."""
+    folder = _shared_parent(ckpt)
+    if folder is not None:
+        return _from_contract(folder)
     state = read_meta(ckpt)["state"]
     saved = state.get("run_record")
     record = _from_config_yaml(ckpt) if saved is None else {**saved, "source": str(ckpt / "meta.json")}
@@ -198,6 +224,8 @@ def resolve_parent(init_from: str, run_dir: str | Path | None = None) -> Path:
     """The checkpoint ``training.init_from`` names: itself, a run directory's newest one, or the
     newest of a checkpoints folder (``RUN/checkpoints``) or its ``latest`` file."""
     path = Path(init_from)
+    if _shared_parent(path) is not None:
+        return path
     if path.name == "latest" and path.is_file():  # RUN/checkpoints/latest: the checkpoint it names
         path = path.parent / path.read_text().strip()
     if (path / "meta.json").is_file():
@@ -215,7 +243,7 @@ def resolve_parent(init_from: str, run_dir: str | Path | None = None) -> Path:
     else:
         raise ValueError(
             f"training.init_from={init_from!r} does not exist; name a run directory (its newest checkpoint "
-            "is used) or a checkpoint folder RUN_DIR/checkpoints/step_N"
+            "is used), a checkpoint folder RUN_DIR/checkpoints/step_N or a shared model's folder"
         )
     read_meta(ckpt)  # complete, or an error naming what is missing
     if run_dir is not None and ckpt.resolve().parent == (Path(run_dir) / "checkpoints").resolve():
@@ -279,6 +307,22 @@ def _statistics_note(parent: dict[str, Any], child: dict[str, Any]) -> str | Non
     return "equal" if worst == 0 else f"up to {worst:.3g} relative ({name})"
 
 
+def _shapes(ckpt: Path) -> tuple[dict[str, tuple[int, ...]], ...]:
+    """A shared parent's weight shapes by ``model/`` key (as ``check_transfer``'s argument), or ()."""
+    folder = _shared_parent(ckpt)
+    return () if folder is None else ({f"model/{k}": v[0] for k, v in folder.shapes().items()},)
+
+
+def _parent_weights(ckpt: Path) -> ParentWeights | None:
+    """A shared parent's weights (read from its safetensors files), or None for a checkpoint."""
+    folder = _shared_parent(ckpt)
+    if folder is None:
+        return None
+    shapes = {f"model/{k}": v[0] for k, v in folder.shapes().items()}
+    info = {"step": folder.step, "state": {}, "mesh": folder.contract["training"]["mesh"]}
+    return ParentWeights(shapes, folder.fill, info)
+
+
 @dataclass(frozen=True)
 class ParentPlan:
     """What ``load_parent`` reads: the parent checkpoint, both runs' records, the channel maps."""
@@ -309,7 +353,7 @@ def plan_init_from(cfg: TrainConfig, model: nn.Module, data: TrainData) -> Paren
             )
         maps = channel_maps(hook(c_ch), hook(p_ch))
     try:
-        check_transfer(ckpt, model, maps)
+        check_transfer(ckpt, model, maps, *_shapes(ckpt))
     except ValueError as err:
         if model_diffs:
             raise ValueError(f"{err}. The model configs differ: {'; '.join(model_diffs)}") from None
@@ -321,7 +365,7 @@ def load_parent(plan: ParentPlan, mesh: DomainMesh, model: nn.Module) -> dict[st
     """Fill ``model`` with the parent's weights (collective); return the lineage record (parent
     checkpoint, its SHA-256 on rank 0, its step and run, the channels added and removed)."""
     ckpt, parent, child = plan.ckpt, plan.parent, plan.child
-    info = load_transferred(ckpt, model, mesh, plan.maps)
+    info = load_transferred(ckpt, model, mesh, plan.maps, _parent_weights(ckpt))
     for item in plan.model_diffs:
         log.warning("fine-tuning with a changed model setting: %s (the weights fit)", item)
     p_ch, c_ch = _channels(parent), _channels(child)
@@ -353,8 +397,3 @@ def load_parent(plan: ParentPlan, mesh: DomainMesh, model: nn.Module) -> dict[st
             f" (the kept channels': {note} from the parent's)" if note else "",
         )
     return lineage
-
-
-def init_from_parent(cfg: TrainConfig, mesh: DomainMesh, model: nn.Module, data: TrainData) -> dict[str, Any]:
-    """``plan_init_from`` then ``load_parent`` (collective)."""
-    return load_parent(plan_init_from(cfg, model, data), mesh, model)

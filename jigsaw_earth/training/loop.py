@@ -37,7 +37,14 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.checkpoint import checkpoint as recompute
 
-from ..checkpoint import capture_rng, latest_checkpoint, load_checkpoint, restore_rng, save_checkpoint
+from ..checkpoint import (
+    SaveRequest,
+    capture_rng,
+    latest_checkpoint,
+    load_checkpoint,
+    restore_rng,
+    save_checkpoint,
+)
 from ..checkpoint.background import BackgroundSaver
 from ..config.advice import check_learnable
 from ..config.schema import TrainConfig
@@ -54,11 +61,10 @@ from ..models.run import build_run_model, model_step
 from ..signals import Preempted, StopSignals
 from .accounting import StepClock, device_peak_tflops, step_flops, summarize_steps
 from .compile_report import CompileLog
-from .crps import ensemble_loss
 from .evaluate import format_table, validate
 from .feed import Feeder
 from .finetune import apply_freeze, load_parent, plan_init_from, run_record
-from .loss import channel_weights, global_value, weighted_sq_error
+from .loss import TrainingLoss, global_value
 from .memory import needs_checkpointing
 from .monitor import Monitor, memory_mb
 from .optim import build_optimizer, clip_grad_norm, lr_at, sync_gradients
@@ -136,23 +142,7 @@ class Trainer:
         self.holders = replication(self.model, mesh)  # domain ranks holding each parameter's block
         self.rep_weights = [1.0 / n for n in self.holders]
         self.optimizer = build_optimizer(self.model, cfg.optim)
-        self.ch_weights = channel_weights(data.channels, cfg.loss.variable_weights, cfg.loss.level_weights)
-        self.tendency = data.tendency_std.to(mesh.device) if cfg.loss.tendency_scaling else None
-        # the CRPS kinds compare fields in units of the tendency std (its L1 analogue of the weights below)
-        self.crps_weights, self.crps_scale = self.ch_weights, None
-        if self.tendency is not None:
-            self.ch_weights = self.ch_weights / data.tendency_std.square()
-            self.crps_scale = (1.0 / data.tendency_std).view(1, -1, 1, 1).to(mesh.device)
-        # the loss's constant weights live where the loss is computed (no copy inside a step)
-        self.lat_weights = data.lat_weights.to(mesh.device)
-        self.ch_weights, self.crps_weights = (
-            self.ch_weights.to(mesh.device),
-            self.crps_weights.to(mesh.device),
-        )
-        g = data.grid
-        self.count = (
-            cfg.training.batch_size * cfg.training.rollout_steps * len(data.channels) * g.n_lat * g.n_lon
-        )
+        self.loss = TrainingLoss(cfg, data, mesh)
         self.step, self.skipped = 0, 0
         self.history: list[dict[str, float]] = []
         self.validation: dict[str, float] = {}
@@ -239,17 +229,11 @@ class Trainer:
         state.update(run_record=run_record(self.cfg, self.data), init_from=self.lineage)
         save = self.saver.save if background and self.cfg.checkpoint.background else save_checkpoint
         self.saver.wait()  # one save at a time: the one in flight first
-        return save(
-            self.run_dir,
-            self.step,
-            self.model,
-            self.optimizer,
-            self.mesh,
-            state,
-            rank_state=capture_rng(),
-            keep_last=self.cfg.checkpoint.keep,
-            expected_bytes=self.checkpoint_bytes,
-        )
+        request = SaveRequest(
+            self.run_dir, self.step, self.model, self.optimizer, self.mesh, state, rank_state=capture_rng(),
+            keep_last=self.cfg.checkpoint.keep, expected_bytes=self.checkpoint_bytes,
+        )  # fmt: skip
+        return save(request)
 
     # ------------------------------------------------------------------ compute
     def forward(
@@ -262,7 +246,7 @@ class Trainer:
         """One model step as configured (``step.model_step``: autocast, tendency scaling, noise); float32."""
         bf16 = self.cfg.training.precision == "bf16"
         return model_step(
-            self.model, state, static, time_features, bf16=bf16, tendency=self.tendency, noise=noise
+            self.model, state, static, time_features, bf16=bf16, tendency=self.loss.tendency, noise=noise
         )
 
     def noise(self, batch: Batch, samples: torch.Tensor, members: range, k: int) -> torch.Tensor | None:
@@ -297,12 +281,11 @@ class Trainer:
 
     def _loss_local(self, batch: Batch, step: int) -> torch.Tensor:
         dev = self.mesh.device
-        members, n_members, loss = self.members, self.cfg.training.members, self.cfg.loss
+        members = self.members
         m, b = len(members), batch.inputs.shape[0]
         state, static = batch.inputs, batch.static
         if m > 1:  # members batched: rows [i·B, (i+1)·B) are member members[i]
             state = state.repeat(m, 1, 1, 1)
-        lat_w, ch_w = self.lat_weights, self.ch_weights
         rows = self.data.replica * self.data.local_batch + np.arange(b)
         samples = train_sample_index(step, self.cfg.training.batch_size, rows)
         total = torch.zeros((), device=dev)
@@ -314,19 +297,8 @@ class Trainer:
                 state = recompute(self.forward, state, static, tf, noise, use_reentrant=False)
             else:
                 state = self.forward(state, static, tf, noise)
-            target = batch.targets[:, k]
-            if n_members == 1 and loss.kind == "mse":
-                total = total + weighted_sq_error(state, target, lat_w, ch_w)
-            else:  # this rank's share of the ensemble loss; the ensemble axis holds the other members
-                pred, w = state.view(m, b, *state.shape[1:]), ch_w
-                if loss.kind != "mse" and self.crps_scale is not None:  # in tendency-std units
-                    scale = self.crps_scale
-                    pred, target, w = pred * scale, target * scale, self.crps_weights
-                total = total + ensemble_loss(
-                    loss.kind, pred, target, lat_w, w, n_members=n_members, alpha=loss.alpha,
-                    mse_weight=loss.mse_weight, members=self.mesh.ensemble,
-                )  # fmt: skip
-        return total / self.count
+            total = total + self.loss.step_term(state, batch.targets[:, k], m)
+        return total / self.loss.count
 
     def train_step(self, step: int) -> dict[str, float]:
         """Run optimizer step ``step`` (1-based) and return its metrics (loss, norm and lr the same

@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
+from ..data.objects import is_object_url
 from ..data.reader import read_threads
 from ..device import peak_memory_bytes
 from ..distributed.mesh import cores_per_rank
@@ -134,9 +135,15 @@ class Monitor:
         self._data_warned = True
         mesh = f"{self.cfg.mesh.lat}x{self.cfg.mesh.lon}"
         d = self.cfg.data
-        threads, cores = read_threads(d.read_threads), cores_per_rank()
+        remote = is_object_url(d.store)
+        threads, cores = read_threads(d.read_threads, remote), cores_per_rank()
         setting = f"data.read_threads={d.read_threads}"
-        if threads < cores:
+        if remote:
+            reading = (
+                f"{setting} keeps {threads} requests in flight per rank to the bucket: raise it for a "
+                "link with more latency per request"
+            )
+        elif threads < cores:
             reading = f"Raise data.read_threads ({setting}: {threads} of this rank's {cores} cores read)"
         else:  # auto, or as many: one thread per core
             reading = (

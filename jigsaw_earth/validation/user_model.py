@@ -35,7 +35,7 @@ from .checks_models import BATCH, GRID, N_STATE, N_STATIC, N_TIME, FieldAdapter
 from .layer_harness import check_module, scatter_tile
 from .op_trace import Item, Trace, explain, traced
 
-__all__ = ["DIVERGENCE", "check_contract", "check_user_model", "module_divergence", "reproducibility"]
+__all__ = ["DIVERGENCE", "check_contract", "check_user_model", "reproducibility"]
 
 DIVERGENCE = 1e-4  # relative max error of a module's float32 output that counts as diverging
 
@@ -117,20 +117,10 @@ def _grids(model: nn.Module, grid: tuple[int, int]) -> set[tuple[int, int]]:
     return found
 
 
-def module_divergence(
-    mesh: DomainMesh, build, x: torch.Tensor, grid: tuple[int, int], seed: int
-) -> list[tuple[str, str, float]]:
-    """``(module path or op, class or 'op', relative error)`` of every comparable submodule output
-    and every torch call of the model's own code, in completion order (``op_trace``).
-
-    The error is the worst over the domain ranks; -1 marks a value whose layout is unknown.
-    """
-    return [
-        (i.label, i.cls.__name__ if i.cls else "op", e) for i, e in _divergence(mesh, build, x, grid, seed)[0]
-    ]
-
-
 def _divergence(mesh: DomainMesh, build, x: torch.Tensor, grid: tuple[int, int], seed: int):
+    """``(traced item, relative error)`` of every comparable submodule output and every torch call of the
+    model's own code, in completion order (``op_trace``), the error the worst over the domain ranks (-1:
+    a value whose layout is unknown); and the serial model's modules by path."""
     serial = init_model(build(local_domain(*grid)), seed)
     sharded = init_model(build(Domain.create(mesh, *grid)), seed)
     with torch.no_grad(), traced(serial) as ref:

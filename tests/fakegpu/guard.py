@@ -1,23 +1,6 @@
-"""A fake accelerator on a CPU-only torch: the device guard of the tests (no GPU needed).
-
-``fakegpu`` (torch's PrivateUse1 slot, ``fake_device.py``) has ``FAKEGPU_COUNT`` devices per host
-(default 8). Its tensors hold their values on the CPU but report ``fakegpu:K`` as their device, and
-every operator is checked the way CUDA checks it: tensors of two devices in one operator raise (a CPU
-tensor, or ``fakegpu:0`` with ``fakegpu:1``), except a 0-dim CPU tensor read as a scalar (CUDA lifts those),
-never a CPU tensor written by the operator (``total += cuda_tensor`` into a CPU scalar raises on
-CUDA). Copies between devices (``.to``, ``copy_``) and CPU index tensors are allowed, as on CUDA.
-``fakegpu`` without an index is the current device (``torch.fakegpu.set_device``), as ``cuda`` is.
-Reading a value to the host (``.item()``, ``float()``, ``.tolist()``) is allowed and counted in
-``FakeGpu.host_reads`` (this process, i.e. this rank) with the place it came from, and refused inside
-a communication site (``comm_site``: a layer's exchange); ``.numpy()`` of a device tensor raises as on
-CUDA. ``torch.distributed`` calls follow NCCL's rules (``tests/fake_nccl.py``).
-
-One process: ``with fake_gpu():``. Every rank of a job: ``JIGSAW_DEVICE_PLUGIN=tests/fake_gpu.py``
-(``jigsaw_earth/device.py``) makes each rank, spawned or under torchrun, call ``activate()`` before it
-chooses its device; ``python tests/fake_gpu.py COMMAND ...`` sets it and runs the CLI.
-
-What it does not model: CUDA streams and asynchrony, autocast (bf16 runs in fp32 here), and the
-``device.type == "cuda"`` branches of ``jigsaw_earth/device.py``, which are read, not run, here.
+"""The fake GPU's guard: a dispatch mode that runs every operator on a ``fakegpu`` tensor's CPU values
+and checks its devices the way CUDA does, counting (or refusing) reads to the host (the package's
+``__init__`` says what it models).
 """
 
 from __future__ import annotations
@@ -39,10 +22,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-_HERE = str(Path(__file__).parent)
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)  # fake_device and fake_nccl beside this file, however this one was imported
-from fake_device import MODULE, TYPE, register  # noqa: E402
+from .device import MODULE, TYPE, register
 
 __all__ = ["DeviceMixing", "FakeGpu", "FakeGpuTensor", "HostRead", "activate", "active", "fake_gpu", "rank"]
 
@@ -182,7 +162,7 @@ class FakeGpu(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
         if func.namespace == "c10d":
-            from fake_nccl import collective
+            from .nccl import collective
 
             return collective(func, args, kwargs, _unwrap, FakeGpuTensor)
         name = func._schema.name.split("::")[-1]
@@ -334,7 +314,7 @@ def activate() -> None:
     """The device plugin's entry (``JIGSAW_DEVICE_PLUGIN``): the guard on for the rest of this
     process, in every thread. At exit the rank's host reads are printed, and with
     ``FAKEGPU_REPORT=DIR`` written to ``DIR/rank-R-PID.json`` with its host and device, its
-    ``torch.distributed`` calls by operator and any CPU tensors handed to them (``fake_nccl``)."""
+    ``torch.distributed`` calls by operator and any CPU tensors handed to them (``nccl.py``)."""
     if active() is not None:
         return
     register()
@@ -347,26 +327,12 @@ def activate() -> None:
 
 
 def _report(mode: FakeGpu) -> None:
-    import fake_nccl
+    from . import nccl
 
     print(f"fake_gpu: rank {rank()}: {len(mode.host_reads)} host reads", file=sys.stderr)
     folder = os.environ.get(REPORT_ENV)
     if folder:
         report = {"rank": int(rank()), "host": socket.gethostname(), "device": MODULE.current,
-                  "host_reads": len(mode.host_reads), "calls": dict(fake_nccl.CALLS),
-                  "cpu_handoffs": fake_nccl.HANDOFFS}  # fmt: skip
+                  "host_reads": len(mode.host_reads), "calls": dict(nccl.CALLS),
+                  "cpu_handoffs": nccl.HANDOFFS}  # fmt: skip
         Path(folder, f"rank-{rank()}-{os.getpid()}.json").write_text(json.dumps(report))
-
-
-def main(argv: list[str]) -> int:
-    """``python tests/fake_gpu.py COMMAND ...``: the jigsaw-earth CLI with the fake device active in
-    this process and in every rank it starts (``--device fakegpu`` / ``distributed.device=fakegpu``)."""
-    from jigsaw_earth.cli import main as cli
-    from jigsaw_earth.device import PLUGIN_ENV
-
-    os.environ[PLUGIN_ENV] = str(Path(__file__).resolve())
-    return cli(argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

@@ -1,4 +1,4 @@
-"""NCCL's rules on every ``torch.distributed`` call of a rank on the fake accelerator (``fake_gpu.py``).
+"""NCCL's rules on every ``torch.distributed`` call of a rank on the fake accelerator (``guard.py``).
 
 ``fakenccl`` is the process-group backend torch picks for ``fakegpu`` (registered with
 ``Backend.register_backend``, as an out-of-tree accelerator registers its own;

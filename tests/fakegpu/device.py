@@ -1,7 +1,7 @@
-"""The fake accelerator's device: torch's PrivateUse1 slot named ``fakegpu`` (``fake_gpu.py``).
+"""The fake accelerator's device: torch's PrivateUse1 slot named ``fakegpu`` (``guard.py``).
 
 ``torch.fakegpu`` has ``FAKEGPU_COUNT`` devices (default 8), a current device (``set_device``; the
-NCCL rules of ``fake_nccl.py`` read it) and one in-order stream; autocast on it falls through (fp32).
+NCCL rules of ``nccl.py`` read it) and one in-order stream; autocast on it falls through (fp32).
 ``Module.to(fakegpu)`` keeps a parameter's Python attributes, as CUDA's ``set_data`` does.
 """
 
@@ -84,9 +84,9 @@ def register() -> None:
     lib = torch.library.Library("_", "IMPL")  # a fallback for a whole dispatch key
     lib.fallback(torch.library.fallthrough_kernel, dispatch_key="AutocastPrivateUse1")
     _LIBS.append(lib)
-    import fake_nccl  # beside this file (fake_gpu puts the folder on sys.path)
+    from . import nccl
 
-    fake_nccl.register()
+    nccl.register()
     torch.utils.swap_tensors = _swap_keeping_attributes
     _registered[0] = True
 
