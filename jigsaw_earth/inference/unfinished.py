@@ -5,8 +5,9 @@ a score-only run with ``--scores PREFIX`` keeps its progress in ``PREFIX.in-prog
 a Zarr group marked ``jigsaw_earth = {kind: forecast, complete: false}`` (the forecast written so far;
 no arrays for a score-only run) with ``_progress/`` beside the arrays (``progress.py``: the request,
 each rank's batches done, their score shares) and ``_progress/lock``: the host, process and Slurm job
-that writes it. A lock is stale when its process is gone from this host, or when its Slurm job is this
-one (``sbatch --requeue`` keeps the job id); a stale lock is taken over, a live one refuses a second
+that writes it, its lease renewed while it is held. A lock is stale as ``locks.holder_alive`` judges:
+its process gone from this host, an earlier attempt of this Slurm job (``sbatch --requeue`` keeps the
+job id), or another host's lease run out; a stale lock is taken over, a live one refuses a second
 predict.
 
 What predict wrote is provable: when predict starts a folder it writes ``_progress/folder.json``
@@ -36,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..locks import pid_alive, start_time
+from ..locks import holder_alive, lease_left, renew, slurm_attempt, start_time, stop_renewing
 from ..ownership import FOLDER_MARKER, IN_PROGRESS, kind_of, read_marker
 
 __all__ = [
@@ -69,14 +70,11 @@ _PROGRESS_FILES = re.compile(
 _CHUNK_KEY = re.compile(r"c(/\d+)*")
 
 
-def holder_is_live(info: dict[str, Any]) -> bool:
-    """Whether the process that wrote lock ``info`` may still be writing (unknown hosts: yes)."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if job and info.get("slurm_job") == job:
-        return False  # this job before its requeue: Slurm ended every task of it
-    if info.get("host") != socket.gethostname():
-        return True
-    return pid_alive(int(info.get("pid", -1)), info.get("start"))
+def _lease_text(info: dict[str, Any], path: Path) -> str:
+    if info.get("host") == socket.gethostname():
+        return ""
+    return (f". A lock of another host counts as held while its lease runs ({lease_left(path):.0f} s more "
+            f"unless renewed): if that host is gone, run again after that")  # fmt: skip
 
 
 def _holder_text(info: dict[str, Any]) -> str:
@@ -102,17 +100,16 @@ class Lock:
         """Take the lock (a stale one is taken over); ``ValueError`` naming the holder if it is live."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         mine = {"host": socket.gethostname(), "pid": os.getpid(), "start": start_time(os.getpid()),
-                "slurm_job": os.environ.get("SLURM_JOB_ID"), "time": time.time()}  # fmt: skip
+                **slurm_attempt(), "time": time.time()}  # fmt: skip
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 info = self.read()
-                if info is not None and holder_is_live(info):
+                if info is not None and holder_alive(info, self.path):
                     raise ValueError(
                         f"{self.path.parent.parent} is being written by {_holder_text(info)}; wait for it "
-                        f"or stop it. If that process is gone (another host cannot be asked), delete "
-                        f"{self.path} and run again"
+                        f"or stop it{_lease_text(info, self.path)}"
                     ) from None
                 if info is None and time.time() - self.path.stat().st_mtime < 10:
                     time.sleep(1)  # being written by a predict starting at this moment
@@ -123,12 +120,16 @@ class Lock:
             with os.fdopen(fd, "w") as f:
                 json.dump(mine, f)
             self.held = True
+            renew(self.path)
             return
         raise ValueError(f"cannot take {self.path}: another predict keeps taking it; run again")
 
     def release(self) -> None:
         if self.held:
-            self.path.unlink(missing_ok=True)
+            stop_renewing(self.path)
+            info = self.read() or {}
+            if (info.get("host"), info.get("pid")) == (socket.gethostname(), os.getpid()):
+                self.path.unlink(missing_ok=True)  # not another's that took it over once our lease ran out
             self.held = False
 
 
@@ -292,8 +293,9 @@ def describe(path: str | Path) -> Unfinished | None:
     if _mark(path) is None and request is None:
         return None  # a folder predict did not make
     info = request or {}
-    holder = Lock(path).read()
-    holder = holder if holder is not None and holder_is_live(holder) else None
+    lock = Lock(path)
+    holder = lock.read()
+    holder = holder if holder is not None and holder_alive(holder, lock.path) else None
     stamps = [p.stat().st_mtime for p in (path / PROGRESS).glob("rank-*.json")]
     world = int(info.get("world", 1))
     return Unfinished(path, batches_done(path, world), int(info.get("batches", 0)), info.get("inits"),
