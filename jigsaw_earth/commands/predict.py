@@ -42,8 +42,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
     p.add_argument(
         "--out",
-        help="forecast store (WB2 forecast layout) or, with --format grib2|netcdf, a folder; optional with "
-        "--score",
+        help="forecast store (WB2 forecast layout; a path, or an s3:// or gs:// URL) or, with --format "
+        "grib2|netcdf, a local folder; optional with --score",
     )
     p.add_argument(
         "--format",
