@@ -3,8 +3,9 @@
 Object stores have no rename and no file lock, so a bucket forecast is written where it ends up, as
 ``data prepare`` writes a bucket store (``data/prepare_write.py``): the Zarr store at the URL itself,
 its root attribute ``jigsaw_earth = {kind: forecast, complete: false}`` until every rank has written
-(``score`` and ``data inspect`` refuse such a store naming it: ``ownership.unfinished_reason``), then
-``complete: true`` with the request (``rerun.py``) and the consolidated metadata, the last writes. The
+(``score`` refuses such a store naming it: ``ownership.unfinished_reason``; ``StoreView.open`` as an
+incomplete write), then ``complete: true`` with the request (``rerun.py``) and the consolidated
+metadata, the last writes. The
 records a local forecast keeps in ``OUT.in-progress/_progress`` are objects under ``URL/_progress/``
 (the same names: the request, each rank's batches done, the score shares, predict's mark), removed
 once the store is complete; a stop signal records and exits 75 as locally, and the same command

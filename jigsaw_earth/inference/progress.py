@@ -17,7 +17,8 @@ is written and scored (on the recording thread, in order), each rank saves its s
 (``TileScorer.last_batch``) to ``_progress/scores/rank-R/batch-B.pt``, then the count of its batches
 done to ``_progress/rank-R.json``. A resume starts at the batch every rank has recorded (the minimum),
 restores each rank's shares of the batches before it, in order, and writes nothing before it again; a
-batch in flight when a process was killed is written again. Forecasts and shares are those of a run that
+batch in flight when a process was killed is written again (a bucket ``--out``: the same records are
+objects under it, ``bucket_output.py``). Forecasts and shares are those of a run that
 never stopped, so the store and the scores are the same bit for bit (same mesh, batch and device).
 
 A resume must ask for the same forecast (``forecast_request``): checkpoint (by default the recorded one),
