@@ -143,9 +143,10 @@ def lease_left(path: str | Path) -> float:
     return touched + lease_s() - time.time()
 
 
-def holder_alive(info: dict[str, Any], path: str | Path) -> bool:
+def holder_alive(info: dict[str, Any], path: str | Path | None) -> bool:
     """Whether the process that wrote ``info`` into the lock or pin file ``path`` may still run (the
-    rules in the module docstring; this host's ``flock`` is the caller's to ask first)."""
+    rules in the module docstring; this host's ``flock`` is the caller's to ask first). ``path`` None:
+    a lock without a lease (a bucket's object), whose holder on another host counts as alive."""
     mine = slurm_attempt()
     theirs = info.get("slurm_restart", -1)
     earlier = isinstance(theirs, int) and bool(mine) and theirs < mine["slurm_restart"]
@@ -154,7 +155,7 @@ def holder_alive(info: dict[str, Any], path: str | Path) -> bool:
     if info.get("host") == socket.gethostname():
         pid = info.get("pid")
         return isinstance(pid, int) and pid_alive(pid, info.get("start"))
-    return lease_left(path) > 0
+    return path is None or lease_left(path) > 0
 
 
 class _Renewer:

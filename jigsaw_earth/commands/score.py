@@ -96,6 +96,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _open(path: Path, what: str) -> xr.Dataset:
+    why = unfinished_reason(path) if "://" in str(path) else None  # a bucket's store: its marker
+    if why is not None:
+        raise ValueError(f"{what} store: {why}; score a finished store (run the command that writes it "
+                         f"again)")  # fmt: skip
     if "://" not in str(path):
         if not path.exists():
             raise FileNotFoundError(f"{what} store {path} not found")

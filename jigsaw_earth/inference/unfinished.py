@@ -49,6 +49,8 @@ __all__ = [
     "find_unfinished",
     "foreign_files",
     "foreign_text",
+    "holder",
+    "holder_text",
     "mark_folder",
     "record_arrays",
     "record_outputs",
@@ -77,7 +79,13 @@ def _lease_text(info: dict[str, Any], path: Path) -> str:
             f"unless renewed): if that host is gone, run again after that")  # fmt: skip
 
 
-def _holder_text(info: dict[str, Any]) -> str:
+def holder() -> dict[str, Any]:
+    """What a lock says of this process: host, process (and its start), Slurm job, time."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": start_time(os.getpid()),
+            **slurm_attempt(), "time": time.time()}  # fmt: skip
+
+
+def holder_text(info: dict[str, Any]) -> str:
     job = f", Slurm job {info['slurm_job']}" if info.get("slurm_job") else ""
     return f"process {info.get('pid')} on {info.get('host')}{job}"
 
@@ -99,8 +107,7 @@ class Lock:
     def acquire(self) -> None:
         """Take the lock (a stale one is taken over); ``ValueError`` naming the holder if it is live."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        mine = {"host": socket.gethostname(), "pid": os.getpid(), "start": start_time(os.getpid()),
-                **slurm_attempt(), "time": time.time()}  # fmt: skip
+        mine = holder()
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
@@ -108,13 +115,13 @@ class Lock:
                 info = self.read()
                 if info is not None and holder_alive(info, self.path):
                     raise ValueError(
-                        f"{self.path.parent.parent} is being written by {_holder_text(info)}; wait for it "
+                        f"{self.path.parent.parent} is being written by {holder_text(info)}; wait for it "
                         f"or stop it{_lease_text(info, self.path)}"
                     ) from None
                 if info is None and time.time() - self.path.stat().st_mtime < 10:
                     time.sleep(1)  # being written by a predict starting at this moment
                     continue
-                log.info("taking over %s from %s, which is gone", self.path, _holder_text(info or {}))
+                log.info("taking over %s from %s, which is gone", self.path, holder_text(info or {}))
                 self.path.unlink(missing_ok=True)
                 continue
             with os.fdopen(fd, "w") as f:
@@ -158,7 +165,7 @@ class Unfinished:
             )
             what = f"{kind}: {self.batches_done} of {self.batches} batches recorded"
             what += f" ({self.inits} inits)" if self.inits is not None else ""
-        state = f"written now by {_holder_text(self.holder)}" if self.holder else f"last written {when}"
+        state = f"written now by {holder_text(self.holder)}" if self.holder else f"last written {when}"
         return f"{self.path}: {what}, {state}"
 
     def details(self) -> list[str]:
@@ -326,6 +333,10 @@ def foreign_text(path: Path, foreign: list[str]) -> str:
 def remove_unfinished(path: str | Path) -> Unfinished:
     """Delete predict's unfinished forecast ``path``; ``ValueError`` for anything else, one in use,
     or one holding a file predict did not write."""
+    if "://" in str(path):
+        from .bucket_output import UNFINISHED_LOCAL
+
+        raise ValueError(f"--remove-unfinished {path}: predict {UNFINISHED_LOCAL}; nothing was deleted")
     item = describe(path)
     if item is None:
         foreign = foreign_files(path) if Path(path).is_dir() and not Path(path).is_symlink() else []
@@ -336,7 +347,7 @@ def remove_unfinished(path: str | Path) -> Unfinished:
             f"nothing was deleted"
         )
     if item.holder is not None:
-        raise ValueError(f"{path} is being written by {_holder_text(item.holder)}; nothing was deleted")
+        raise ValueError(f"{path} is being written by {holder_text(item.holder)}; nothing was deleted")
     foreign = foreign_files(item.path)
     if foreign:
         raise ValueError(
