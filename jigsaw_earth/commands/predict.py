@@ -284,7 +284,7 @@ def _unfinished(args: argparse.Namespace) -> int:
         )
     for folder in [*(args.unfinished or []), *(args.remove_unfinished or [])]:
         if "://" in str(folder):
-            from ..inference.bucket_output import UNFINISHED_LOCAL
+            from ..inference.unfinished import UNFINISHED_LOCAL
 
             option = "--unfinished" if folder in (args.unfinished or []) else "--remove-unfinished"
             raise ValueError(f"{option} {folder}: predict {UNFINISHED_LOCAL}; nothing was run")

@@ -47,18 +47,20 @@ from .unfinished import (
     holder_text,
 )
 
-__all__ = ["BucketLock", "BucketProgress", "Prefix", "check_forecast_output", "output_path"]
+__all__ = [
+    "BucketLock",
+    "BucketProgress",
+    "Prefix",
+    "check_forecast_output",
+    "forecast_progress",
+    "output_path",
+]
 
 log = logging.getLogger(__name__)
 
 _PROGRESS_KEYS = re.compile(r"(lock|request\.json|folder\.json|rank-\d+\.json|scores/rank-\d+/batch-\d+\.pt)")
 _CHUNK_KEY = re.compile(r"c(/\d+)*")
 LOCK = f"{PROGRESS}/lock"
-UNFINISHED_LOCAL = (
-    "lists and removes unfinished forecasts in local folders; an unfinished forecast in a bucket is "
-    "finished by running its predict command again, or removed with the bucket's own tools (e.g. "
-    "`aws s3 rm --recursive URL`)"
-)
 
 
 def output_path(out: str | Path) -> str | Path:
@@ -311,3 +313,11 @@ class BucketProgress(Progress):
 
     def _discard(self) -> None:
         self.prefix.delete(self.prefix.list())
+
+
+def forecast_progress(out: str | Path | None, scores: str | Path | None = None) -> Progress:
+    """The progress of ``--out`` (of ``--scores`` without it): a bucket's objects or a local folder."""
+    target = out if out is not None else scores
+    if target is not None and is_object_url(str(target)):
+        return BucketProgress(str(target))
+    return Progress.for_output(out, scores)

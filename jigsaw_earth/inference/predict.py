@@ -50,7 +50,7 @@ from ..models.run import build_run_model, model_step
 from ..sharing.folder import ModelFolder
 from ..sharing.use import check_analysis, check_config, check_store, use_contract
 from ..signals import rerun_hint
-from .bucket_output import check_forecast_output, output_path
+from .bucket_output import check_forecast_output, forecast_progress, output_path
 from .campaign import check_room, lock_output
 from .forecast_store import ForecastLayout, store_chunks
 from .formats import TEMPLATES, check_format, open_writer
@@ -211,7 +211,7 @@ def run_prediction(
         )
     selection = select(cfg, variables=variables, levels=levels, steps=steps, lead_hours=lead_hours,
                        lead_every=lead_every)  # fmt: skip
-    progress = Progress.for_output(out, scores)
+    progress = forecast_progress(out, scores)
     recorded = finished_request(out)  # a complete output of predict's: the same request is a no-op
     shared = None if model is None else ModelFolder.open(model)
     ckpt = shared.path if shared is not None else find_checkpoint(cfg, progress.checkpoint(checkpoint))

@@ -50,7 +50,6 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-from ..data.objects import is_object_url
 from ..distributed.heartbeat import communication_error
 from ..ownership import MARKER, check_output, in_progress_path, read_marker
 from ..signals import EXIT_PREEMPTED, STOP_SIGNALS, StopSignals, host_group
@@ -190,12 +189,9 @@ class Progress:
 
     @classmethod
     def for_output(cls, out: str | Path | None, scores: str | Path | None = None) -> Progress:
-        """The progress of ``--out`` (of ``--scores`` without it); a bucket's: ``bucket_output.py``."""
+        """The progress of ``--out`` (of ``--scores`` without it) in a local folder (a bucket's:
+        ``bucket_output.forecast_progress``)."""
         target = out if out is not None else scores
-        if target is not None and is_object_url(str(target)):
-            from .bucket_output import BucketProgress
-
-            return BucketProgress(str(target))
         return cls(None if target is None else in_progress_path(Path(target).expanduser().absolute()))
 
     def recorded(self, key: str) -> Any:

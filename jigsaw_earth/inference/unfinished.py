@@ -43,6 +43,7 @@ from ..ownership import FOLDER_MARKER, IN_PROGRESS, kind_of, read_marker
 __all__ = [
     "OUTPUT",
     "PROGRESS",
+    "UNFINISHED_LOCAL",
     "Lock",
     "Unfinished",
     "describe",
@@ -70,6 +71,13 @@ _PROGRESS_FILES = re.compile(
     r"(lock|request\.json|folder\.json|rank-\d+\.json|scores/rank-\d+/batch-\d+\.pt)(\.part)?"
 )
 _CHUNK_KEY = re.compile(r"c(/\d+)*")
+
+#: what --unfinished and --remove-unfinished serve (a bucket has neither)
+UNFINISHED_LOCAL = (
+    "lists and removes unfinished forecasts in local folders; an unfinished forecast in a bucket is "
+    "finished by running its predict command again, or removed with the bucket's own tools (e.g. "
+    "`aws s3 rm --recursive URL`)"
+)
 
 
 def _lease_text(info: dict[str, Any], path: Path) -> str:
@@ -334,8 +342,6 @@ def remove_unfinished(path: str | Path) -> Unfinished:
     """Delete predict's unfinished forecast ``path``; ``ValueError`` for anything else, one in use,
     or one holding a file predict did not write."""
     if "://" in str(path):
-        from .bucket_output import UNFINISHED_LOCAL
-
         raise ValueError(f"--remove-unfinished {path}: predict {UNFINISHED_LOCAL}; nothing was deleted")
     item = describe(path)
     if item is None:
