@@ -18,19 +18,23 @@ import time
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 import torch
 from jigsaw_earth.data.batch import Batch
-from jigsaw_earth.data.times import evenly_spaced, period_mask, sample_index, time_features
+from jigsaw_earth.data.times import TIME_FEATURES, evenly_spaced, period_mask, sample_index, time_features
 
 from jigsaw_earth.distributed.halo import Halo
 from jigsaw_earth.distributed.mesh import DomainMesh
 from jigsaw_earth.distributed.tiles import Tile, TileGrid
+from jigsaw_earth.layers.channels import ModelChannels
 from jigsaw_earth.sphere import latitude_weights
 
-__all__ = ["MemorySource", "Source", "TrainData"]
+if TYPE_CHECKING:
+    from jigsaw_earth.config.schema import TrainConfig
+
+__all__ = ["MemorySource", "Source", "TrainData", "model_channels"]
 
 log = logging.getLogger(__name__)
 
@@ -357,3 +361,10 @@ class TrainData:
             return batch.time_features
         times = np.asarray(batch.times).astype("datetime64[h]") + np.timedelta64(k * self.step_hours, "h")
         return torch.from_numpy(time_features(times))
+
+
+def model_channels(cfg: TrainConfig, data: TrainData) -> ModelChannels:
+    """The names of the channels the run's model reads, in its order."""
+    noise = [f"noise:{k}" for k in range(cfg.model.noise_channels)]
+    static = list(getattr(data.source, "static_channels", ()))
+    return ModelChannels.from_lists(data.channels, [*static, *noise], TIME_FEATURES)

@@ -77,14 +77,33 @@ IN_PROGRESS = ".in-progress"
 #: what bucket URLs serve, for the refusals of outputs that must be local
 BUCKETS = (
     "bucket URLs, s3:// and gs://, are read as data stores by train, predict and score, and written by "
-    "`jigsaw-earth data prepare --out`"
+    "`jigsaw-earth data prepare --out` and `jigsaw-earth predict --out` (a Zarr forecast)"
 )
 _TMP = ".tmp-"
 
 
+def _bucket_marker(url: str) -> dict[str, Any] | None:
+    import obstore
+    from obstore.exceptions import NotFoundError
+
+    from jigsaw_earth.data.objects import object_store
+
+    try:
+        meta = json.loads(bytes(obstore.get(object_store(url), "zarr.json").bytes()))
+    except (NotFoundError, FileNotFoundError, ValueError):
+        return None
+    marker = meta.get("attributes", {}).get(MARKER) if isinstance(meta, dict) else None
+    return marker if isinstance(marker, dict) else None
+
+
 def read_marker(path: str | Path) -> dict[str, Any] | None:
-    """The ``jigsaw_earth`` root attribute of a local Zarr store (v2 or v3) or the ``jigsaw_earth`` entry of
-    a folder's ``FOLDER_MARKER`` file, or ``None``."""
+    """The ``jigsaw_earth`` root attribute of a local Zarr store (v2 or v3), of a Zarr v3 store in a
+    bucket (``s3://``, ``gs://``), or the ``jigsaw_earth`` entry of a folder's ``FOLDER_MARKER`` file,
+    or ``None``."""
+    from jigsaw_earth.data.objects import is_object_url
+
+    if is_object_url(str(path)):
+        return _bucket_marker(str(path))
     path = Path(path)
     for name, key in (("zarr.json", "attributes"), (".zattrs", None), (FOLDER_MARKER, None)):
         meta = path / name
@@ -114,7 +133,13 @@ def kind_of(path: str | Path) -> str | None:
 
 
 def unfinished_reason(path: str | Path) -> str | None:
-    """Why ``path`` is a store that a writer did not finish (``None``: it is not one)."""
+    """Why ``path`` (a local path or a bucket URL) is a store that a writer did not finish (``None``:
+    it is not one)."""
+    if "://" in str(path):  # a bucket's store is written in place: its marker says
+        marker = read_marker(path)
+        if marker is not None and marker.get("complete") is False:
+            return f"{path} is marked unfinished (its writer has not finished it, or stopped before the end)"
+        return None
     path = Path(path)
     if _TMP in path.name:
         return f"{path} is the temporary store of a writer that did not finish (its name has {_TMP!r})"

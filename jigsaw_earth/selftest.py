@@ -43,7 +43,6 @@ from .distributed.mesh import MeshShape
 __all__ = [
     "MODELS",
     "Check",
-    "default_mesh",
     "default_models",
     "gemm_rate",
     "run_selftest",
@@ -127,12 +126,6 @@ def tiny_store(path: Path) -> None:
 def default_models(nproc: int) -> tuple[str, ...]:
     """The WeatherMixer on one process; every model of ``MODELS`` on several (each kind of exchange)."""
     return ("weathermixer",) if nproc == 1 else tuple(MODELS)
-
-
-def default_mesh(nproc: int) -> MeshShape:
-    """The squarest ``lat × lon`` mesh of ``nproc`` ranks, longitude the longer side (2×2 for 4)."""
-    lat = max(k for k in range(1, int(nproc**0.5) + 1) if nproc % k == 0)
-    return MeshShape(1, lat, nproc // lat)
 
 
 def tiny_config(
@@ -304,8 +297,8 @@ def run_selftest(
     models: tuple[str, ...] | None = None,
 ) -> tuple[list[str], bool]:
     """Everything ``selftest`` prints, and whether every check passed. ``mesh``: the device runs'
-    (default ``default_mesh(nproc)``); ``models``: default ``default_models``."""
-    mesh = mesh or default_mesh(nproc)
+    (default ``MeshShape.squarest(nproc)``); ``models``: default ``default_models``."""
+    mesh = mesh or MeshShape.squarest(nproc)
     dev = resolve_device(device)
     lines = ["versions: " + ", ".join(f"{k} {v}" for k, v in versions().items())]
     rates = []

@@ -95,6 +95,23 @@ def _kill_all(ns: str, sig: int = signal.SIGKILL) -> list[int]:
     return pids
 
 
+def _exited(pid: int) -> bool:
+    """Whether ``pid`` has ended: gone, or a zombie whose threads have all exited (its files closed,
+    its locks released; a killed process's other threads can take a moment after its leader)."""
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+        states = [Path(f"/proc/{pid}/task/{t}/stat").read_text().rsplit(")", 1)[1].split()[0] for t in tasks]
+    except (FileNotFoundError, ProcessLookupError, IndexError):
+        return True
+    return all(state in ("Z", "X") for state in states) and len(states) <= 1
+
+
+def _wait_exited(pids: list[int], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not all(_exited(p) for p in pids) and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -313,7 +330,9 @@ class SimulatedHosts:
             time.sleep(0.02)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.anchors[host].wait(timeout=5)
-        return sorted(set(killed))
+        killed = sorted(set(killed))
+        _wait_exited(killed, 10.0)
+        return killed
 
     def cut(self, host: str) -> None:
         """Set ``host``'s link down at both ends: nothing is closed, nothing arrives (a partition)."""

@@ -180,11 +180,6 @@ PROBE_CASES: list[Any] = [
         ["--template '{date}{time}_{step:03d}.nc' gives '202002010000_006.nc'", "end in .grib"],
     ),
     (
-        "prepare-out-s3",
-        lambda w, t: PR(w, w["store"], "s3://bars/tiles.zarr"),
-        ["'s3://bars/tiles.zarr' must be"],
-    ),
-    (
         "score-out-s3",
         lambda w, t: ["score", str(w["fc"]), "--truth", str(w["store"]), "--out", "s3://bars/scores"],
         ["--out 's3://bars/scores' must be a local path"],

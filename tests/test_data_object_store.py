@@ -227,10 +227,14 @@ def test_prepare_refuses_nans_of_a_bucket_source_as_it_reads_and_keeps_nothing(s
 @pytest.mark.parametrize(
     "check",
     [
-        lambda: check_output("s3://forecasts/fc.zarr", "forecast", overwrite=False),  # predict --out
+        lambda: check_output("s3://clim/clim.zarr", "climatology", overwrite=False),  # renamed stores
         lambda: check_run_dir("s3://runs/demo"),  # run.dir: its checkpoints
     ],
 )
-def test_predict_and_checkpoints_refuse_a_bucket_naming_what_buckets_serve(check):
-    with pytest.raises(ValueError, match=r"must be (a )?local.*object stores.*data prepare --out"):
+def test_renamed_outputs_and_checkpoints_refuse_a_bucket_naming_what_buckets_serve(check):
+    """What is written under a temporary name and renamed stays local (a bucket forecast is
+    ``predict``'s: ``test_predict_bucket.py``)."""
+    with pytest.raises(
+        ValueError, match=r"must be (a )?local.*object stores.*data prepare --out.*predict --out"
+    ):
         check()

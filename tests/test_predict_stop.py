@@ -252,6 +252,8 @@ def test_a_rank_killed_under_launch_leaves_one_line_on_the_others(trained: Path,
     proc.wait(timeout=LAUNCH_S)
     text = (tmp_path / "log.txt").read_text()
     assert proc.returncode == 137 and "Traceback" not in text, text[-3000:]
+    lines = [x for x in text.splitlines() if "lost rank 1 on " in x]  # the heartbeat's verdict
+    assert len(lines) == 1 and "rank 0 on " in lines[0] and "stops (exit 75)" in lines[0], text[-3000:]
     assert (
-        "jigsaw-earth predict: error: another rank is gone (" in text and "its own messages say why" in text
+        "the batches recorded so far stay in" in lines[0] and "resume: start the same job again" in lines[0]
     )

@@ -11,9 +11,10 @@ Layout of ``RUN_DIR/checkpoints/``::
     latest                  name of the newest complete checkpoint (replaced atomically)
     step_000120/.pin-HOST-PID-TOKEN   a reader (predict) holds it: pruning skips it
 
-A reader pins the checkpoint it loads (``pinned``); pruning skips a pinned checkpoint (a pin whose
-process is gone on this host is stale and removed), and renames a checkpoint aside before removing
-it, checking for a pin once more, so a reader and a pruning training run never race.
+A reader pins the checkpoint it loads (``pinned``), renewing the pin's lease while it reads; pruning
+skips a pinned checkpoint (a stale pin, judged as a lock is by ``locks.holder_alive``: its process
+gone from this host, or another host's lease run out, is removed), and renames a checkpoint aside
+before removing it, checking for a pin once more, so a reader and a pruning training run never race.
 
 A save writes into ``step_N.tmp/``; after every rank has written, rank 0 writes ``meta.json``
 last, renames the folder to ``step_N/`` and replaces ``latest``. A crash at any point leaves the
@@ -47,7 +48,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh
 from ..fs_errors import os_error_in
-from ..locks import pid_alive
+from ..locks import holder_alive, renew, slurm_attempt, start_time, stop_renewing
 from .planner import Block, BlockSavePlanner
 from .state import (
     model_blocks,
@@ -322,8 +323,11 @@ def pinned(path: str | os.PathLike) -> Iterator[Path]:
     path = Path(path)
     read_meta(path)  # a complete checkpoint, or an error naming what is missing
     pin = path / f"{_PIN}{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    me = {"host": socket.gethostname(), "pid": os.getpid(), "start": start_time(os.getpid()),
+          **slurm_attempt(), "time": time.time()}  # fmt: skip
     try:
-        pin.write_text(json.dumps({"host": socket.gethostname(), "pid": os.getpid(), "time": time.time()}))
+        pin.write_text(json.dumps(me))
+        renew(pin)
     except OSError as err:
         log.debug("cannot pin %s (%s); reading it unpinned", path, err)
         pin = None
@@ -336,25 +340,26 @@ def pinned(path: str | os.PathLike) -> Iterator[Path]:
         yield path
     finally:
         if pin is not None:
+            stop_renewing(pin)
             pin.unlink(missing_ok=True)
 
 
 def _pinned_by(path: Path) -> list[Path]:
-    """Live pins of a checkpoint; a pin of a process gone from this host is stale and removed."""
+    """Live pins of a checkpoint; a stale one (``locks.holder_alive``) is removed."""
     live = []
-    host = socket.gethostname()
     for pin in path.glob(f"{_PIN}*"):
         try:
             info = json.loads(pin.read_text())
         except (OSError, ValueError):
             live.append(pin)  # being written: count it
             continue
-        if info.get("host") == host and not pid_alive(int(info.get("pid", -1))):
+        if not holder_alive(info, pin):
             pin.unlink(missing_ok=True)
             continue
         live.append(pin)
     if live:
-        log.info("not pruning %s: read by %s (delete a pin if its process is gone)", path, live[0].name)
+        log.info("not pruning %s: read by %s (a pin is stale once its process is gone, or, on another "
+                 "host, once its lease runs out)", path, live[0].name)  # fmt: skip
     return live
 
 

@@ -43,8 +43,8 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="config overrides, e.g. mesh.lon=4")
     p.add_argument(
         "--out",
-        help="forecast store (WB2 forecast layout) or, with --format grib2|netcdf, a folder; optional with "
-        "--score",
+        help="forecast store (WB2 forecast layout; a path, or an s3:// or gs:// URL) or, with --format "
+        "grib2|netcdf, a local folder; optional with --score",
     )
     p.add_argument(
         "--format",
@@ -234,7 +234,8 @@ def _report(request: PredictRequest, result: Prediction, cfg: TrainConfig) -> No
             first, last = result.init_times.min(), result.init_times.max()
             times = [str(np.datetime_as_string(t, unit="h")) for t in (first, last)]
             truth, climatology = score_stores(request.score, cfg)  # the stores actually read
-            info = {"forecast": None if result.path is None else str(Path(result.path).resolve()),
+            where = None if result.path is None else str(result.path)
+            info = {"forecast": where if where is None or "://" in where else str(Path(where).resolve()),
                     "truth": truth, "climatology": climatology, "baselines": None,
                     "resolution": resolution, "inits": [*times, int(result.init_times.size)],
                     "members": result.members, "interval": interval}  # fmt: skip
@@ -268,6 +269,12 @@ def _unfinished(args: argparse.Namespace) -> int:
             f"{option} lists or removes unfinished forecasts and takes no {given[0]}; nothing was run. "
             f"Run it on its own (jigsaw-earth predict {option} ...), and the forecast without it"
         )
+    for folder in [*(args.unfinished or []), *(args.remove_unfinished or [])]:
+        if "://" in str(folder):
+            from ..inference.unfinished import UNFINISHED_LOCAL
+
+            option = "--unfinished" if folder in (args.unfinished or []) else "--remove-unfinished"
+            raise ValueError(f"{option} {folder}: predict {UNFINISHED_LOCAL}; nothing was run")
     for folder in args.unfinished or []:
         if not Path(folder).is_dir():
             what = "is not a folder" if Path(folder).exists() else "does not exist"

@@ -20,7 +20,7 @@ import xarray as xr
 from ..argtypes import URL, path_or_url
 from ..data.store import open_dataset
 from ..metrics.engine import MEMBER
-from ..metrics.evaluate import check_times, evaluate_statistics, normalise
+from ..metrics.evaluate import evaluate_statistics, normalise
 from ..metrics.intervals import METHODS
 from ..metrics.regions import REGIONS
 from ..metrics.scorecard import (
@@ -33,7 +33,7 @@ from ..metrics.scorecard import (
 )
 from ..metrics.significance import CORRECTIONS, IntervalOptions, compare_rows, score_rows
 from ..metrics.significance_card import format_comparisons
-from ..metrics.statistics import SUFFIX, Statistics, stats_path
+from ..metrics.statistics import SUFFIX, Statistics, check_times, stats_path
 from ..ownership import read_marker, unfinished_reason
 
 log = logging.getLogger(__name__)
@@ -96,6 +96,10 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def _open(path: Path, what: str) -> xr.Dataset:
+    why = unfinished_reason(path) if "://" in str(path) else None  # a bucket's store: its marker
+    if why is not None:
+        raise ValueError(f"{what} store: {why}; score a finished store (run the command that writes it "
+                         f"again)")  # fmt: skip
     if "://" not in str(path):
         if not path.exists():
             raise FileNotFoundError(f"{what} store {path} not found")

@@ -107,14 +107,14 @@ def _fits(mesh: MeshShape, models: tuple[str, ...]) -> str | None:
 def _check_mesh(args: argparse.Namespace) -> tuple[MeshShape, int, tuple[str, ...]]:
     """``--nproc`` / ``--mesh`` and ``--models``: the device runs' mesh, its processes and the models,
     each model split over that mesh of the selftest's grid."""
-    from ..distributed.mesh import parse_mesh
-    from ..selftest import GRID, MODELS, default_mesh, default_models
+    from ..distributed.mesh import MeshShape, parse_mesh
+    from ..selftest import GRID, MODELS, default_models
 
     if args.nproc is not None and args.nproc < 1:
         raise ValueError(f"--nproc {args.nproc}: give at least 1 (e.g. --nproc 2)")
     if args.mesh is None:
         nproc = args.nproc or 1
-        mesh = default_mesh(nproc)
+        mesh = MeshShape.squarest(nproc)
     else:
         mesh = parse_mesh(args.mesh)
         nproc = mesh.world_size
@@ -138,7 +138,9 @@ def _check_mesh(args: argparse.Namespace) -> tuple[MeshShape, int, tuple[str, ..
             raise ValueError(
                 f"--mesh {args.mesh}: a selftest model on its {grid} does not split over it ({why})"
             )
-        most = next(n for n in range(min(nproc, GRID[1]), 0, -1) if _fits(default_mesh(n), models) is None)
+        most = next(
+            n for n in range(min(nproc, GRID[1]), 0, -1) if _fits(MeshShape.squarest(n), models) is None
+        )
         raise ValueError(
             f"--nproc {nproc}: a selftest model on its {grid} does not split over a {mesh.lat}x{mesh.lon} "
             f"mesh ({why}); use --nproc {most} or fewer"

@@ -53,8 +53,8 @@ def run(args: argparse.Namespace) -> int:
     if args.peak_tflops is not None:
         overrides.append(f"logging.peak_tflops={args.peak_tflops}")
     cfg = load_config(args.config, overrides, world_size=world_size_from_env())
-    check_place(cfg, args.config, overrides)  # never in a store, never over files a run did not write
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
+    check_place(cfg, args.config, overrides, taker=rank == 0)  # never in a store or over others' files
     if rank != 0:
         logging.getLogger().setLevel(logging.WARNING)
     try:

@@ -281,6 +281,9 @@ class PeerWatch:
         """The main thread's communication failed with ``error``: when peers are gone (lost or
         failed), end this process with the verdict; otherwise return (the error is this rank's own,
         and the caller raises it after ``leave``)."""
+        if self._concluding.locked():  # the beating thread is ending the process with its verdict
+            while True:
+                time.sleep(60)
         if self._stop.is_set():
             return
         verdict = self.roll_call()

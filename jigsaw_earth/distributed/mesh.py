@@ -80,6 +80,12 @@ class MeshShape:
             return f"{self.data}x{self.lat}x{self.lon}"
         return f"{self.data}x{self.ensemble}x{self.lat}x{self.lon}"
 
+    @classmethod
+    def squarest(cls, nproc: int) -> MeshShape:
+        """The squarest ``lat × lon`` mesh of ``nproc`` ranks, longitude the longer side (2×2 for 4)."""
+        lat = max(k for k in range(1, int(nproc**0.5) + 1) if nproc % k == 0)
+        return cls(1, lat, nproc // lat)
+
     def describe(self) -> str:
         """``data=2 × ensemble=2 × lat=1 × lon=2`` (the ensemble factor only when it is not 1)."""
         ens = f" × ensemble={self.ensemble}" if self.ensemble != 1 else ""

@@ -16,6 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
+from ..data.objects import is_object_url
 from ..locks import LockHeld, PathLock
 from .forecast_store import ForecastLayout
 
@@ -66,6 +67,8 @@ def check_room(out: str | Path, layout: ForecastLayout, fmt: str = "zarr") -> st
     and netCDF files are made from the in-progress store, so both are there at the end (at most twice
     the store: neither file format is larger than float32)."""
     need = store_bytes(layout) * (1 if fmt == "zarr" else 2)
+    if is_object_url(str(out)):  # a bucket says no free space: its quota refuses a write
+        return f"forecast store {out}: {describe(layout)} (float32, uncompressed), into the bucket"
     free = shutil.disk_usage(_existing_parent(Path(out))).free
     both = "" if fmt == "zarr" else f"; with the {fmt} files made from it, up to {_size(need)}"
     line = f"forecast store {out}: {describe(layout)} (float32, uncompressed){both}, {_size(free)} free there"
@@ -78,8 +81,11 @@ def check_room(out: str | Path, layout: ForecastLayout, fmt: str = "zarr") -> st
     return line
 
 
-def lock_output(out: str | Path) -> PathLock:
-    """Hold ``OUT.lock`` beside the store ``out`` while this predict writes it."""
+def lock_output(out: str | Path) -> PathLock | _NoLock:
+    """Hold ``OUT.lock`` beside the store ``out`` while this predict writes it (a bucket has no file
+    lock: its forecast's ``_progress/lock`` is taken when predict claims it, ``bucket_output.py``)."""
+    if is_object_url(str(out)):
+        return _NoLock()
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     try:
@@ -90,6 +96,11 @@ def lock_output(out: str | Path) -> PathLock:
         )
     except LockHeld as err:
         raise ValueError(str(err)) from None
+
+
+class _NoLock:
+    def release(self) -> None:
+        pass
 
 
 def _duration(seconds: float) -> str:

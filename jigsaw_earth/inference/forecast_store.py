@@ -20,7 +20,8 @@ name per output: ``resume`` reopens it, ``progress.py`` records what is written)
 ``PATH`` by rank 0 only after every rank has finished (``close``), which then removes the progress
 folder ``_progress`` from it; ``abort`` removes it. The root attribute
 ``jigsaw_earth = {"kind": "forecast", "complete": ...}`` marks the store as predict's own, so
-``--overwrite`` replaces only such stores (``ownership.check_output``).
+``--overwrite`` replaces only such stores (``ownership.check_output``). A bucket URL's store is
+written in place, committed by that marker (``bucket_output.py``).
 """
 
 from __future__ import annotations
@@ -41,6 +42,7 @@ import torch.distributed as dist
 import xarray as xr
 import zarr
 
+from ..data.objects import is_object_url, zarr_object_store
 from ..distributed.tiles import Tile, TileGrid
 from ..metrics.engine import MEMBER
 from ..metrics.units import CF_ATTRS, UNITS
@@ -158,19 +160,23 @@ class ForecastWriter:
         resume: bool = False,
         chunks: StoreChunks | None = None,
     ):
-        self.path = Path(path)
+        self.bucket = is_object_url(str(path))  # written in place: ``bucket_output.py``
+        self.path: Any = str(path).rstrip("/") if self.bucket else Path(path)
         self.layout, self.grid, self.rank = layout, grid, rank
         self.chunks = chunks or StoreChunks()
         self.overwrite, self.protected = overwrite, protected
-        check_output(self.path, KIND, overwrite=overwrite, protected=protected)
+        if not self.bucket:  # a bucket's was checked with its progress (``BucketProgress.check``)
+            check_output(self.path, KIND, overwrite=overwrite, protected=protected)
         if (len(layout.latitude), len(layout.longitude)) != (grid.n_lat, grid.n_lon):
             raise ValueError(
                 f"layout grid {len(layout.latitude)}x{len(layout.longitude)} does not match the model grid "
                 f"{grid.n_lat}x{grid.n_lon}"
             )
-        self.tmp = in_progress_path(self.path)
+        self.tmp = self.path if self.bucket else in_progress_path(self.path)
+        root = zarr_object_store(self.path, read_only=False) if self.bucket else self.tmp
+        self._root = root
         if rank == 0 and not resume:
-            if self.tmp.exists():  # a start cut short: all but the progress goes, if it is predict's
+            if not self.bucket and self.tmp.exists():  # a start cut short: all but the progress goes
                 if not (self.tmp / PROGRESS).is_dir():
                     check_output(self.tmp, KIND, overwrite=True, option="the in-progress store")
                 for entry in self.tmp.iterdir():
@@ -179,10 +185,10 @@ class ForecastWriter:
             with _progress_beside():
                 template = self._template()
                 encoding = {name: {"compressors": None} for name in template.data_vars}
-                template.to_zarr(self.tmp, mode="a", compute=False, zarr_format=3, consolidated=False,
+                template.to_zarr(root, mode="a", compute=False, zarr_format=3, consolidated=False,
                                  encoding=encoding)  # fmt: skip
         _barrier()
-        self._arrays = {name: zarr.open_array(self.tmp / name, mode="r+") for name in self._variables()}
+        self._arrays = {name: zarr.open_array(root, path=name, mode="r+") for name in self._variables()}
 
     @property
     def store(self) -> ForecastWriter:
@@ -282,19 +288,23 @@ class ForecastWriter:
                 self._arrays[name][(*at, rows, cols)] = fields[(*c, k)]
             k += 1
 
-    def close(self, request: dict[str, Any] | None = None, stop: Any = None) -> Path:
+    def close(self, request: dict[str, Any] | None = None, stop: Any = None) -> Path | str:
         """Collective: wait for every rank, then publish the store (rank 0 renames) with ``request``
         (what was forecast: ``inference/rerun.py``) in its marker. ``stop``: unused (nothing is converted)."""
         _barrier()
         if self.rank == 0:
-            group = zarr.open_group(self.tmp, mode="r+")
+            group = zarr.open_group(self._root, mode="r+")
             marker: dict[str, Any] = {"kind": KIND, "complete": True}
             if request is not None:
                 marker["request"] = request
             group.attrs[MARKER] = marker
             with _progress_beside():  # consolidated metadata is not in the v3 spec (yet): xarray reads it
                 warnings.filterwarnings("ignore", message="Consolidated metadata")
-                zarr.consolidate_metadata(self.tmp)
+                zarr.consolidate_metadata(self._root)
+            if self.bucket:  # in place: complete once its marker says so (``bucket_output.py``)
+                log.info("wrote forecast store %s", self.path)
+                _barrier()
+                return self.path
             # the path may have changed since the start: the same rule again, just before replacing
             check_output(self.path, KIND, overwrite=self.overwrite, protected=self.protected)
             if self.path.exists():
@@ -311,5 +321,5 @@ class ForecastWriter:
 
     def abort(self) -> None:
         """Rank 0 removes the in-progress store (after a failure on any rank); never the target."""
-        if self.rank == 0:
+        if self.rank == 0 and not self.bucket:
             shutil.rmtree(self.tmp, ignore_errors=True)

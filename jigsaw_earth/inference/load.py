@@ -9,34 +9,19 @@ skips it.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import yaml
 
 from ..checkpoint import latest_checkpoint, read_meta
-from ..config.parse import to_dict
 from ..config.schema import TrainConfig
+from ..config.shape_keys import compare_shape_keys
 from ..data.preflight import default_climatology_path
 
 __all__ = [
-    "SHAPE_KEYS",
     "check_against_checkpoint",
-    "compare_shape_keys",
     "find_checkpoint",
     "protected_paths",
 ]
-
-# Config items that decide the model's parameters or the meaning of its channels: a forecast with
-# any of them changed would load the wrong shapes or read the wrong variables.
-SHAPE_KEYS = (
-    "model",
-    "data.upper_air",
-    "data.levels",
-    "data.surface",
-    "data.static",
-    "data.step_hours",
-    "loss.tendency_scaling",
-)
 
 
 def find_checkpoint(cfg: TrainConfig, checkpoint: str | None) -> Path:
@@ -51,35 +36,6 @@ def find_checkpoint(cfg: TrainConfig, checkpoint: str | None) -> Path:
             f"or pass --checkpoint"
         )
     return found
-
-
-def _flat(tree: Any, prefix: str) -> dict[str, Any]:
-    if not isinstance(tree, dict):
-        return {prefix: tree}
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        out.update(_flat(v, f"{prefix}.{k}"))
-    return out
-
-
-def _pick(raw: dict[str, Any], key: str) -> Any:
-    node: Any = raw
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
-
-
-def compare_shape_keys(cfg: TrainConfig, saved: dict[str, Any], where: str, fix: str) -> None:
-    """Refuse a config whose ``SHAPE_KEYS`` differ from ``saved`` (a raw config), naming the item;
-    ``fix`` may name ``{item}``."""
-    mine = to_dict(cfg)
-    for key in SHAPE_KEYS:
-        a, b = _flat(_pick(mine, key), key), _flat(_pick(saved, key), key)
-        for item in sorted(set(a) | set(b)):
-            if a.get(item) != b.get(item):
-                raise ValueError(
-                    f"{item}={a.get(item)!r} differs from {b.get(item)!r} in {where}; {fix.format(item=item)}"
-                )
 
 
 def check_against_checkpoint(cfg: TrainConfig, checkpoint: Path) -> None:

@@ -15,7 +15,8 @@ checkpoint loads.
 Inference is read-only on the run (``load.py``): no run-directory claim, no ``config.yaml`` or
 ``history.jsonl`` write, no optimizer; the checkpoint is pinned while read. ``--out`` is checked
 before any work (``ownership.check_output``): never the truth store, the checkpoints, or a
-path that is not predict's own. The store is written as ``OUT.in-progress`` and renamed when complete;
+path that is not predict's own. The store is written as ``OUT.in-progress`` and renamed when complete
+(a bucket's in place, committed last: ``bucket_output.py``);
 SIGTERM, SIGUSR1 and Ctrl-C stop every rank before the next model step with every batch done recorded
 there, and the same command resumes it (``progress.py``); on a complete ``--out`` of the same request it
 does nothing (``rerun.py``). Rank 0 holds ``OUT.lock`` while writing,
@@ -46,12 +47,12 @@ from ..distributed.rank0 import on_rank0
 from ..layers.replicas import replicated_weights
 from ..mesh_setup import setup_mesh
 from ..models.run import build_run_model, model_step
-from ..ownership import check_output
 from ..sharing.folder import ModelFolder
 from ..sharing.use import check_analysis, check_config, check_store, use_contract
 from ..signals import rerun_hint
+from .bucket_output import check_forecast_output, forecast_progress, output_path
 from .campaign import check_room, lock_output
-from .forecast_store import KIND, ForecastLayout, store_chunks
+from .forecast_store import ForecastLayout, store_chunks
 from .formats import TEMPLATES, check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
@@ -118,7 +119,7 @@ class Prediction:
     the training forward's rate, the ensemble size (None: deterministic), the scores' per-init
     statistics and where the loop's time went."""
 
-    path: Path | None
+    path: Path | str | None  # a bucket URL as given
     rows: list[dict[str, Any]] | None
     init_times: np.ndarray
     steps: int
@@ -166,7 +167,7 @@ def run_prediction(cfg: TrainConfig, request: PredictRequest, mesh: DomainMesh |
     selection = select(cfg, variables=r.variables, levels=r.levels, steps=r.steps, lead_hours=r.lead_hours,
                        lead_every=r.lead_every)  # fmt: skip
     out, score = r.out, r.score
-    progress = Progress.for_output(out, r.scores)
+    progress = forecast_progress(out, r.scores)
     recorded = finished_request(out)  # a complete output of predict's: the same request is a no-op
     shared = None if r.model is None else ModelFolder.open(r.model)
     ckpt = shared.path if shared is not None else find_checkpoint(cfg, progress.checkpoint(r.checkpoint))
@@ -177,8 +178,8 @@ def run_prediction(cfg: TrainConfig, request: PredictRequest, mesh: DomainMesh |
         protected += (("--truth store", score.truth), ("--climatology", score.climatology))
     run_dir = () if shared is not None else (("run directory run.dir", cfg.run.dir),)
     if out is not None:
-        check_output(out, KIND, overwrite=r.overwrite or recorded is not None, protected=protected,
-                     may_hold_outputs=run_dir)  # fmt: skip
+        check_forecast_output(out, r.format, overwrite=r.overwrite or recorded is not None,
+                              protected=protected, may_hold_outputs=run_dir)  # fmt: skip
     progress.check(protected, run_dir)
     if shared is not None:  # the contract, before any model is built
         check_config(shared, cfg)
@@ -330,7 +331,7 @@ def _predict(run: _Run) -> Prediction:
         if finished(out, run.recorded, request_for(batch_size, step), r.overwrite):
             if mesh.rank == 0:
                 log.info("--out %s already holds this forecast: nothing to do", out)
-            return Prediction(Path(out), None, layout.init_times, steps, data.grid.n_lon, float("nan"),
+            return Prediction(output_path(out), None, layout.init_times, steps, data.grid.n_lon, float("nan"),
                               batch_size, float("nan"), total, complete=True)  # fmt: skip
     if out is not None:  # the size of what will be written, refused before any forecast if it cannot fit
         line = on_rank0(mesh, lambda: check_room(out, layout, fmt))

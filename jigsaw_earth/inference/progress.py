@@ -17,7 +17,8 @@ is written and scored (on the recording thread, in order), each rank saves its s
 (``TileScorer.last_batch``) to ``_progress/scores/rank-R/batch-B.pt``, then the count of its batches
 done to ``_progress/rank-R.json``. A resume starts at the batch every rank has recorded (the minimum),
 restores each rank's shares of the batches before it, in order, and writes nothing before it again; a
-batch in flight when a process was killed is written again. Forecasts and shares are those of a run that
+batch in flight when a process was killed is written again (a bucket ``--out``: the same records are
+objects under it, ``bucket_output.py``). Forecasts and shares are those of a run that
 never stopped, so the store and the scores are the same bit for bit (same mesh, batch and device).
 
 A resume must ask for the same forecast (``forecast_request``): checkpoint (by default the recorded one),
@@ -30,6 +31,7 @@ complete output keeps its request (``rerun.py``): the same command again is a no
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import math
@@ -187,11 +189,13 @@ class Progress:
 
     @classmethod
     def for_output(cls, out: str | Path | None, scores: str | Path | None = None) -> Progress:
+        """The progress of ``--out`` (of ``--scores`` without it) in a local folder (a bucket's:
+        ``bucket_output.forecast_progress``)."""
         target = out if out is not None else scores
         return cls(None if target is None else in_progress_path(Path(target).expanduser().absolute()))
 
     def recorded(self, key: str) -> Any:
-        info = read_request(self.folder) if self.folder is not None else None
+        info = self._request_info() if self.folder is not None else None
         return None if info is None else info["request"].get(key)
 
     def checkpoint(self, given: str | None) -> str | None:
@@ -269,7 +273,7 @@ class Progress:
         self.check(*self._checked)  # again, just before it is written: never clear what predict did not write
         self.lock.acquire()
         try:
-            info = read_request(folder)
+            info = self._request_info()
             if info is not None:
                 diffs = differences(info["request"], self.request)
                 if diffs:
@@ -279,22 +283,84 @@ class Progress:
                         f"inits, variables, levels, leads, members, seed, mesh, batch, precision, device, "
                         f"format, file names and scoring "
                         f"(--overwrite, --scores, logging and the launcher may change). Run it as recorded "
-                        f"to finish it, or remove it: jigsaw-earth predict --remove-unfinished {folder}"
+                        f"to finish it, or remove it: {self._removal()}"
                     )
-                first = min(batches_done(folder, world), self.total)
+                first = min(self._batches_done(world), self.total)
                 log.info("resuming %s: %d of %d batches recorded; starting at batch %d", folder, first,
                          self.total, first + 1)  # fmt: skip
             else:  # new, or its creation was cut short: start it (again), marked as predict's
                 first = 0
-                self._clear(folder)
-                mark_folder(folder)
-            for item in find_unfinished(folder.parent, besides=folder):
-                log.warning("%s; remove it: jigsaw-earth predict --remove-unfinished %s", item.text(),
-                            item.path)  # fmt: skip
+                self._start()
+            self._others()
         except BaseException:
             self.lock.release()
             raise
         return first, info is None
+
+    # ------------------------------------------------------------------ records (BucketProgress: a bucket's)
+    def _request_info(self) -> dict[str, Any] | None:
+        assert self.folder is not None
+        return read_request(self.folder)
+
+    def _batches_done(self, world: int) -> int:
+        assert self.folder is not None
+        return batches_done(self.folder, world)
+
+    def _removal(self) -> str:
+        """The command that removes this unfinished forecast."""
+        return f"jigsaw-earth predict --remove-unfinished {self.folder}"
+
+    def _start(self) -> None:
+        """A new folder (or one whose start was cut short): emptied but for the lock, and marked."""
+        assert self.folder is not None
+        self._clear(self.folder)
+        mark_folder(self.folder)
+
+    def _others(self) -> None:
+        """Warn of the abandoned unfinished forecasts beside this one."""
+        assert self.folder is not None
+        for item in find_unfinished(self.folder.parent, besides=self.folder):
+            log.warning("%s; remove it: jigsaw-earth predict --remove-unfinished %s", item.text(),
+                        item.path)  # fmt: skip
+
+    def _record_start(self) -> bool:
+        """Rank 0, a new run: mark a score-only folder, record the arrays the writer made; whether
+        the run is score-only (no store)."""
+        import zarr
+
+        assert self.folder is not None
+        scores_only = not (self.folder / "zarr.json").exists()
+        if scores_only:  # no store: the marker alone
+            group = zarr.open_group(self.folder, mode="a", zarr_format=3)
+            group.attrs[MARKER] = {"kind": KIND, "complete": False}
+        record_arrays(self.folder)  # what predict's writer made: the only arrays it may hold
+        return scores_only
+
+    def _get(self, key: str) -> bytes | None:
+        """The record ``key`` (a path under the folder), None if absent."""
+        assert self.folder is not None
+        try:
+            return (self.folder / key).read_bytes()
+        except FileNotFoundError:
+            return None
+
+    def _put(self, key: str, data: bytes) -> None:
+        """Write the record ``key`` whole (a reader sees the old one or the new one)."""
+        assert self.folder is not None
+        path = self.folder / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        _atomic(path, lambda f: f.write(data))
+
+    def _finished(self) -> None:
+        """Rank 0, the output complete: its records go (a store's went with its rename)."""
+        assert self.folder is not None
+        if self.folder.exists():
+            shutil.rmtree(self.folder)
+
+    def _discard(self) -> None:
+        """Rank 0, nothing recorded: the output in progress goes."""
+        assert self.folder is not None
+        shutil.rmtree(self.folder, ignore_errors=True)
 
     @staticmethod
     def _clear(folder: Path) -> None:
@@ -308,29 +374,22 @@ class Progress:
         """After the store exists: record the request (rank 0, new runs), restore earlier scores."""
         if self.folder is None:
             return
-        progress = self.folder / PROGRESS
         if self.rank == 0 and self.fresh:
-            import zarr
-
-            scores_only = not (self.folder / "zarr.json").exists()
-            if scores_only:  # no store: the marker alone
-                group = zarr.open_group(self.folder, mode="a", zarr_format=3)
-                group.attrs[MARKER] = {"kind": KIND, "complete": False}
-            record_arrays(self.folder)  # what predict's writer made: the only arrays it may hold
+            scores_only = self._record_start()
             info = {"format": FORMAT, "request": self.request, "batches": self.total,
                     "batch_size": self.batch, "inits": sum(self.sizes), "world": self.world,
                     "scores_only": scores_only, "created": time.time()}  # fmt: skip
-            _atomic(progress / REQUEST, lambda f: f.write(json.dumps(info, indent=1).encode()))
+            self._put(f"{PROGRESS}/{REQUEST}", json.dumps(info, indent=1).encode())
         if scorer is not None:
             batches = []
             for g in range(min(self.first, self.own)):
-                path = self._shares(g)
-                if not path.is_file():
+                data = self._get(self._shares(g))
+                if data is None:
                     raise FileNotFoundError(
-                        f"{path} is missing: the recorded progress of {self.folder} is damaged; remove it "
-                        f"(jigsaw-earth predict --remove-unfinished {self.folder}) and run again"
+                        f"{self.folder}/{self._shares(g)} is missing: the recorded progress of {self.folder} "
+                        f"is damaged; remove it ({self._removal()}) and run again"
                     )
-                batches.append(torch.load(path, map_location="cpu", weights_only=True))
+                batches.append(torch.load(io.BytesIO(data), map_location="cpu", weights_only=True))
             scorer.restore(batches)
         if self.first >= self.own:  # nothing left for this rank
             self._record_count(self.total)
@@ -403,10 +462,10 @@ class Progress:
             return
         g = self.first + i
         if shares is not None:
-            path = self._shares(g)
-            path.parent.mkdir(parents=True, exist_ok=True)
             shares = {m: t.cpu() for m, t in shares.items()}  # any device may resume them
-            _atomic(path, lambda f: torch.save(shares, f))
+            data = io.BytesIO()
+            torch.save(shares, data)
+            self._put(self._shares(g), data.getvalue())
         self._record_count(self.total if g + 1 >= self.own else g + 1)
 
     @property
@@ -425,8 +484,8 @@ class Progress:
             return
         if dist.is_initialized():
             dist.barrier()
-        if self.rank == 0 and self.folder.exists():
-            shutil.rmtree(self.folder)
+        if self.rank == 0:
+            self._finished()
         if self.lock is not None:
             self.lock.held = False
 
@@ -436,20 +495,17 @@ class Progress:
             return
         self.lock.release()
         if self.done == 0:
-            shutil.rmtree(self.folder, ignore_errors=True)
+            self._discard()
         else:  # a lost peer's verdict names the folder in its one line (distributed/heartbeat.py)
             say = log.debug if communication_error(err) else log.warning
             say("kept %s: %d of %d batches recorded; run the same command again to resume, or remove it: "
-                "jigsaw-earth predict --remove-unfinished %s", self.folder, self.done, self.total,
-                self.folder)  # fmt: skip
+                "%s", self.folder, self.done, self.total, self._removal())  # fmt: skip
 
     # ------------------------------------------------------------------ files
-    def _shares(self, batch: int) -> Path:
-        assert self.folder is not None
-        return self.folder / PROGRESS / "scores" / f"rank-{self.rank:05d}" / f"batch-{batch:06d}.pt"
+    def _shares(self, batch: int) -> str:
+        return f"{PROGRESS}/scores/rank-{self.rank:05d}/batch-{batch:06d}.pt"
 
     def _record_count(self, done: int) -> None:
-        assert self.folder is not None
         text = json.dumps({"batches": done, "time": time.time()}).encode()
-        _atomic(self.folder / PROGRESS / f"rank-{self.rank:05d}.json", lambda f: f.write(text))
+        self._put(f"{PROGRESS}/rank-{self.rank:05d}.json", text)
         self.done = done

@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 def finished_request(out: str | Path | None) -> dict[str, Any] | None:
     """The request recorded in the complete forecast output ``out`` (None: none there, or none recorded)."""
-    if out is None or "://" in str(out):
+    if out is None:
         return None
-    marker = read_marker(Path(out).expanduser())
+    marker = read_marker(out if "://" in str(out) else Path(out).expanduser())
     if not marker or marker.get("kind") != KIND or marker.get("complete") is not True:
         return None
     request = marker.get("request")

@@ -5,8 +5,9 @@ a score-only run with ``--scores PREFIX`` keeps its progress in ``PREFIX.in-prog
 a Zarr group marked ``jigsaw_earth = {kind: forecast, complete: false}`` (the forecast written so far;
 no arrays for a score-only run) with ``_progress/`` beside the arrays (``progress.py``: the request,
 each rank's batches done, their score shares) and ``_progress/lock``: the host, process and Slurm job
-that writes it. A lock is stale when its process is gone from this host, or when its Slurm job is this
-one (``sbatch --requeue`` keeps the job id); a stale lock is taken over, a live one refuses a second
+that writes it, its lease renewed while it is held. A lock is stale as ``locks.holder_alive`` judges:
+its process gone from this host, an earlier attempt of this Slurm job (``sbatch --requeue`` keeps the
+job id), or another host's lease run out; a stale lock is taken over, a live one refuses a second
 predict.
 
 What predict wrote is provable: when predict starts a folder it writes ``_progress/folder.json``
@@ -36,18 +37,21 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..locks import pid_alive, start_time
+from ..locks import holder_alive, lease_left, renew, slurm_attempt, start_time, stop_renewing
 from ..ownership import FOLDER_MARKER, IN_PROGRESS, kind_of, read_marker
 
 __all__ = [
     "OUTPUT",
     "PROGRESS",
+    "UNFINISHED_LOCAL",
     "Lock",
     "Unfinished",
     "describe",
     "find_unfinished",
     "foreign_files",
     "foreign_text",
+    "holder",
+    "holder_text",
     "mark_folder",
     "record_arrays",
     "record_outputs",
@@ -68,18 +72,28 @@ _PROGRESS_FILES = re.compile(
 )
 _CHUNK_KEY = re.compile(r"c(/\d+)*")
 
-
-def holder_is_live(info: dict[str, Any]) -> bool:
-    """Whether the process that wrote lock ``info`` may still be writing (unknown hosts: yes)."""
-    job = os.environ.get("SLURM_JOB_ID")
-    if job and info.get("slurm_job") == job:
-        return False  # this job before its requeue: Slurm ended every task of it
-    if info.get("host") != socket.gethostname():
-        return True
-    return pid_alive(int(info.get("pid", -1)), info.get("start"))
+#: what --unfinished and --remove-unfinished serve (a bucket has neither)
+UNFINISHED_LOCAL = (
+    "lists and removes unfinished forecasts in local folders; an unfinished forecast in a bucket is "
+    "finished by running its predict command again, or removed with the bucket's own tools (e.g. "
+    "`aws s3 rm --recursive URL`)"
+)
 
 
-def _holder_text(info: dict[str, Any]) -> str:
+def _lease_text(info: dict[str, Any], path: Path) -> str:
+    if info.get("host") == socket.gethostname():
+        return ""
+    return (f". A lock of another host counts as held while its lease runs ({lease_left(path):.0f} s more "
+            f"unless renewed): if that host is gone, run again after that")  # fmt: skip
+
+
+def holder() -> dict[str, Any]:
+    """What a lock says of this process: host, process (and its start), Slurm job, time."""
+    return {"host": socket.gethostname(), "pid": os.getpid(), "start": start_time(os.getpid()),
+            **slurm_attempt(), "time": time.time()}  # fmt: skip
+
+
+def holder_text(info: dict[str, Any]) -> str:
     job = f", Slurm job {info['slurm_job']}" if info.get("slurm_job") else ""
     return f"process {info.get('pid')} on {info.get('host')}{job}"
 
@@ -101,34 +115,36 @@ class Lock:
     def acquire(self) -> None:
         """Take the lock (a stale one is taken over); ``ValueError`` naming the holder if it is live."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        mine = {"host": socket.gethostname(), "pid": os.getpid(), "start": start_time(os.getpid()),
-                "slurm_job": os.environ.get("SLURM_JOB_ID"), "time": time.time()}  # fmt: skip
+        mine = holder()
         for _ in range(3):
             try:
                 fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
             except FileExistsError:
                 info = self.read()
-                if info is not None and holder_is_live(info):
+                if info is not None and holder_alive(info, self.path):
                     raise ValueError(
-                        f"{self.path.parent.parent} is being written by {_holder_text(info)}; wait for it "
-                        f"or stop it. If that process is gone (another host cannot be asked), delete "
-                        f"{self.path} and run again"
+                        f"{self.path.parent.parent} is being written by {holder_text(info)}; wait for it "
+                        f"or stop it{_lease_text(info, self.path)}"
                     ) from None
                 if info is None and time.time() - self.path.stat().st_mtime < 10:
                     time.sleep(1)  # being written by a predict starting at this moment
                     continue
-                log.info("taking over %s from %s, which is gone", self.path, _holder_text(info or {}))
+                log.info("taking over %s from %s, which is gone", self.path, holder_text(info or {}))
                 self.path.unlink(missing_ok=True)
                 continue
             with os.fdopen(fd, "w") as f:
                 json.dump(mine, f)
             self.held = True
+            renew(self.path)
             return
         raise ValueError(f"cannot take {self.path}: another predict keeps taking it; run again")
 
     def release(self) -> None:
         if self.held:
-            self.path.unlink(missing_ok=True)
+            stop_renewing(self.path)
+            info = self.read() or {}
+            if (info.get("host"), info.get("pid")) == (socket.gethostname(), os.getpid()):
+                self.path.unlink(missing_ok=True)  # not another's that took it over once our lease ran out
             self.held = False
 
 
@@ -157,7 +173,7 @@ class Unfinished:
             )
             what = f"{kind}: {self.batches_done} of {self.batches} batches recorded"
             what += f" ({self.inits} inits)" if self.inits is not None else ""
-        state = f"written now by {_holder_text(self.holder)}" if self.holder else f"last written {when}"
+        state = f"written now by {holder_text(self.holder)}" if self.holder else f"last written {when}"
         return f"{self.path}: {what}, {state}"
 
     def details(self) -> list[str]:
@@ -292,8 +308,9 @@ def describe(path: str | Path) -> Unfinished | None:
     if _mark(path) is None and request is None:
         return None  # a folder predict did not make
     info = request or {}
-    holder = Lock(path).read()
-    holder = holder if holder is not None and holder_is_live(holder) else None
+    lock = Lock(path)
+    holder = lock.read()
+    holder = holder if holder is not None and holder_alive(holder, lock.path) else None
     stamps = [p.stat().st_mtime for p in (path / PROGRESS).glob("rank-*.json")]
     world = int(info.get("world", 1))
     return Unfinished(path, batches_done(path, world), int(info.get("batches", 0)), info.get("inits"),
@@ -324,6 +341,8 @@ def foreign_text(path: Path, foreign: list[str]) -> str:
 def remove_unfinished(path: str | Path) -> Unfinished:
     """Delete predict's unfinished forecast ``path``; ``ValueError`` for anything else, one in use,
     or one holding a file predict did not write."""
+    if "://" in str(path):
+        raise ValueError(f"--remove-unfinished {path}: predict {UNFINISHED_LOCAL}; nothing was deleted")
     item = describe(path)
     if item is None:
         foreign = foreign_files(path) if Path(path).is_dir() and not Path(path).is_symlink() else []
@@ -334,7 +353,7 @@ def remove_unfinished(path: str | Path) -> Unfinished:
             f"nothing was deleted"
         )
     if item.holder is not None:
-        raise ValueError(f"{path} is being written by {_holder_text(item.holder)}; nothing was deleted")
+        raise ValueError(f"{path} is being written by {holder_text(item.holder)}; nothing was deleted")
     foreign = foreign_files(item.path)
     if foreign:
         raise ValueError(

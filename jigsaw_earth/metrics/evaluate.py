@@ -24,14 +24,13 @@ from .engine import MEMBER, block_size, plan_regions, score_variable
 from .grid import ForecastGrid
 from .regions import get_regions
 from .significance import IntervalOptions, score_rows
-from .statistics import Statistics
+from .statistics import Statistics, check_times
 from .units import unit_of
 
 __all__ = [
     "DIM_ALIASES",
     "VAR_ALIASES",
     "check_members",
-    "check_times",
     "evaluate",
     "evaluate_statistics",
     "members",
@@ -134,30 +133,6 @@ def _levels(ref: xr.DataArray, other: xr.DataArray, what: str) -> xr.DataArray:
             f"{have.tolist()}); use a store with those levels or score --variables without them"
         )
     return other.sel(level=want)
-
-
-def check_times(times: np.ndarray, what: str) -> None:
-    """Refuse empty, duplicated or unsorted times (a duplicate would be scored twice), listing them."""
-    times = np.asarray(times)
-    if times.size == 0:
-        raise ValueError(f"{what}: none (an empty store?); score a forecast with at least one init time")
-    stamps = [str(np.datetime_as_string(t, unit="h")) if np.issubdtype(times.dtype, np.datetime64) else str(t)
-              for t in times]  # fmt: skip
-    values, counts = np.unique(times, return_counts=True)
-    if (counts > 1).any():
-        dup = [stamps[int(np.nonzero(times == v)[0][0])] for v in values[counts > 1]]
-        more = " …" if len(dup) > 10 else ""
-        raise ValueError(
-            f"{what} repeat {dup[:10]}{more} ({len(dup)} duplicated): each would be counted "
-            f"twice; write each init once (e.g. ds.drop_duplicates('time'))"
-        )
-    back = np.nonzero(times[1:] < times[:-1])[0]
-    if back.size:
-        k = int(back[0])
-        raise ValueError(
-            f"{what} are not sorted: {stamps[k]} comes before {stamps[k + 1]}; sort them first "
-            f"(ds.sortby('time'))"
-        )
 
 
 def _lacks(name: str, fc: xr.Dataset, other: xr.Dataset | None, what: str) -> str | None:

@@ -35,6 +35,7 @@ __all__ = [
     "SUFFIX",
     "Statistics",
     "check_reference",
+    "check_times",
     "field_name",
     "shared",
     "stats_path",
@@ -48,6 +49,30 @@ SUFFIX = "-stats.nc"
 DIMS = ("time", "lead", "field", "region")
 NO_LEVEL = -1  # a surface field's level on disk
 REFERENCES = ("truth", "climatology")  # the stores the statistics were computed against (attributes)
+
+
+def check_times(times: np.ndarray, what: str) -> None:
+    """Refuse empty, duplicated or unsorted times (a duplicate would be scored twice), listing them."""
+    times = np.asarray(times)
+    if times.size == 0:
+        raise ValueError(f"{what}: none (an empty store?); score a forecast with at least one init time")
+    stamps = [str(np.datetime_as_string(t, unit="h")) if np.issubdtype(times.dtype, np.datetime64) else str(t)
+              for t in times]  # fmt: skip
+    values, counts = np.unique(times, return_counts=True)
+    if (counts > 1).any():
+        dup = [stamps[int(np.nonzero(times == v)[0][0])] for v in values[counts > 1]]
+        more = " …" if len(dup) > 10 else ""
+        raise ValueError(
+            f"{what} repeat {dup[:10]}{more} ({len(dup)} duplicated): each would be counted "
+            f"twice; write each init once (e.g. ds.drop_duplicates('time'))"
+        )
+    back = np.nonzero(times[1:] < times[:-1])[0]
+    if back.size:
+        k = int(back[0])
+        raise ValueError(
+            f"{what} are not sorted: {stamps[k]} comes before {stamps[k + 1]}; sort them first "
+            f"(ds.sortby('time'))"
+        )
 
 
 def field_name(variable: str, level: int | None) -> str:
@@ -163,8 +188,6 @@ class Statistics:
         except (OSError, ValueError) as err:
             raise ValueError(f"{path} is not a statistics file of jigsaw-earth score ({err})") from None
         stats = cls(ds, str(path))
-        from .evaluate import check_times
-
         check_times(stats.times, f"statistics file {path}: its init times")  # each once, in order
         return stats
 

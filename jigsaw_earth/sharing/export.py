@@ -35,13 +35,13 @@ from ..checkpoint.planner import Block
 from ..checkpoint.safetensors_files import FileLayout, create_files, plan_files, write_block
 from ..checkpoint.state import model_blocks
 from ..config.schema import TrainConfig
+from ..data.samples import model_channels
 from ..distributed.comm import all_reduce_
 from ..distributed.mesh import DomainMesh
 from ..distributed.rank0 import on_rank0
 from ..mesh_setup import setup_mesh
 from ..models.run import build_run_model
 from ..ownership import FOLDER_MARKER, MARKER, check_output, replace_output, unique_tmp
-from ..training.finetune import model_channels
 from .card import model_card
 from .contract import FORMAT, VERSION, make_contract
 from .folder import CARD, CONTRACT, INDEX, KIND, REFERENCE, REFERENCE_STATE, STATIC, file_sha256

@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any
 from ..config import parse_config
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
+from ..config.shape_keys import compare_shape_keys
 from ..data.samples import TrainData
 from ..data.store import StoreView
-from ..inference.load import compare_shape_keys
+from ..distributed.mesh import MeshShape
 from .contract import check_source, statistics_tensors
 from .folder import STATIC, ModelFolder
 
@@ -62,15 +63,13 @@ def _raw(folder: ModelFolder) -> dict[str, Any]:
 def fit_mesh(raw: dict[str, Any], overrides: list[str] | None, world_size: int) -> dict[str, Any]:
     """``raw`` (a config as YAML holds it) on the squarest ``lat × lon`` mesh of ``world_size`` ranks
     when its own mesh has another number of ranks and no ``mesh.*`` override sets one."""
-    from ..selftest import default_mesh
-
     mesh = raw.get("mesh") or {}
     ranks = 1
     for axis in ("data", "ensemble", "lat", "lon"):
         ranks *= int(mesh.get(axis, 1))
     if ranks == world_size or any(o.split("=", 1)[0].startswith("mesh.") for o in overrides or []):
         return raw
-    shape = default_mesh(world_size)
+    shape = MeshShape.squarest(world_size)
     return {**raw, "mesh": {"data": 1, "ensemble": 1, "lat": shape.lat, "lon": shape.lon}}
 
 

@@ -46,7 +46,7 @@ from ..checkpoint.transfer import (
 from ..config.parse import to_dict
 from ..config.schema import TrainConfig
 from ..data.batch import STATIC_GEOMETRY, channel_names
-from ..data.samples import TrainData
+from ..data.samples import TrainData, model_channels
 from ..data.times import TIME_FEATURES
 from ..distributed.mesh import DomainMesh
 from ..layers.channels import ModelChannels
@@ -57,7 +57,6 @@ __all__ = [
     "apply_freeze",
     "frozen_parameters",
     "load_parent",
-    "model_channels",
     "parent_record",
     "plan_init_from",
     "resolve_parent",
@@ -132,13 +131,6 @@ def _global_numel(p: nn.Parameter) -> int:
 
 
 # ------------------------------------------------------------------------ what a run records
-def model_channels(cfg: TrainConfig, data: TrainData) -> ModelChannels:
-    """The names of the channels the run's model reads, in its order."""
-    noise = [f"noise:{k}" for k in range(cfg.model.noise_channels)]
-    static = list(getattr(data.source, "static_channels", ()))
-    return ModelChannels.from_lists(data.channels, [*static, *noise], TIME_FEATURES)
-
-
 def run_record(cfg: TrainConfig, data: TrainData) -> dict[str, Any]:
     """What a child run needs to know about this one (JSON-ready; stored in every checkpoint)."""
     ch = model_channels(cfg, data)

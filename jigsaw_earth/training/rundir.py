@@ -155,8 +155,8 @@ def claim_run_dir(cfg: TrainConfig, new_run: bool = False) -> Path | None:
     return None
 
 
-def _refuse_if_held(run_dir: Path) -> None:
-    held = PathLock.holder(run_dir / LOCK_FILE)
+def _refuse_if_held(run_dir: Path, taker: bool = True) -> None:
+    held = PathLock.holder(run_dir / LOCK_FILE, lease=taker)
     if held is not None:
         raise RunDirError(
             f"run.dir {str(run_dir)!r} is in use by another run: {describe_holder(held)} holds "
@@ -165,12 +165,14 @@ def _refuse_if_held(run_dir: Path) -> None:
 
 
 def check_place(
-    cfg: TrainConfig, config_file: str | Path | None = None, overrides: Sequence[str] = ()
+    cfg: TrainConfig, config_file: str | Path | None = None, overrides: Sequence[str] = (), taker: bool = True
 ) -> None:
     """``run.dir`` is a place for a run (``ownership.check_run_dir``): not in or around the data
     or climatology store, and no file a run writes that another hand put there (``config_file``,
     the config being trained, may be its ``config.yaml``); no live run holds it; and the config
-    file is not another run directory's ``config.yaml`` (``check_config_home``)."""
+    file is not another run directory's ``config.yaml`` (``check_config_home``). ``taker``: this
+    process takes the run's lock (rank 0); the other ranks refuse only a lock their host's kernel
+    sees held, and leave the lease of another host's lock to rank 0 (``locks.PathLock.holder``)."""
     d = cfg.data
     stores = (
         ("data store data.store", d.store),
@@ -178,7 +180,7 @@ def check_place(
     )
     check_config_home(cfg, config_file, overrides)
     check_run_dir(cfg.run.dir, stores, config_file)
-    _refuse_if_held(Path(cfg.run.dir))  # at once, before the mesh and the model are built
+    _refuse_if_held(Path(cfg.run.dir), taker)  # at once, before the mesh and the model are built
 
 
 def check_config_home(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import socket
 from typing import Any
 
 import torch
@@ -52,7 +53,10 @@ class _Module(backend_registration._DummyBackendModule):
         index = device if isinstance(device, int) else torch.device(device).index
         index = self.current if index is None else index
         if not 0 <= index < self.device_count():
-            raise RuntimeError(f"{TYPE}: invalid device ordinal {index} ({self.device_count()} devices)")
+            raise RuntimeError(
+                f"{TYPE}: invalid device ordinal {index} ({self.device_count()} devices on host "
+                f"{socket.gethostname()}: a rank takes its host's device by its local rank)"
+            )
         self.current, self.chosen = index, True
 
     def current_stream(self, device: Any = None) -> _Stream:

@@ -9,6 +9,7 @@ import atexit
 import contextlib
 import json
 import os
+import socket
 import sys
 import threading
 import traceback
@@ -312,8 +313,8 @@ def fake_gpu() -> Iterator[FakeGpu]:
 def activate() -> None:
     """The device plugin's entry (``JIGSAW_DEVICE_PLUGIN``): the guard on for the rest of this
     process, in every thread. At exit the rank's host reads are printed, and with
-    ``FAKEGPU_REPORT=DIR`` written to ``DIR/rank-R-PID.json`` with its ``torch.distributed`` calls by
-    operator and any CPU tensors handed to them (``nccl.py``)."""
+    ``FAKEGPU_REPORT=DIR`` written to ``DIR/rank-R-PID.json`` with its host and device, its
+    ``torch.distributed`` calls by operator and any CPU tensors handed to them (``nccl.py``)."""
     if active() is not None:
         return
     register()
@@ -331,6 +332,7 @@ def _report(mode: FakeGpu) -> None:
     print(f"fake_gpu: rank {rank()}: {len(mode.host_reads)} host reads", file=sys.stderr)
     folder = os.environ.get(REPORT_ENV)
     if folder:
-        report = {"rank": int(rank()), "host_reads": len(mode.host_reads), "calls": dict(nccl.CALLS),
+        report = {"rank": int(rank()), "host": socket.gethostname(), "device": MODULE.current,
+                  "host_reads": len(mode.host_reads), "calls": dict(nccl.CALLS),
                   "cpu_handoffs": nccl.HANDOFFS}  # fmt: skip
         Path(folder, f"rank-{rank()}-{os.getpid()}.json").write_text(json.dumps(report))
