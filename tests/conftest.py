@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import signal
 
 import pytest
 
@@ -36,3 +37,12 @@ def assert_records_pass(records: tuple[dict, ...]) -> None:
 @pytest.fixture(scope="session")
 def records_for():
     return validator_records
+
+
+@pytest.fixture
+def quiet_signals():
+    """A signal arriving after predict has returned must not end pytest."""
+    saved = {s: signal.signal(s, lambda *a: None) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
+    yield
+    for s, handler in saved.items():
+        signal.signal(s, handler)

@@ -29,7 +29,15 @@ from subprocess import CompletedProcess
 
 from jigsaw_earth.distributed.spawn import free_port
 
-__all__ = ["FINAL_STATES", "ClusterUnavailable", "SlurmCluster", "start_cluster"]
+__all__ = [
+    "FINAL_STATES",
+    "ClusterUnavailable",
+    "SlurmCluster",
+    "require_slurm",
+    "slurm_conf",
+    "start_cluster",
+    "write_config",
+]
 
 CLIENTS = ("sbatch", "scontrol", "scancel", "sinfo", "squeue", "munge")
 DAEMONS = ("munged", "slurmctld", "slurmd")
@@ -78,6 +86,18 @@ class SlurmCluster:
     def _start(self, name: str, *cmd: str) -> None:
         with open(self.root / f"{name}.log", "w") as log:  # the daemon keeps its own copy
             self.procs[name] = subprocess.Popen(cmd, env=self.env, stdout=log, stderr=subprocess.STDOUT)
+
+    def start_controller(self) -> None:
+        """Start munged (its socket and key under ``root``) and slurmctld; return once both answer."""
+        sock, root = self.root / "munge.sock", self.root
+        self._start(
+            "munged", "munged", "-F", "--force", f"--socket={sock}", f"--key-file={root}/munge.key",
+            f"--pid-file={root}/munged.pid", f"--seed-file={root}/munge.seed",
+            f"--log-file={root}/munged.file.log",
+        )  # fmt: skip
+        self._wait("munged", lambda: self._ok("munge", f"--socket={sock}", "-n"), 20)
+        self._start("slurmctld", "slurmctld", "-D", "-c")
+        self._wait("slurmctld", lambda: self._ok("scontrol", "ping", want="UP"), 60)
 
     def _wait(self, name: str, ready: Callable[[], bool], limit_s: float) -> None:
         deadline = time.monotonic() + limit_s
@@ -138,48 +158,82 @@ class SlurmCluster:
                     proc.wait(timeout=10)
 
 
-def _slurm_conf(root: Path, node: str, cpus: int) -> str:
-    return f"""\
-ClusterName=jigsawtest
-SlurmctldHost={node}(127.0.0.1)
-SlurmctldPort={free_port()}
-SlurmdPort={free_port()}
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={root}/munge.sock,cred_expire=10
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SchedulerType=sched/builtin
-SchedulerParameters=sched_interval=1
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-MpiDefault=none
-MailProg=/bin/true
-JobRequeue=1
-ReturnToService=2
-MinJobAge=3600
-KillWait=10
-FirstJobId={_first_job_id()}
-NodeName={node} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
-PartitionName=test Nodes={node} Default=YES MaxTime=INFINITE State=UP
-"""
+def slurm_conf(
+    root: Path,
+    *,
+    name: str,
+    controller: tuple[str, str],
+    nodes: dict[str, str],
+    cpus: int,
+    ports: tuple[int, int],
+    cred_expire_s: int,
+    per_node: bool,
+    extra: tuple[str, ...] = (),
+) -> str:
+    """``slurm.conf`` of a test cluster with every file under ``root``: ``controller`` and each of
+    ``nodes`` as (name, address), ``cpus`` declared per node, ``(slurmctld, slurmd)`` ports; with
+    ``per_node`` each slurmd has its own spool folder and pid file (``%n``: several on one file system)."""
+    each = "-%n" if per_node else ""
+    node_lines = [f"NodeName={n} NodeAddr={addr} CPUs={cpus} State=UNKNOWN" for n, addr in nodes.items()]
+    return "\n".join([
+        f"ClusterName={name}",
+        f"SlurmctldHost={controller[0]}({controller[1]})",
+        f"SlurmctldPort={ports[0]}",
+        f"SlurmdPort={ports[1]}",
+        "AuthType=auth/munge",
+        "CredType=cred/munge",
+        f"AuthInfo=socket={root}/munge.sock,cred_expire={cred_expire_s}",
+        "SlurmUser=root",
+        "SlurmdUser=root",
+        f"StateSaveLocation={root}/state",
+        f"SlurmdSpoolDir={root}/spool{each}",
+        f"SlurmctldPidFile={root}/slurmctld.pid",
+        f"SlurmdPidFile={root}/slurmd{each}.pid",
+        "ProctrackType=proctrack/linuxproc",
+        "TaskPlugin=task/none",
+        "JobAcctGatherType=jobacct_gather/none",
+        "AccountingStorageType=accounting_storage/none",
+        "JobCompType=jobcomp/none",
+        "SchedulerType=sched/builtin",
+        "SchedulerParameters=sched_interval=1",
+        "SelectType=select/cons_tres",
+        "SelectTypeParameters=CR_Core",
+        "SlurmdParameters=config_overrides",
+        "MpiDefault=none",
+        "MailProg=/bin/true",
+        "JobRequeue=1",
+        "ReturnToService=2",
+        "MinJobAge=3600",
+        "KillWait=10",
+        *extra,
+        *node_lines,
+        f"PartitionName=test Nodes={','.join(nodes)} Default=YES MaxTime=INFINITE State=UP",
+        "",
+    ])  # fmt: skip
+
+
+def require_slurm() -> None:
+    """Raise ``ClusterUnavailable`` naming what to install where a Slurm or MUNGE program is missing."""
+    missing = [name for name in CLIENTS + DAEMONS if _which(name) is None]
+    if missing:
+        raise ClusterUnavailable(f"Slurm/MUNGE not installed (missing {', '.join(missing)}); run `{INSTALL}`")
+
+
+def write_config(root: Path, conf: str) -> dict[str, str]:
+    """Write a fresh munge key and ``conf`` as ``slurm.conf`` under ``root``; the environment that
+    daemons and clients run with (``SLURM_CONF`` set, the daemons' folder on ``PATH``)."""
+    (root / "state").mkdir(parents=True, exist_ok=True)
+    key = root / "munge.key"
+    key.write_bytes(os.urandom(1024))
+    key.chmod(0o600)
+    (root / "slurm.conf").write_text(conf)
+    sbin = os.pathsep.join(str(Path(_which(d)).parent) for d in DAEMONS)  # type: ignore[arg-type]
+    return {**os.environ, "SLURM_CONF": str(root / "slurm.conf"), "PATH": f"{os.environ['PATH']}:{sbin}"}
 
 
 def start_cluster(root: Path) -> SlurmCluster:
     """Start munged, slurmctld and slurmd under ``root``; the node is idle when this returns."""
-    missing = [name for name in CLIENTS + DAEMONS if _which(name) is None]
-    if missing:
-        raise ClusterUnavailable(f"Slurm/MUNGE not installed (missing {', '.join(missing)}); run `{INSTALL}`")
+    require_slurm()
     if os.geteuid() != 0:
         raise ClusterUnavailable("the one-node cluster runs slurmd as root; run the tests as root (CI does)")
     node = socket.gethostname().split(".")[0]
@@ -187,25 +241,15 @@ def start_cluster(root: Path) -> SlurmCluster:
         socket.gethostbyname(node)
     except OSError:
         raise ClusterUnavailable(f"host name {node!r} does not resolve; add it to /etc/hosts") from None
-    for sub in ("state", "spool"):
-        (root / sub).mkdir(parents=True, exist_ok=True)
-    key = root / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o600)
-    (root / "slurm.conf").write_text(_slurm_conf(root, node, NODE_CPUS))
-    sbin = os.pathsep.join(str(Path(_which(d)).parent) for d in DAEMONS)  # type: ignore[arg-type]
-    env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf"), "PATH": f"{os.environ['PATH']}:{sbin}"}
-    cluster = SlurmCluster(root, node, env)
-    sock = str(root / "munge.sock")
+    (root / "spool").mkdir(parents=True, exist_ok=True)
+    conf = slurm_conf(
+        root, name="jigsawtest", controller=(node, "127.0.0.1"), nodes={node: "127.0.0.1"}, cpus=NODE_CPUS,
+        ports=(free_port(), free_port()), cred_expire_s=10, per_node=False,
+        extra=(f"FirstJobId={_first_job_id()}",),
+    )  # fmt: skip
+    cluster = SlurmCluster(root, node, write_config(root, conf))
     try:
-        cluster._start(
-            "munged", "munged", "-F", "--force", f"--socket={sock}", f"--key-file={key}",
-            f"--pid-file={root}/munged.pid", f"--seed-file={root}/munge.seed",
-            f"--log-file={root}/munged.file.log",
-        )  # fmt: skip
-        cluster._wait("munged", lambda: cluster._ok("munge", f"--socket={sock}", "-n"), 20)
-        cluster._start("slurmctld", "slurmctld", "-D", "-c")
-        cluster._wait("slurmctld", lambda: cluster._ok("scontrol", "ping", want="UP"), 60)
+        cluster.start_controller()
         cluster._start("slurmd", "slurmd", "-D", "-N", node)
         cluster._wait("slurmd", lambda: cluster._ok("sinfo", "-h", "-N", "-o", "%T", want="idle"), 60)
     except BaseException:

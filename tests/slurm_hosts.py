@@ -21,7 +21,6 @@ installed, not root, no namespaces here, a daemon's log) where the cluster canno
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from pathlib import Path
 from subprocess import CompletedProcess
 
 from .simhosts import SimulatedHosts, unavailable
-from .slurm_cluster import CLIENTS, DAEMONS, INSTALL, ClusterUnavailable, SlurmCluster, _which
+from .slurm_cluster import ClusterUnavailable, SlurmCluster, require_slurm, slurm_conf, write_config
 
 __all__ = ["CONTROLLER", "NODE_CPUS", "SimSlurmCluster", "start_host_cluster"]
 
@@ -56,6 +55,10 @@ class SimSlurmCluster(SlurmCluster):
             proc.communicate()
             raise
         return CompletedProcess(list(cmd), proc.returncode, out, err)
+
+    def _start(self, name: str, *cmd: str) -> None:
+        """A daemon of the controller host (munged, slurmctld)."""
+        self._start_on(CONTROLLER, name, *cmd)
 
     def _start_on(self, host: str, name: str, *cmd: str) -> None:
         assert self.hosts is not None
@@ -109,85 +112,35 @@ class SimSlurmCluster(SlurmCluster):
                 self.hosts.close()
 
 
-def _slurm_conf(root: Path, hosts: SimulatedHosts, nodes: list[str]) -> str:
-    node_lines = "".join(
-        f"NodeName={n} NodeAddr={hosts.addresses[n]} CPUs={NODE_CPUS} State=UNKNOWN\n" for n in nodes
-    )
-    return f"""\
-ClusterName=jigsawsim
-SlurmctldHost={CONTROLLER}({hosts.addresses[CONTROLLER]})
-SlurmctldPort=6817
-SlurmdPort=6818
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={root}/munge.sock,cred_expire=5
-SlurmUser=root
-SlurmdUser=root
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool-%n
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd-%n.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd-%n.log
-LogTimeFormat=iso8601_ms
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-JobAcctGatherType=jobacct_gather/none
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-SchedulerType=sched/builtin
-SchedulerParameters=sched_interval=1
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SlurmdParameters=config_overrides
-MpiDefault=none
-MailProg=/bin/true
-JobRequeue=1
-ReturnToService=2
-SlurmdTimeout={SLURMD_TIMEOUT_S}
-MinJobAge=3600
-KillWait=10
-{node_lines}PartitionName=test Nodes={",".join(nodes)} Default=YES MaxTime=INFINITE State=UP
-"""
-
-
 def start_host_cluster(root: Path, nodes: int = 3, shared: tuple[Path, ...] = ()) -> SimSlurmCluster:
     """Start the cluster (``ctl`` and ``n1`` … ``nN``) under ``root``; every node is idle on return."""
-    missing = [name for name in CLIENTS + DAEMONS if _which(name) is None]
-    if missing:
-        raise ClusterUnavailable(f"Slurm/MUNGE not installed (missing {', '.join(missing)}); run `{INSTALL}`")
+    require_slurm()
     reason = unavailable()
     if reason:
         raise ClusterUnavailable(reason)
     names = [f"n{i + 1}" for i in range(nodes)]
-    (root / "state").mkdir(parents=True, exist_ok=True)
-    key = root / "munge.key"
-    key.write_bytes(os.urandom(1024))
-    key.chmod(0o600)
+    root.mkdir(parents=True, exist_ok=True)
     hosts = SimulatedHosts([CONTROLLER, *names], shared=[root, *shared])
     try:
         hosts.start()
     except BaseException:
         hosts.close()
         raise
-    (root / "slurm.conf").write_text(_slurm_conf(root, hosts, names))
+    extra = (f"SlurmctldLogFile={root}/slurmctld.log", f"SlurmdLogFile={root}/slurmd-%n.log",
+             "LogTimeFormat=iso8601_ms", f"SlurmdTimeout={SLURMD_TIMEOUT_S}")  # fmt: skip
+    conf = slurm_conf(
+        root, name="jigsawsim", controller=(CONTROLLER, hosts.addresses[CONTROLLER]),
+        nodes={n: hosts.addresses[n] for n in names}, cpus=NODE_CPUS, ports=(6817, 6818), cred_expire_s=5,
+        per_node=True, extra=extra,
+    )  # fmt: skip
+    env = write_config(root, conf)
     # `ip netns exec` mounts the host's own /sys, without this machine's cgroups: no autodetection
     (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\n")
     for name in names:
         (root / f"spool-{name}").mkdir(exist_ok=True)
-    sbin = os.pathsep.join(str(Path(_which(d)).parent) for d in DAEMONS)  # type: ignore[arg-type]
-    env = {**os.environ, "SLURM_CONF": str(root / "slurm.conf"), "PATH": f"{os.environ['PATH']}:{sbin}"}
     cluster = SimSlurmCluster(root, CONTROLLER, env, hosts=hosts, nodes=names)
-    sock = str(root / "munge.sock")
     try:
-        cluster._start_on(
-            CONTROLLER, "munged", "munged", "-F", "--force", f"--socket={sock}", f"--key-file={key}",
-            f"--pid-file={root}/munged.pid", f"--seed-file={root}/munge.seed",
-            f"--log-file={root}/munged.file.log",
-        )  # fmt: skip
-        cluster._wait("munged", lambda: cluster._ok("munge", f"--socket={sock}", "-n"), 20)
-        cluster._start_on(CONTROLLER, "slurmctld", "slurmctld", "-D", "-c")
-        cluster._wait("slurmctld", lambda: cluster._ok("scontrol", "ping", want="UP"), 60)
+        cluster.start_controller()
         for name in names:
             cluster._start_on(name, f"slurmd-{name}", "slurmd", "-D", "-N", name)  # NodeName = host name
         deadline = time.monotonic() + 60

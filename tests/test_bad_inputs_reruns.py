@@ -426,15 +426,6 @@ def test_refused_naming_the_cause(
     _refused_cleanly(argv, fragments, world, tmp_path, capsys)
 
 
-@pytest.fixture()
-def quiet_signals():
-    """A signal arriving after predict has returned must not end pytest."""
-    saved = {s: signal.signal(s, lambda *a: None) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
-
-
 def _stop_after_first_batch(monkeypatch: pytest.MonkeyPatch) -> None:
     """SIGUSR1 to this process just before batch 2: the run stops with batch 1 recorded, however fast."""
     from jigsaw_earth.inference.progress import Progress

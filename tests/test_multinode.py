@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -93,14 +94,21 @@ def history(run_dir: Path) -> dict[int, tuple[float, float]]:
     return {r["step"]: (r["loss"], r["grad_norm"]) for r in rows if r["kind"] == "train"}
 
 
+LAUNCH = [sys.executable, "-m", "jigsaw_earth", "launch", "--nproc-per-node", "4"]  # one host × 4 ranks
+
+
+def _on_this_machine(command: list[str]) -> None:
+    """``jigsaw-earth launch`` of ``command`` on 1 host × 4 ranks (this machine); fails with its output."""
+    done = subprocess.run([*LAUNCH, *command], cwd=REPO, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+
+
 @pytest.fixture(scope="module")
 def one_host(store: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The uninterrupted run on 1 host × 4 ranks (this machine)."""
     run_dir = tmp_path_factory.mktemp("one-host") / "run"
-    done = subprocess.run([sys.executable, "-m", "jigsaw_earth", "launch", "--nproc-per-node", "4",
-                           *train_command(store, run_dir)], cwd=REPO, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _on_this_machine(train_command(store, run_dir))
     return run_dir
 
 
@@ -154,6 +162,23 @@ def _run_until_fault(
     pytest.fail("the job did not reach its first checkpoints")
 
 
+def _fault_stops(
+    hosts: SimulatedHosts,
+    store: Path,
+    run_dir: Path,
+    logs: Path,
+    fault: Callable[[str], object],
+    left: list[str],
+) -> tuple[dict[str, int], float, dict[str, str]]:
+    """Run the job until step FAULT_AT's checkpoint, then ``fault`` node2 (kill or cut it) and wait for
+    the ranks on the hosts ``left``: their exit codes, the seconds they took to end, their hosts' logs."""
+    procs = _run_until_fault(hosts, store, run_dir, logs)
+    fault_at = time.monotonic()
+    fault("node2")
+    codes = _wait({h: procs[h] for h in left}, 3 * TIMEOUT_S + 60)
+    return codes, time.monotonic() - fault_at, {h: (logs / f"{h}.log").read_text() for h in left}
+
+
 def _stops(log: str, host: str) -> dict[int, re.Match]:
     """Rank → its one 'lost … stops' line (exactly one per rank, and no traceback)."""
     found: dict[int, list[re.Match]] = {}
@@ -170,12 +195,8 @@ def test_a_killed_host_ends_the_job_and_it_resumes_on_the_other(
 ) -> None:
     run_dir = tmp_path / "run"
     with SimulatedHosts(["node1", "node2"], shared=[tmp_path, store.parent]) as hosts:
-        procs = _run_until_fault(hosts, store, run_dir, tmp_path)
-        killed_at = time.monotonic()
-        hosts.kill("node2")
-        codes = _wait({"node1": procs["node1"]}, 3 * TIMEOUT_S + 60)
-        took = time.monotonic() - killed_at
-        log = (tmp_path / "node1.log").read_text()
+        codes, took, logs = _fault_stops(hosts, store, run_dir, tmp_path, hosts.kill, ["node1"])
+        log = logs["node1"]
         assert codes == {"node1": 75}, log[-4000:]
         lines = _stops(log, "node1")
         assert sorted(lines) == [0, 1], log[-4000:]
@@ -185,20 +206,7 @@ def test_a_killed_host_ends_the_job_and_it_resumes_on_the_other(
         assert named == latest_checkpoint(run_dir) and (named / "meta.json").is_file()  # complete
         print(f"killed host: survivors ended {took:.1f} s after the kill (timeout_s={TIMEOUT_S})")
         # resume on node1 alone, 4 ranks: the uninterrupted run's losses, bit for bit
-        resumed = hosts.check(
-            "node1",
-            [
-                sys.executable,
-                "-m",
-                "jigsaw_earth",
-                "launch",
-                "--nproc-per-node",
-                "4",
-                *train_command(store, run_dir),
-            ],
-            cwd=REPO,
-            timeout_s=900,
-        )
+        resumed = hosts.check("node1", [*LAUNCH, *train_command(store, run_dir)], cwd=REPO, timeout_s=900)
     assert f"trained {STEPS} steps" in resumed
     assert history(run_dir) == history(one_host)
 
@@ -208,12 +216,8 @@ def test_a_cut_link_ends_the_job_on_both_sides_and_it_resumes_on_another_mesh(
 ) -> None:
     run_dir = tmp_path / "run"
     with SimulatedHosts(["node1", "node2"], shared=[tmp_path, store.parent]) as hosts:
-        procs = _run_until_fault(hosts, store, run_dir, tmp_path)
-        cut_at = time.monotonic()
-        hosts.cut("node2")  # a partition: no connection is closed, no message arrives
-        codes = _wait(procs, 3 * TIMEOUT_S + 60)
-        took = time.monotonic() - cut_at
-        logs = {h: (tmp_path / f"{h}.log").read_text() for h in hosts.names}
+        # a partition: no connection is closed, no message arrives
+        codes, took, logs = _fault_stops(hosts, store, run_dir, tmp_path, hosts.cut, hosts.names)
         assert codes == {"node1": 75, "node2": 75}, logs
         seen = {h: _stops(logs[h], h) for h in hosts.names}
         assert sorted(seen["node1"]) == [0, 1] and sorted(seen["node2"]) == [2, 3], logs
@@ -249,10 +253,7 @@ def test_predict_across_hosts_resumes_after_a_lost_host_to_one_hosts_store(
     predict = ["predict", *train_command(store, one_host)[1:], "--steps", "2", "--max-inits", "8",
                "--batch-size", "1"]  # fmt: skip
     ref = tmp_path / "one-host.zarr"
-    done = subprocess.run([sys.executable, "-m", "jigsaw_earth", "launch", "--nproc-per-node", "4", *predict,
-                           "--out", str(ref)], cwd=REPO, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})  # fmt: skip
-    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    _on_this_machine([*predict, "--out", str(ref)])
     out = tmp_path / "two-hosts.zarr"
     recorded = Path(f"{out}.in-progress") / "_progress" / "rank-00000.json"
     with SimulatedHosts(["node1", "node2"], shared=[tmp_path, store.parent, one_host.parent]) as hosts:

@@ -22,8 +22,7 @@ from jigsaw_earth.distributed.spawn import spawn
 from jigsaw_earth.inference.members import Members
 from jigsaw_earth.inference.perturb import Perturbation
 from jigsaw_earth.inference.predict import PredictRequest, _perturber, run_prediction, select_inits
-from jigsaw_earth.training import run_training
-from tests.test_predict_scale import PERIOD, _config, _make_store
+from tests.test_predict_scale import PERIOD, _config, _make_store, train_tiny
 
 #: every scheme, with the options that change its fields (pairs and the control where it has them)
 SCHEMES = {
@@ -38,10 +37,7 @@ MEMBERS = {"gaussian": 5, "correlated": 4, "bred": 3, "lagged": 3}
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A deterministic tiny model trained on the demo-like 12 × 24 store."""
-    tmp = tmp_path_factory.mktemp("perturb")
-    _make_store(tmp, "demo")
-    run_training(parse_config(_config(tmp, (1, 1))))
-    return tmp
+    return train_tiny(tmp_path_factory.mktemp("perturb"))
 
 
 @torch.no_grad()

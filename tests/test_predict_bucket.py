@@ -27,7 +27,7 @@ import pytest
 
 from tests.object_store import WHY_MISSING, S3Server, weed_binary
 
-from .test_predict_resume import STORE, _config, _files, _main
+from .test_predict_resume import _files, _main, train_tiny
 from .test_predict_stop import HOOK, _launch, _launched, _write_config
 
 pytestmark = pytest.mark.skipif(weed_binary() is None, reason=WHY_MISSING)
@@ -53,24 +53,7 @@ def s3(tmp_path_factory):
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``test_predict_stop``'s model: its store and run."""
-    from jigsaw_earth.data.synth import SynthConfig, synth_store
-
-    from jigsaw_earth.config import parse_config
-    from jigsaw_earth.training import run_training
-
-    root = tmp_path_factory.mktemp("bucket")
-    synth_store(root / "data.zarr", SynthConfig(**STORE))
-    run_training(parse_config(_config(root, "train", {})))
-    return root
-
-
-@pytest.fixture
-def quiet_signals():
-    """A signal arriving after predict has returned must not end pytest."""
-    saved = {s: signal.signal(s, lambda *a: None) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
+    return train_tiny(tmp_path_factory.mktemp("bucket"))
 
 
 def _objects(url: str) -> dict[str, tuple[str, str]]:

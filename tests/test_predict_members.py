@@ -19,16 +19,13 @@ from jigsaw_earth.inference.predict import PredictRequest, run_prediction
 from jigsaw_earth.inference.scoring import ScoreRequest
 from jigsaw_earth.metrics.ensemble import ENSEMBLE_METRICS
 from jigsaw_earth.training import run_training
-from tests.test_predict_scale import PERIOD, _config, _keyed, _make_store, _score_rows
+from tests.test_predict_scale import PERIOD, _config, _keyed, _score_rows, train_tiny
 
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A deterministic tiny model trained on the demo-like store."""
-    tmp = tmp_path_factory.mktemp("members")
-    _make_store(tmp, "demo")
-    run_training(parse_config(_config(tmp, (1, 1))))
-    return tmp
+    return train_tiny(tmp_path_factory.mktemp("members"))
 
 
 def _same_scores(mine: dict[tuple, float], theirs: dict[tuple, float]) -> None:

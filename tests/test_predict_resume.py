@@ -68,18 +68,23 @@ def _config(root: Path, name: str, mesh: dict[str, int], stochastic: bool = Fals
     return raw
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def train_tiny(root: Path, stochastic: tuple[bool, ...] = (False,)) -> Path:
+    """The ``STORE`` store under ``root`` and the tiny model trained on it (run ``train``; a second,
+    stochastic, model in the same run folder where ``stochastic`` has ``True``)."""
     from jigsaw_earth.data.synth import SynthConfig, synth_store
 
     from jigsaw_earth.config import parse_config
     from jigsaw_earth.training import run_training
 
-    root = tmp_path_factory.mktemp("resume")
     synth_store(root / "data.zarr", SynthConfig(**STORE))
-    for stochastic in (False, True):
-        run_training(parse_config(_config(root, "train", {}, stochastic)))
+    for kind in stochastic:
+        run_training(parse_config(_config(root, "train", {}, kind)))
     return root
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return train_tiny(tmp_path_factory.mktemp("resume"), (False, True))
 
 
 # ---------------------------------------------------------------- the cases
@@ -276,16 +281,13 @@ def test_sigusr1_to_one_rank_stops_both_with_exit_75(trained: Path, reference, t
 
 # ---------------------------------------------------------------- in-process (1 rank)
 @pytest.fixture
-def quiet_signals():
-    """A signal arriving after predict has returned must not end pytest."""
+def quiet_signals(quiet_signals):
+    """conftest's ``quiet_signals``, and ``Progress.boundary`` restored (a _signal_after that never fired)."""
     from jigsaw_earth.inference.progress import Progress
 
-    saved = {s: signal.signal(s, lambda *a: None) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
     boundary = Progress.boundary
     yield
-    Progress.boundary = boundary  # a _signal_after that never fired
-    for s, handler in saved.items():
-        signal.signal(s, handler)
+    Progress.boundary = boundary
 
 
 def _signal_after(folder: Path, batches: int, sig: signal.Signals = signal.SIGTERM) -> None:

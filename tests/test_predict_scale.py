@@ -70,15 +70,16 @@ def _make_store(tmp: Path, kind: str) -> None:
         stats.attrs["lat_range"] = [90.0, -90.0]
 
 
+def train_tiny(tmp: Path, kind: str = "demo") -> Path:
+    """A deterministic tiny model trained on the ``kind`` store (``_make_store``), both under ``tmp``."""
+    _make_store(tmp, kind)
+    run_training(parse_config(_config(tmp, (1, 1))))
+    return tmp
+
+
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    out = {}
-    for kind in ("demo", "wb2"):
-        tmp = tmp_path_factory.mktemp(kind)
-        _make_store(tmp, kind)
-        run_training(parse_config(_config(tmp, (1, 1))))
-        out[kind] = tmp
-    return out
+    return {kind: train_tiny(tmp_path_factory.mktemp(kind), kind) for kind in ("demo", "wb2")}
 
 
 def _score_rows(store: Path, tmp: Path) -> dict[tuple, float]:

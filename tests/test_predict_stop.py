@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .test_predict_resume import STORE, _config, _files, _main, _recorded
+from .test_predict_resume import _config, _files, _main, _recorded, train_tiny
 
 STOP_S = 10.0  # every rank out within this of the signal
 LAUNCH_S = 300
@@ -61,15 +61,7 @@ if after and os.environ.get("RANK") == "0":  # rank 0 signals the launcher, whic
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    from jigsaw_earth.data.synth import SynthConfig, synth_store
-
-    from jigsaw_earth.config import parse_config
-    from jigsaw_earth.training import run_training
-
-    root = tmp_path_factory.mktemp("stop")
-    synth_store(root / "data.zarr", SynthConfig(**STORE))
-    run_training(parse_config(_config(root, "train", {})))
-    return root
+    return train_tiny(tmp_path_factory.mktemp("stop"))
 
 
 def _write_config(trained: Path, folder: Path, mesh: dict[str, int]) -> Path:
@@ -173,15 +165,6 @@ def test_sigterm_3_s_into_a_long_batch_stops_every_rank_within_10_s(trained: Pat
 
 
 # ---------------------------------------------------------------- in process (1 rank)
-@pytest.fixture
-def quiet_signals():
-    """A signal arriving after predict has returned must not end pytest."""
-    saved = {s: signal.signal(s, lambda *a: None) for s in (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)}
-    yield
-    for s, handler in saved.items():
-        signal.signal(s, handler)
-
-
 def test_a_finished_forecast_asked_again_or_otherwise(
     trained: Path, tmp_path: Path, capsys, quiet_signals
 ) -> None:

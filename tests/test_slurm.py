@@ -28,23 +28,29 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from .slurm_cluster import FINAL_STATES, ClusterUnavailable, SlurmCluster, start_cluster
+from .slurm_jobs import (
+    PREDICT_BATCHES,
+    PREDICT_TEMPLATE,
+    TEMPLATE,
+    JobLog,
+    demo_config,
+    files,
+    final_loss,
+    history_starts,
+    recorded,
+    sbatch,
+    train_rows,
+)
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[1]
-TEMPLATE = REPO / "configs" / "slurm" / "train.sbatch"
-PREDICT_TEMPLATE = REPO / "configs" / "slurm" / "predict.sbatch"
-PREDICT_BATCHES = 16  # inits of the validation period at 6 h with 4 steps of targets, one per batch
 STEPS = 20
 SIGNAL_AFTER_STEP = 3
 JOBS_LIMIT_S = 900  # all three jobs, requeues included; generous for a loaded 2-core machine
@@ -53,7 +59,7 @@ SIGNALS = {"term": ("SIGTERM", ["--signal=TERM"]), "usr1": ("SIGUSR1", ["--batch
 
 
 @dataclass
-class Job:
+class Job(JobLog):
     name: str
     dir: Path
     id: str = ""
@@ -63,61 +69,15 @@ class Job:
     def run_dir(self) -> Path:
         return self.dir / "run"
 
-    def log(self) -> str:
-        path = self.dir / f"slurm-{self.id}.out"
-        return path.read_text(errors="replace") if path.exists() else f"(no {path})"
-
-    def tail(self, n: int = 60) -> str:
-        lines = [x for x in self.log().splitlines() if "Warning" not in x and "warnings.warn" not in x]
-        return f"--- job {self.name} ({self.id}) {self.info} ---\n" + "\n".join(lines[-n:])
-
-
-def _config(job_dir: Path, store: Path) -> Path:
-    """``configs/demo.yaml`` shortened: the same model, loss and optimiser; a small store, 20 steps."""
-    raw = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
-    raw["run"]["dir"] = str(job_dir / "run")
-    raw["data"].update(store=str(store), train_period=["2020-01-01", "2020-01-15T18"])
-    raw["data"]["val_period"] = ["2020-01-16", "2020-01-20T18"]
-    raw["optim"]["warmup_steps"] = 2
-    raw["training"]["steps"] = STEPS
-    raw["validation"].update(lead_hours=[6], max_samples=4, batch_size=4)
-    raw["checkpoint"].update(every=2, keep=STEPS)  # keep all: the test counts them
-    raw["logging"].update(every=1, progress=False, wandb={"mode": "disabled"})
-    job_dir.mkdir(parents=True)
-    path = job_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
-
-
-def _job_env(cluster: SlurmCluster) -> dict[str, str]:
-    """The submitting shell: this interpreter's ``python`` first on PATH, no launcher variables."""
-    launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in cluster.env.items() if k not in launcher}
-    env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-    return env
-
 
 def _submit(cluster: SlurmCluster, job: Job, config: Path, template: Path = TEMPLATE, *args: str) -> None:
-    opts = ["--nodes=1", "--ntasks-per-node=4", "--cpus-per-task=1", "--gpus-per-node=0"]
-    out = cluster.run(
-        "sbatch", "--parsable", f"--job-name=jigsaw-{job.name}", *opts,
-        f"--output={job.dir}/slurm-%j.out", f"--chdir={job.dir}", str(template), str(config), *args,
-        env=_job_env(cluster),
-    )  # fmt: skip
-    assert out.returncode == 0, f"sbatch failed: {out.stderr}\n{cluster.logs()}"
-    job.id = out.stdout.strip().split(";")[0]
-
-
-def _train_rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().split("\n")[:-1] if path.exists() else []  # [:-1]: a line being written
-    rows = [json.loads(x) for x in lines if x.strip()]
-    return [r for r in rows if r["kind"] == "train"]
+    opts = ["--nodes=1", "--ntasks-per-node=4"]
+    job.id = sbatch(cluster, job.name, job.dir, opts, template, str(config), *args)
 
 
 def _mid_run(run_dir: Path) -> bool:
     """Step ``SIGNAL_AFTER_STEP`` logged and a checkpoint past step 0 saved."""
-    steps = [r["step"] for r in _train_rows(run_dir)]
+    steps = [r["step"] for r in train_rows(run_dir)]
     return max(steps, default=0) >= SIGNAL_AFTER_STEP and (run_dir / "checkpoints" / "latest").exists()
 
 
@@ -168,7 +128,7 @@ def jobs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dic
     jobs = {name: Job(name, root / name) for name in ("plain", *SIGNALS)}
     t0 = time.monotonic()
     for job in jobs.values():
-        _submit(cluster, job, _config(job.dir, store))
+        _submit(cluster, job, demo_config(job.dir, store, STEPS))
     _drive(cluster, jobs)
     fields = ("JobState", "Restarts", "ExitCode")
     ends = {j.name: [(j.info or {}).get(k) for k in fields] for j in jobs.values()}
@@ -176,22 +136,14 @@ def jobs(cluster: SlurmCluster, tmp_path_factory: pytest.TempPathFactory) -> dic
     return jobs
 
 
-def _history_starts(run_dir: Path) -> list[int]:
-    return [json.loads(x)["start_step"] for x in (run_dir / "history.jsonl").read_text().splitlines()]
-
-
-def _final_loss(run_dir: Path) -> float:
-    return json.loads((run_dir / "summary.json").read_text())["final_loss"]
-
-
 def test_sbatch_runs_the_demo_config(jobs: dict[str, Job]) -> None:
     job = jobs["plain"]
     assert job.info and job.info["JobState"] == "COMPLETED", job.tail()
     assert (job.info["Restarts"], job.info["ExitCode"]) == ("0", "0:0"), job.tail()
     assert f"trained {STEPS} steps on mesh 1x2x2 ({STEPS} this run" in job.log(), job.tail()
-    assert [r["step"] for r in _train_rows(job.run_dir)] == list(range(1, STEPS + 1))
-    assert _history_starts(job.run_dir) == [0]
-    log.info("uninterrupted final loss %r", _final_loss(job.run_dir))
+    assert [r["step"] for r in train_rows(job.run_dir)] == list(range(1, STEPS + 1))
+    assert history_starts(job.run_dir) == [0]
+    log.info("uninterrupted final loss %r", final_loss(job.run_dir))
 
 
 @pytest.mark.parametrize("name", list(SIGNALS))
@@ -210,29 +162,22 @@ def test_signal_checkpoints_requeues_and_matches_uninterrupted(jobs: dict[str, J
     assert f"requeueing job {job.id}" in text, job.tail()
     assert f"resumed from {ckpt} at step {stopped}" in text, job.tail()
     assert f"trained {STEPS} steps on mesh 1x2x2 ({STEPS - stopped} this run" in text, job.tail()
-    assert _history_starts(job.run_dir) == [0, stopped]
+    assert history_starts(job.run_dir) == [0, stopped]
 
     # nothing lost: every periodic checkpoint, the signal's one, every step logged exactly once
     saved = {p.name for p in (job.run_dir / "checkpoints").glob("step_*")}
     assert saved == {f"step_{s:09d}" for s in [*range(2, STEPS + 1, 2), stopped]}
     assert (job.run_dir / "checkpoints" / "latest").read_text().strip() == f"step_{STEPS:09d}"
-    rows, reference = _train_rows(job.run_dir), _train_rows(plain.run_dir)
+    rows, reference = train_rows(job.run_dir), train_rows(plain.run_dir)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1))
 
     # the same numbers as the uninterrupted job, exactly (same mesh, same ops: bitwise)
     assert [r["loss"] for r in rows] == [r["loss"] for r in reference]
-    assert _final_loss(job.run_dir) == _final_loss(plain.run_dir)
-    log.info("%s: stopped after step %d, requeued, final loss %r", name, stopped, _final_loss(job.run_dir))
+    assert final_loss(job.run_dir) == final_loss(plain.run_dir)
+    log.info("%s: stopped after step %d, requeued, final loss %r", name, stopped, final_loss(job.run_dir))
 
 
 # ---------------------------------------------------------------- predict.sbatch
-def _recorded(folder: Path) -> int:
-    from jigsaw_earth.inference.unfinished import batches_done, read_request
-
-    info = read_request(folder)
-    return batches_done(folder, int(info["world"])) if info else 0
-
-
 @pytest.fixture(scope="module")
 def predict_jobs(cluster: SlurmCluster, jobs: dict[str, Job]) -> dict[str, Job]:
     plain = jobs["plain"]
@@ -245,12 +190,8 @@ def predict_jobs(cluster: SlurmCluster, jobs: dict[str, Job]) -> dict[str, Job]:
                 "--score", "--scores", str(job.dir / "fc")]  # fmt: skip
         _submit(cluster, job, plain.dir / "config.yaml", PREDICT_TEMPLATE, *args)
     folder = found["predict-term"].dir / "fc.zarr.in-progress"
-    _drive(cluster, found, {"predict-term": (["--signal=TERM"], lambda job: _recorded(folder) >= 2)})
+    _drive(cluster, found, {"predict-term": (["--signal=TERM"], lambda job: recorded(folder) >= 2)})
     return found
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def test_predict_signalled_requeues_and_matches_uninterrupted(predict_jobs: dict[str, Job]) -> None:
@@ -270,7 +211,7 @@ def test_predict_signalled_requeues_and_matches_uninterrupted(predict_jobs: dict
     assert sorted(p.name for p in term.dir.iterdir() if not p.name.startswith("slurm-")) == [
         "fc-stats.nc", "fc.csv", "fc.json", "fc.zarr"
     ], "nothing but the outputs is left"  # fmt: skip
-    mine, theirs = _files(term.dir / "fc.zarr"), _files(plain.dir / "fc.zarr")
+    mine, theirs = files(term.dir / "fc.zarr"), files(plain.dir / "fc.zarr")
     assert mine.keys() == theirs.keys() and [k for k in mine if mine[k] != theirs[k]] == []
     rows = [json.loads((j.dir / "fc.json").read_text())["scores"] for j in (term, plain)]
     assert rows[0] == rows[1]

@@ -24,7 +24,6 @@ namespaces).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -34,16 +33,24 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from .slurm_cluster import FINAL_STATES, ClusterUnavailable
 from .slurm_hosts import SimSlurmCluster, start_host_cluster
+from .slurm_jobs import (
+    PREDICT_BATCHES,
+    PREDICT_TEMPLATE,
+    TEMPLATE,
+    JobLog,
+    demo_config,
+    files,
+    final_loss,
+    history_starts,
+    recorded,
+    sbatch,
+    train_rows,
+)
 
 log = logging.getLogger(__name__)
-REPO = Path(__file__).resolve().parents[1]
-TEMPLATE = REPO / "configs" / "slurm" / "train.sbatch"
-PREDICT_TEMPLATE = REPO / "configs" / "slurm" / "predict.sbatch"
-PREDICT_BATCHES = 16  # inits of the validation period at 6 h with 4 steps of targets, one per batch
 STEPS = 6
 TASKS_PER_NODE = 1  # mesh 1 x 1 x 2: the longitude split across the two nodes
 SIGNAL_AFTER = 2  # steps logged before the preemption
@@ -51,54 +58,17 @@ JOB_LIMIT_S = 600  # one job, its requeue included; generous for a loaded 2-core
 
 
 def _config(job_dir: Path, store: Path) -> Path:
-    """``configs/demo.yaml`` shortened: the same model, loss and optimiser; a small store, 6 steps."""
-    raw = yaml.safe_load((REPO / "configs" / "demo.yaml").read_text())
-    raw["run"]["dir"] = str(job_dir / "run")
-    raw["mesh"] = {"data": 1, "lat": 1, "lon": 2 * TASKS_PER_NODE}
-    raw["data"].update(store=str(store), train_period=["2020-01-01", "2020-01-15T18"])
-    raw["data"]["val_period"] = ["2020-01-16", "2020-01-20T18"]
-    raw["optim"]["warmup_steps"] = 2
-    raw["training"]["steps"] = STEPS
-    raw["validation"].update(lead_hours=[6], max_samples=4, batch_size=4)
-    raw["checkpoint"].update(every=2, keep=STEPS)
-    raw["logging"].update(every=1, progress=False, wandb={"mode": "disabled"})
-    job_dir.mkdir(parents=True)
-    path = job_dir / "config.yaml"
-    path.write_text(yaml.safe_dump(raw))
-    return path
+    return demo_config(job_dir, store, STEPS, {"data": 1, "lat": 1, "lon": 2 * TASKS_PER_NODE})
 
 
-def _rows(run_dir: Path) -> list[dict]:
-    path = run_dir / "metrics.jsonl"
-    lines = path.read_text().split("\n")[:-1] if path.exists() else []  # [:-1]: a line being written
-    return [r for r in (json.loads(x) for x in lines if x.strip()) if r["kind"] == "train"]
-
-
-def _final_loss(run_dir: Path) -> float:
-    return json.loads((run_dir / "summary.json").read_text())["final_loss"]
-
-
-def _history_starts(run_dir: Path) -> list[int]:
-    return [json.loads(x)["start_step"] for x in (run_dir / "history.jsonl").read_text().splitlines()]
-
-
-class Job:
+class Job(JobLog):
     """One ``sbatch`` of the template on the cluster, and what it left."""
 
     def __init__(self, cluster: SimSlurmCluster, name: str, job_dir: Path, config: Path,
                  template: Path = TEMPLATE, *args: str):  # fmt: skip
         self.cluster, self.name, self.dir, self.run_dir = cluster, name, job_dir, job_dir / "run"
-        launcher = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        env = {k: v for k, v in cluster.env.items() if k not in launcher}
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env['PATH']}"
-        out = cluster.run(
-            "sbatch", "--parsable", f"--job-name=jigsaw-{name}", "--nodes=2",
-            f"--ntasks-per-node={TASKS_PER_NODE}", "--cpus-per-task=1", "--gpus-per-node=0",
-            f"--output={job_dir}/slurm-%j.out", f"--chdir={job_dir}", str(template), str(config), *args,
-            env=env,
-        )  # fmt: skip
-        assert out.returncode == 0, f"sbatch failed: {out.stderr}\n{cluster.logs()}"
-        self.id = out.stdout.strip().split(";")[0]
+        opts = ["--nodes=2", f"--ntasks-per-node={TASKS_PER_NODE}"]
+        self.id = sbatch(cluster, name, job_dir, opts, template, str(config), *args)
         self.info: dict[str, str] = {}
         self.nodes: list[list[str]] = []  # each attempt's nodes (Restarts = index), as seen running
         self.states: list[tuple[str, float]] = []  # each state seen, and when
@@ -113,14 +83,6 @@ class Job:
             self.nodes.append(self.cluster.job_nodes(self.id))
         return state
 
-    def log(self) -> str:
-        path = self.dir / f"slurm-{self.id}.out"
-        return path.read_text(errors="replace") if path.exists() else f"(no {path})"
-
-    def tail(self, n: int = 60) -> str:
-        lines = [x for x in self.log().splitlines() if "Warning" not in x and "warnings.warn" not in x]
-        return f"--- job {self.name} ({self.id}) {self.info} ---\n" + "\n".join(lines[-n:])
-
     def wait(self, done: callable, what: str, limit_s: float = JOB_LIMIT_S) -> float:  # type: ignore[valid-type]
         """Poll until ``done()``; the time it took. Fails with the job's log after ``limit_s``."""
         t0 = time.monotonic()
@@ -133,7 +95,7 @@ class Job:
         return time.monotonic() - t0
 
     def steps_logged(self) -> int:
-        return max((r["step"] for r in _rows(self.run_dir)), default=0)
+        return max((r["step"] for r in train_rows(self.run_dir)), default=0)
 
     def resumed_step(self, at: int) -> bool:
         """Whether the requeued attempt logged its first step after resuming at step ``at``."""
@@ -198,11 +160,11 @@ def _assert_resumed_as_reference(job: Job, reference: Path, stopped: int) -> Non
     assert (
         f"trained {STEPS} steps on mesh 1x1x{2 * TASKS_PER_NODE} ({STEPS - stopped} this run" in job.log()
     ), job.tail()
-    assert _history_starts(job.run_dir) == [0, stopped]
-    rows, ref = _rows(job.run_dir), _rows(reference)
+    assert history_starts(job.run_dir) == [0, stopped]
+    rows, ref = train_rows(job.run_dir), train_rows(reference)
     assert [r["step"] for r in rows] == list(range(1, STEPS + 1)), job.tail()
     assert [r["loss"] for r in rows] == [r["loss"] for r in ref]  # bit for bit
-    assert _final_loss(job.run_dir) == _final_loss(reference)
+    assert final_loss(job.run_dir) == final_loss(reference)
     assert not (job.run_dir / "run.lock").exists()
 
 
@@ -238,7 +200,7 @@ def test_preempted_two_node_job_resumes_on_another_pair(
     _assert_resumed_as_reference(job, ref, stopped)
     log.info("preempted after step %d on %s, resumed on %s; first step after the resume %.1f s after the "
              "signal; final loss %r = reference %r", stopped, first, job.nodes[1], resumed_s,
-             _final_loss(job.run_dir), _final_loss(ref))  # fmt: skip
+             final_loss(job.run_dir), final_loss(ref))  # fmt: skip
 
 
 @pytest.mark.slow
@@ -274,18 +236,7 @@ def test_killed_node_requeues_onto_the_nodes_left_and_resumes(
     _assert_resumed_as_reference(job, ref, resumed_at)
     log.info("node %s killed after step %s's checkpoint; states %s; first step after the resume %.1f s after "
              "the kill, on %s; final loss %r = reference %r", victim, resumed_at, states, resumed_s,
-             job.nodes[1], _final_loss(job.run_dir), _final_loss(ref))  # fmt: skip
-
-
-def _recorded(folder: Path) -> int:
-    from jigsaw_earth.inference.unfinished import batches_done, read_request
-
-    info = read_request(folder)
-    return batches_done(folder, int(info["world"])) if info else 0
-
-
-def _files(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+             job.nodes[1], final_loss(job.run_dir), final_loss(ref))  # fmt: skip
 
 
 @pytest.mark.slow
@@ -310,7 +261,7 @@ def test_predict_across_two_nodes_preempted_resumes_on_another_pair(
     job_dir.mkdir()
     job = Job(cluster, "predict", job_dir, config, PREDICT_TEMPLATE, *args, "--out", str(job_dir / "fc.zarr"))
     folder = job_dir / "fc.zarr.in-progress"
-    job.wait(lambda: job.poll() in FINAL_STATES or _recorded(folder) >= 2, "at 2 batches")
+    job.wait(lambda: job.poll() in FINAL_STATES or recorded(folder) >= 2, "at 2 batches")
     first = list(job.nodes[0])
     assert cluster.run("scancel", "--signal=TERM", job.id).returncode == 0
     cluster.run("scontrol", "update", f"NodeName={first[0]}", "State=DRAIN", "Reason=test")
@@ -324,7 +275,7 @@ def test_predict_across_two_nodes_preempted_resumes_on_another_pair(
     stop = re.search(rf"stopped on SIGTERM before batch (\d+) of {PREDICT_BATCHES}; (\d+) of ", job.log())
     assert stop and 2 <= int(stop[2]) < PREDICT_BATCHES, job.tail()
     assert f"{stop[2]} of {PREDICT_BATCHES} batches recorded; starting at batch {stop[1]}" in job.log()
-    mine, theirs = _files(job_dir / "fc.zarr"), _files(one_host / "fc.zarr")
+    mine, theirs = files(job_dir / "fc.zarr"), files(one_host / "fc.zarr")
     assert mine.keys() == theirs.keys() and [k for k in mine if mine[k] != theirs[k]] == []
     log.info("predict: stopped before batch %s of %d on %s, resumed on %s; the store equals one host's",
              stop[1], PREDICT_BATCHES, first, job.nodes[1])  # fmt: skip

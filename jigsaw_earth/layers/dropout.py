@@ -111,6 +111,24 @@ def dropout_mask(
     return uniform_at(_global_index(domain.tile, grid, shape, layout, batch_offset, device), seed, key) >= p
 
 
+class _StreamPart:
+    """An attribute of ``Dropout`` that keys its stream (``seed``, ``key``, ``step``): stored in
+    ``_NAME`` as ``cast`` makes it; setting it refreshes the stream buffer (outside forward)."""
+
+    def __init__(self, cast: type):
+        self.cast = cast
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.attr = f"_{name}"
+
+    def __get__(self, obj, owner=None):
+        return self if obj is None else getattr(obj, self.attr)
+
+    def __set__(self, obj, value) -> None:
+        setattr(obj, self.attr, self.cast(value))
+        obj._refresh()
+
+
 class Dropout(nn.Module):
     """Dropout on a token tile ``(B, h, w, C)`` (``layout="tokens"``) or a field ``(B, C, h, w)``.
 
@@ -136,32 +154,9 @@ class Dropout(nn.Module):
         self._refresh()
 
     # seed, key and step determine the stream; setting any of them refreshes it (outside forward)
-    @property
-    def seed(self) -> int:
-        return self._seed
-
-    @seed.setter
-    def seed(self, value: int) -> None:
-        self._seed = int(value)
-        self._refresh()
-
-    @property
-    def key(self) -> str:
-        return self._key
-
-    @key.setter
-    def key(self, value: str) -> None:
-        self._key = str(value)
-        self._refresh()
-
-    @property
-    def step(self) -> int:
-        return self._step
-
-    @step.setter
-    def step(self, value: int) -> None:
-        self._step = int(value)
-        self._refresh()
+    seed = _StreamPart(int)
+    key = _StreamPart(str)
+    step = _StreamPart(int)
 
     @property
     def stream_key(self) -> str:
