@@ -812,7 +812,11 @@ PREDICT_CASES: list[tuple[str, Any, list[str]]] = [
     ("region-unknown", lambda w: P(w, "--score", "--regions", "europa"), ["did you mean 'europe'"]),
     ("out-blank", lambda w: P(w, out="  "), ["--out", "empty"]),
     ("out-url", lambda w: P(w, out="memory://fc.zarr"), ["--out 'memory://fc.zarr'", "must be local"]),
-    ("out-s3", lambda w: P(w, out="s3://bucket/fc.zarr"), ["s3://bucket/fc.zarr", "copy it afterwards"]),
+    (
+        "out-s3-grib2",  # refused before the bucket is asked (the bucket's own cases: test_predict_bucket)
+        lambda w: P(w, "--format", "grib2", out="s3://bucket/fc"),
+        ["--out s3://bucket/fc with --format grib2", "a local folder and copy them there"],
+    ),
     ("out-truth", lambda w: P(w, "--overwrite", out=str(w["store"])), ["is the truth/training store"]),
     ("out-truth-no-overwrite", lambda w: P(w, out=str(w["store"])), ["is the truth/training store"]),
     (

@@ -80,9 +80,10 @@ def test_replicated_weights_forecast_as_the_sharded_model_with_fewer_messages() 
     for shape in (MeshShape(1, 2, 2), MeshShape(1, 1, 2), MeshShape(1, 2, 1)):
         for rank in spawn(shape, _worker):
             for case, got in rank.items():
-                # as close to the serial model as the sharded forward (the paper's linear residual
-                # reaches ~1e-5 of the largest value on either path)
-                assert got["replicated"] <= max(2 * got["sharded"], 1e-6) < 1e-4, (shape, case, got)
+                # as close to the serial model as the sharded forward, or within float32's summation
+                # noise for these models (the paper's linear residual reaches ~1e-5 of the largest value
+                # on either path, at a level that depends on the CPU's kernels)
+                assert got["replicated"] <= max(2 * got["sharded"], 1e-5) < 1e-4, (shape, case, got)
                 assert got["layers"] > 0 and got["bytes"] > 0, (shape, case, got)
                 sharded, replicated = got["calls"]
                 assert replicated < sharded, (shape, case, got)

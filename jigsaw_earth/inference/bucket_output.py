@@ -51,6 +51,7 @@ __all__ = [
     "BucketLock",
     "BucketProgress",
     "Prefix",
+    "check_bucket_format",
     "check_forecast_output",
     "forecast_progress",
     "output_path",
@@ -204,6 +205,16 @@ def check_prefix(prefix: Prefix, overwrite: bool, option: str = "--out") -> None
         )
 
 
+def check_bucket_format(out: str | Path, fmt: str) -> None:
+    """A bucket takes a forecast as a Zarr store only (checked before the bucket is asked anything)."""
+    if is_object_url(str(out)) and fmt != "zarr":
+        url = str(out).rstrip("/")
+        raise ValueError(
+            f"--out {url} with --format {fmt}: a bucket takes a forecast as a Zarr store (--format zarr); "
+            f"write the {fmt} files to a local folder and copy them there"
+        )
+
+
 def check_forecast_output(out: str | Path, fmt: str, *, overwrite: bool, protected: Any = (),
                           may_hold_outputs: Any = ()) -> None:  # fmt: skip
     """Before any work: ``--out`` may be written as a forecast (a local path: ``ownership.check_output``;
@@ -212,11 +223,7 @@ def check_forecast_output(out: str | Path, fmt: str, *, overwrite: bool, protect
         check_output(out, KIND, overwrite=overwrite, protected=protected, may_hold_outputs=may_hold_outputs)
         return
     url = str(out).rstrip("/")
-    if fmt != "zarr":
-        raise ValueError(
-            f"--out {url} with --format {fmt}: a bucket takes a forecast as a Zarr store (--format zarr); "
-            f"write the {fmt} files to a local folder and copy them there"
-        )
+    check_bucket_format(url, fmt)
     _refuse_protected(url, protected)
     check_prefix(Prefix(url), overwrite)
 

@@ -218,6 +218,10 @@ class PredictRequest(BaseModel):
             from ..metrics.regions import get_regions
 
             get_regions(list(self.score.regions))  # unknown names fail here, before any work
+        if self.out is not None:
+            from .bucket_output import check_bucket_format
+
+            check_bucket_format(self.out, self.format)
         if self.out is None and self.score is None:
             raise ValueError(
                 "nothing to do: give --out STORE to write the forecast, --score to score it, or both"
