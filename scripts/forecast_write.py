@@ -8,9 +8,9 @@ template to the commit, into ``URL/rep-K`` and ``--local DIR/rep-K.zarr`` in tur
 ``--repeats``, medians), each removed after. Endpoint and credentials come from the standard
 variables (``AWS_ENDPOINT_URL`` …, as ``scripts/s3_clients.py``)::
 
-    python scripts/forecast_write.py s3://bench/forecast --local /path/on/disk --repeats 3
+    python scripts/forecast_write.py s3://bench/forecast --local runs/forecast-write --repeats 3
 
-docs/data.md ("Object storage") has the figure.
+docs/metrics.md has the figure.
 """
 
 from __future__ import annotations
