@@ -28,12 +28,11 @@ import pytest
 import xarray as xr
 
 from . import test_bad_inputs as base
-from . import test_bad_inputs_reruns as reruns
 from .grib_helpers import write_centre_file
 from .test_bad_inputs import PR, P, _assert_clean_error, _cli, _refused_cleanly, _snapshot
 from .test_bad_inputs_reruns import NO_GPU, _out, _stop_after_first_batch
 
-store, finished_run, world, quiet_signals = base.store, base.finished_run, base.world, reruns.quiet_signals
+store, finished_run, world = base.store, base.finished_run, base.world  # quiet_signals: conftest.py
 ELSEWHERE = "/elsewhere/era5.zarr"
 
 
