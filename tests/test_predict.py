@@ -268,6 +268,38 @@ def test_predict_is_read_only_on_the_run(stores: dict[str, Path], tmp_path: Path
     assert not fresh.exists()
 
 
+def test_a_notebooks_request_scores_as_the_command_does(stores: dict[str, Path], tmp_path: Path,
+                                                        capsys) -> None:  # fmt: skip
+    """``run_prediction`` with ``score`` and ``scores`` writes the score files and the scorecard that
+    ``predict --score --scores`` prints and writes: the command adds nothing of its own."""
+    import json
+
+    from jigsaw_earth.cli import main
+    from jigsaw_earth.inference import ScoreRequest, prediction_config
+
+    raw = _config(stores["truth"].parent, (1, 1))
+    cfg_file = tmp_path / "config.yaml"
+    cfg_file.write_text(yaml.safe_dump(raw))
+    period = {"first_init": "2020-01-11", "last_init": "2020-01-12", "steps": 2}
+    cfg = prediction_config(str(cfg_file), ["training.steps=1000"])  # the warmup fits
+    result = run_prediction(cfg, PredictRequest(**period, score=ScoreRequest(), scores=tmp_path / "lib"))
+    assert [p.name for p in result.score_files] == ["lib.json", "lib.csv", "lib-stats.nc"]
+    assert result.scorecard is not None and "RMSE" in result.scorecard
+    argv = ["predict", str(cfg_file), "training.steps=1000", "--start", "2020-01-11", "--end", "2020-01-12"]
+    argv += ["--steps", "2"]
+    assert main([*argv, "--score", "--scores", str(tmp_path / "cli")]) == 0, capsys.readouterr().err
+    printed = capsys.readouterr().out
+    assert result.scorecard in printed
+    for name in ("cli.json", "cli.csv", "cli-stats.nc"):
+        assert f"wrote {tmp_path / name}" in printed
+    assert (tmp_path / "cli.csv").read_bytes() == (tmp_path / "lib.csv").read_bytes()
+    lib, cli = (json.loads((tmp_path / f"{n}.json").read_text()) for n in ("lib", "cli"))
+    assert lib == cli
+    with pytest.raises(ValueError, match=r"--scores .*lib\.json exists and is not an earlier score file"):
+        (tmp_path / "lib.json").write_text("mine")
+        run_prediction(cfg, PredictRequest(**period, score=ScoreRequest(), scores=tmp_path / "lib"))
+
+
 def test_shape_override_is_refused_naming_the_key(stores: dict[str, Path], tmp_path: Path) -> None:
     raw = _config(stores["truth"].parent, (1, 1))
     raw["model"]["overrides"]["embed_dim"] = 24

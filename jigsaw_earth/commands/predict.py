@@ -21,16 +21,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ..config import load_config
 from .perturb_options import add_perturb_arguments, perturbation_from_args
 
 if TYPE_CHECKING:
     from ..config.schema import TrainConfig
-    from ..inference.predict import Prediction
-    from ..inference.request import PredictRequest
-    from ..inference.scoring import ScoreRequest
+    from ..inference import Prediction, PredictRequest, ScoreRequest
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -146,7 +141,7 @@ READ_BACK = {
 
 def _score_request(args: argparse.Namespace) -> ScoreRequest | None:
     """``--score`` and its settings; a setting without ``--score`` is refused."""
-    from ..inference.scoring import ScoreRequest
+    from ..inference import ScoreRequest
 
     given = [o for o, v in (("--truth", args.truth), ("--climatology", args.climatology),
                             ("--regions", args.regions)) if v]  # fmt: skip
@@ -168,7 +163,7 @@ def _request(args: argparse.Namespace, cfg: TrainConfig) -> PredictRequest:
     """The one request of the parsed options: each field from the option of its name (``dest``), the
     scoring and the perturbation from their groups; checked, the default period included, with the
     errors naming the options as typed."""
-    from ..inference.request import PredictRequest
+    from ..inference import PredictRequest
 
     values = {name: getattr(args, name) for name in PredictRequest.model_fields}
     try:
@@ -178,18 +173,6 @@ def _request(args: argparse.Namespace, cfg: TrainConfig) -> PredictRequest:
     except ValueError as err:
         raise ValueError(_respelled(str(err), getattr(args, "argv", []))) from None
     return request
-
-
-def _stores(request: PredictRequest, cfg: TrainConfig) -> tuple[tuple[str, str | None], ...]:
-    """What ``--scores`` may never be inside: the stores read and the one written."""
-    from ..data.preflight import default_climatology_path
-
-    d, score = cfg.data, request.score
-    truth, climatology = (None, None) if score is None else (score.truth, score.climatology)
-    return (("--out store", request.out), ("--truth store", truth), ("truth/training store data.store",
-            d.store), ("--climatology store", climatology),
-            ("climatology", d.climatology or default_climatology_path(d.store)),
-            ("--init source", request.init))  # fmt: skip
 
 
 def _complete(request: PredictRequest, result: Prediction) -> None:
@@ -205,53 +188,25 @@ def _complete(request: PredictRequest, result: Prediction) -> None:
               f"store with jigsaw-earth score {result.path} --truth STORE --out {prefix}")  # fmt: skip
 
 
-def _report(request: PredictRequest, result: Prediction, cfg: TrainConfig) -> None:
-    """Rank 0: the forecast rate, and the scorecard as ``score`` prints it."""
+def _report(request: PredictRequest, result: Prediction) -> None:
+    """Rank 0: the forecast rate, the scorecard as ``score`` prints it, and what was written."""
     r = result
     members = "" if r.members is None else f" × {r.members} member" + "s" * (r.members != 1)
     ratio = r.steps_per_s / r.training_steps_per_s
     print(f"forecast {r.init_times.size} inits{members} × {r.steps} steps, batch {r.batch_size}: "
           f"{r.steps_per_s:.2f} model steps/s; the training forward on this mesh: "
           f"{r.training_steps_per_s:.2f} steps/s ({ratio:.2f}×)")  # fmt: skip
-    if result.rows is not None:
-        from ..metrics.scorecard import (
-            format_scorecard,
-            grid_resolution,
-            init_period,
-            read_baselines,
-            write_scores,
-        )
-        from ..metrics.significance import IntervalOptions
-
-        period = init_period(result.init_times)
-        resolution = grid_resolution(result.n_lon)
-        interval = IntervalOptions().info(int(result.init_times.size))  # TileScorer.finish's default
-        print(format_scorecard(result.rows, read_baselines(None), resolution, period, members=result.members,
-                               interval=interval))  # fmt: skip
-        if request.scores and request.score is not None:
-            from ..inference.scoring import score_stores
-
-            first, last = result.init_times.min(), result.init_times.max()
-            times = [str(np.datetime_as_string(t, unit="h")) for t in (first, last)]
-            truth, climatology = score_stores(request.score, cfg)  # the stores actually read
-            where = None if result.path is None else str(result.path)
-            info = {"forecast": where if where is None or "://" in where else str(Path(where).resolve()),
-                    "truth": truth, "climatology": climatology, "baselines": None,
-                    "resolution": resolution, "inits": [*times, int(result.init_times.size)],
-                    "members": result.members, "interval": interval}  # fmt: skip
-            result.statistics.ds.attrs.update({k: v for k, v in info.items() if k in ("forecast", "truth",
-                                               "climatology", "resolution") and v})  # fmt: skip
-            stores = _stores(request, cfg)
-            for path in write_scores(result.rows, Path(request.scores), info, "--scores", stores,
-                                     statistics=result.statistics):  # fmt: skip
-                print(f"wrote {path}")
-    if result.path is not None:
-        print(f"wrote {result.path}; {READ_BACK[request.format].format(path=str(result.path))}")
+    if r.scorecard is not None:
+        print(r.scorecard)
+    for path in r.score_files:
+        print(f"wrote {path}")
+    if r.path is not None:
+        print(f"wrote {r.path}; {READ_BACK[request.format].format(path=str(r.path))}")
 
 
 def _forecast_options(args: argparse.Namespace) -> list[str]:
     """The options given that make a forecast (not taken with ``--unfinished``), as written."""
-    from ..inference.request import PredictRequest, option_of
+    from ..inference import PredictRequest, option_of
 
     fields = PredictRequest.model_fields
     given = [name for dest, name in (("config", "CONFIG"), ("overrides", "KEY=VALUE")) if getattr(args, dest)]
@@ -260,7 +215,7 @@ def _forecast_options(args: argparse.Namespace) -> list[str]:
 
 
 def _unfinished(args: argparse.Namespace) -> int:
-    from ..inference.unfinished import find_unfinished, foreign_files, foreign_text, remove_unfinished
+    from ..inference import UNFINISHED_LOCAL, find_unfinished, foreign_files, foreign_text, remove_unfinished
 
     given = _forecast_options(args)
     if given:
@@ -271,8 +226,6 @@ def _unfinished(args: argparse.Namespace) -> int:
         )
     for folder in [*(args.unfinished or []), *(args.remove_unfinished or [])]:
         if "://" in str(folder):
-            from ..inference.unfinished import UNFINISHED_LOCAL
-
             option = "--unfinished" if folder in (args.unfinished or []) else "--remove-unfinished"
             raise ValueError(f"{option} {folder}: predict {UNFINISHED_LOCAL}; nothing was run")
     for folder in args.unfinished or []:
@@ -302,45 +255,19 @@ def _unfinished(args: argparse.Namespace) -> int:
     return 0
 
 
-def _model_config(args: argparse.Namespace) -> TrainConfig:
-    """``--model DIR``: the configuration its contract describes, with the KEY=VALUE overrides."""
-    from ..mesh_setup import world_size_from_env
-    from ..sharing.folder import ModelFolder
-    from ..sharing.use import model_config
-
-    if args.config is not None and "=" in args.config:  # an override where CONFIG would stand
-        args.overrides, args.config = [args.config, *args.overrides], None
-    if args.config is not None or args.checkpoint is not None:
-        given = "CONFIG " + args.config if args.config is not None else "--checkpoint"
-        raise ValueError(
-            f"--model {args.model} is the model to forecast with; leave out {given} (set the store with "
-            "data.store=STORE)"
-        )
-    return model_config(ModelFolder.open(args.model), args.overrides, world_size_from_env())
-
-
 def run(args: argparse.Namespace) -> int:
-    from ..inference.predict import run_prediction
-    from ..inference.progress import Stopped
-    from ..mesh_setup import world_size_from_env
+    from ..inference import Stopped, prediction_config, run_prediction
 
     if args.unfinished is not None or args.remove_unfinished:
         return _unfinished(args)
-    if args.model is not None:
-        cfg = _model_config(args)
-    elif args.config is None:
+    if args.config is None and args.model is None:
         raise ValueError(
             "give the run's config (predict CONFIG --out STORE ...), a shared model (predict --model DIR "
             "...), or --unfinished [DIR]"
         )
-    else:
-        cfg = load_config(args.config, args.overrides, world_size=world_size_from_env())
+    cfg = prediction_config(args.config, args.overrides, args.model, args.checkpoint)
     rank = int(os.environ.get("RANK", os.environ.get("SLURM_PROCID", "0")))
     request = _request(args, cfg)
-    if request.scores:  # before any work: the one output check (never a run record, never in a store)
-        from ..metrics.scorecard import check_scores_output
-
-        check_scores_output(request.scores, "--scores", _stores(request, cfg))
     try:
         result = run_prediction(cfg, request)
     except Stopped as err:
@@ -350,5 +277,5 @@ def run(args: argparse.Namespace) -> int:
     if rank == 0 and result.complete:
         _complete(request, result)
     elif rank == 0:
-        _report(request, result, cfg)
+        _report(request, result)
     return 0

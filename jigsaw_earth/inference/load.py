@@ -20,8 +20,37 @@ from ..data.preflight import default_climatology_path
 __all__ = [
     "check_against_checkpoint",
     "find_checkpoint",
+    "prediction_config",
     "protected_paths",
 ]
+
+
+def prediction_config(
+    config: str | None, overrides: list[str], model: str | None = None, checkpoint: str | None = None
+) -> TrainConfig:
+    """The forecast's configuration for this job's ranks: the run's ``config`` file with the
+    ``overrides``, or with ``model`` (a shared model's folder) the configuration its contract
+    describes, the overrides applied (an override given where ``config`` stands is one of them)."""
+    from ..config import load_config
+    from ..mesh_setup import world_size_from_env
+
+    if model is None:
+        if config is None:
+            raise ValueError("give the run's config (predict CONFIG --out STORE ...) or a shared model "
+                             "(predict --model DIR ...)")  # fmt: skip
+        return load_config(config, overrides, world_size=world_size_from_env())
+    from ..sharing.folder import ModelFolder
+    from ..sharing.use import model_config
+
+    if config is not None and "=" in config:  # an override where CONFIG would stand
+        overrides, config = [config, *overrides], None
+    if config is not None or checkpoint is not None:
+        given = "CONFIG " + config if config is not None else "--checkpoint"
+        raise ValueError(
+            f"--model {model} is the model to forecast with; leave out {given} (set the store with "
+            "data.store=STORE)"
+        )
+    return model_config(ModelFolder.open(model), overrides, world_size_from_env())
 
 
 def find_checkpoint(cfg: TrainConfig, checkpoint: str | None) -> Path:

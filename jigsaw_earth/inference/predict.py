@@ -57,14 +57,15 @@ from .formats import TEMPLATES, check_format, open_writer
 from .load import check_against_checkpoint, find_checkpoint, protected_paths
 from .members import Members, check, noise_channels
 from .perturb import Perturbation, check_history, check_perturbation, log_choice
+from .prediction import Prediction
 from .progress import BATCH, Progress, forecast_request
 from .request import PredictRequest
 from .rerun import finished, finished_request
 from .rollout import Rollout, run_batches
+from .score_files import check_score_files, scorecard, write_score_files
 from .scoring import TileScorer
 from .selection import Selection, select
 from .throughput import Pipeline, auto_batch, replicas_fit, training_forward_rate
-from .timing import LoopTimes
 from .write_pool import ForecastOutput, WriterPool
 
 if TYPE_CHECKING:
@@ -111,28 +112,6 @@ def _layout(data: TrainData, init_times: np.ndarray, selection: Selection, membe
     return layout
 
 
-@dataclass
-class Prediction:
-    """What ``run_prediction`` did: the store written (or None), ``score``'s rows (or None), the
-    init times, model steps, longitudes of the grid, the forecast rate (model steps × inits ×
-    members per second of the forecast loop, all replicas together), the batch (inits per forward),
-    the training forward's rate, the ensemble size (None: deterministic), the scores' per-init
-    statistics and where the loop's time went."""
-
-    path: Path | str | None  # a bucket URL as given
-    rows: list[dict[str, Any]] | None
-    init_times: np.ndarray
-    steps: int
-    n_lon: int
-    steps_per_s: float
-    batch_size: int
-    training_steps_per_s: float  # the training forward (autograd on, training batch), same mesh
-    members: int | None = None
-    statistics: Any = None  # the per-init statistics of ``rows`` (``metrics.statistics.Statistics``)
-    times: LoopTimes | None = None  # where the forecast loop's time went (the slowest rank's)
-    complete: bool = False  # ``path`` already held this forecast: nothing was run or written
-
-
 @torch.no_grad()
 def run_prediction(cfg: TrainConfig, request: PredictRequest, mesh: DomainMesh | None = None) -> Prediction:
     """Forecast from every init ``request`` selects (``init``: from the initial states of that
@@ -142,14 +121,16 @@ def run_prediction(cfg: TrainConfig, request: PredictRequest, mesh: DomainMesh |
     existing mesh (of ``cfg.mesh``'s shape; it stays up) instead of forming and ending one. ``members``:
     an ensemble of that many members (a ``number`` dimension; None: deterministic, no dimension), their
     noise drawn with ``seed`` (default ``run.seed``), numbered from ``first_member``, the initial states
-    perturbed with ``perturb`` (any model; ``perturb.py``). ``scores`` names a score-only run's
-    in-progress folder (``PREFIX.in-progress``); a stop signal raises ``progress.Stopped`` after
+    perturbed with ``perturb`` (any model; ``perturb.py``). ``scores``: the scores' files, written
+    at the end (rank 0; ``score_files.py``), and a score-only run's in-progress folder
+    (``PREFIX.in-progress``); a stop signal raises ``progress.Stopped`` after
     recording what is done. ``format``: ``zarr`` (one store), ``grib2`` or ``netcdf`` (a folder of files
     named by ``template``, ``formats.py``). ``model``: a shared model's folder (``model export``) instead
     of ``cfg.run.dir``'s checkpoint, its contract checked against the store and ``init`` before the model
     is built (``sharing/use.py``)."""
     r = request
     period = r.period(cfg.data.val_period)
+    check_score_files(r, cfg)
     if r.perturb is not None:
         check_perturbation(r.perturb, r.members, r.first_member, cfg.data.step_hours, r.init is not None)
     if r.members is not None:
@@ -209,7 +190,11 @@ def run_prediction(cfg: TrainConfig, request: PredictRequest, mesh: DomainMesh |
             run = _Run(cfg, mesh, r, ckpt, protected, period, selection, batch, ens, progress, analysis,
                        shared, recorded)  # fmt: skip
             with _watched(cfg, mesh, progress) if own else nullcontext():
-                return _predict(run)
+                result = _predict(run)
+                if not result.complete:
+                    result.scorecard = scorecard(result)
+                    result.score_files = tuple(write_score_files(r, cfg, result) if mesh.rank == 0 else ())
+                return result
         finally:
             if lock is not None:
                 lock.release()
