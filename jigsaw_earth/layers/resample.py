@@ -158,7 +158,20 @@ def _window_cost(
     return cost
 
 
-class Downsample(nn.Module):
+class _Resample(nn.Module):
+    """What ``Downsample`` and ``Upsample`` share: the tile's domain, the channels in and out
+    (``out_channels`` None: as many as in), the mode, and a positive whole ``factor``."""
+
+    def __init__(self, domain: Domain, channels: int, out_channels: int | None, mode: str, factor: int):
+        super().__init__()
+        self.domain, self.channels, self.mode = domain, channels, mode
+        self.out_channels = out_channels or channels
+        if not isinstance(factor, int) or factor < 1:
+            raise ValueError(f"factor must be a positive int, got {factor!r}")
+        self.proj: Conv2d | None = None  # a 1x1 channel projection where the mode keeps the channels
+
+
+class Downsample(_Resample):
     """Field tile ``(B, channels, h, w)`` → ``(B, out_channels, h', w')`` on ``ceil(n/factor)``."""
 
     def __init__(
@@ -174,12 +187,8 @@ class Downsample(nn.Module):
         bias: bool = True,
         strategy: Strategy = "auto",
     ):
-        super().__init__()
-        out_channels = out_channels or channels
-        self.domain, self.channels, self.out_channels, self.mode = domain, channels, out_channels, mode
-        if not isinstance(factor, int) or factor < 1:
-            raise ValueError(f"factor must be a positive int, got {factor!r}")
-        self.proj: Conv2d | None = None
+        super().__init__(domain, channels, out_channels, mode, factor)
+        out_channels = self.out_channels
         if mode == "conv":
             k = kernel_size or 2 * (factor // 2) + 1
             self.conv = Conv2d(
@@ -211,7 +220,7 @@ class Downsample(nn.Module):
         return self.proj(y) if self.proj is not None else y
 
 
-class Upsample(nn.Module):
+class Upsample(_Resample):
     """Field tile ``(B, channels, h, w)`` → ``(B, out_channels, h', w')`` on ``out_grid``."""
 
     def __init__(
@@ -228,16 +237,12 @@ class Upsample(nn.Module):
         bias: bool = True,
         strategy: Strategy = "auto",
     ):
-        super().__init__()
-        out_channels = out_channels or channels
-        self.domain, self.channels, self.out_channels, self.mode = domain, channels, out_channels, mode
-        if not isinstance(factor, int) or factor < 1:
-            raise ValueError(f"factor must be a positive int, got {factor!r}")
+        super().__init__(domain, channels, out_channels, mode, factor)
+        out_channels = self.out_channels
         g = domain.grid
         out = tuple(out_grid) if out_grid is not None else (g.n_lat * factor, g.n_lon * factor)
         if len(out) != 2 or min(out) < 1:
             raise ValueError(f"out_grid must be (n_lat, n_lon) with positive sizes, got {out_grid!r}")
-        self.proj: Conv2d | None = None
         if mode == "transposed":
             k = kernel_size or factor
             self.conv = ConvTranspose2d(
