@@ -16,7 +16,7 @@ collective needs padding and every rank knows every buffer size in advance.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -24,6 +24,8 @@ from .comm import all_reduce_, exchange, run_exchange
 from .mesh import Axis
 
 __all__ = ["all_gather", "all_reduce", "reduce_scatter"]
+
+ShardOp = Callable[[torch.Tensor, Axis, int, Sequence[int], str], torch.Tensor]  # (x, axis, dim, sizes, op)
 
 
 def _gather(x: torch.Tensor, axis: Axis, dim: int, sizes: Sequence[int], op: str) -> torch.Tensor:
@@ -74,28 +76,18 @@ def _scatter_sum(x: torch.Tensor, axis: Axis, dim: int, sizes: Sequence[int], op
     return out
 
 
-class _AllGather(torch.autograd.Function):
+class _ShardCollective(torch.autograd.Function):
+    """``forward`` runs ``fwd`` (``_gather`` or ``_scatter_sum``), ``backward`` its adjoint ``bwd``."""
+
     @staticmethod
-    def forward(ctx, x, axis, dim, sizes):  # type: ignore[override]
-        ctx.args = (axis, dim, sizes)
-        return _gather(x, axis, dim, sizes, "all_gather")
+    def forward(ctx, x, axis, dim, sizes, fwd, bwd, op):  # type: ignore[override]
+        ctx.args = (axis, dim, sizes, bwd, op)
+        return fwd(x, axis, dim, sizes, op)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        axis, dim, sizes = ctx.args
-        return _scatter_sum(grad, axis, dim, sizes, "all_gather.backward"), None, None, None
-
-
-class _ReduceScatter(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x, axis, dim, sizes):  # type: ignore[override]
-        ctx.args = (axis, dim, sizes)
-        return _scatter_sum(x, axis, dim, sizes, "reduce_scatter")
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        axis, dim, sizes = ctx.args
-        return _gather(grad.contiguous(), axis, dim, sizes, "reduce_scatter.backward"), None, None, None
+        axis, dim, sizes, bwd, op = ctx.args
+        return bwd(grad.contiguous(), axis, dim, sizes, f"{op}.backward"), *[None] * 6
 
 
 class _AllReduce(torch.autograd.Function):
@@ -113,18 +105,22 @@ def _norm_dim(x: torch.Tensor, dim: int) -> int:
     return dim % x.dim()
 
 
-def all_gather(x: torch.Tensor, axis: Axis, dim: int, sizes: Sequence[int]) -> torch.Tensor:
-    """Concatenate every rank's ``x`` along ``dim`` in axis order; shard ``k`` has ``sizes[k]``."""
+def _shard_collective(
+    x: torch.Tensor, axis: Axis, dim: int, sizes: Sequence[int], fwd: ShardOp, bwd: ShardOp, op: str
+) -> torch.Tensor:
     if axis.size == 1:
         return x
-    return run_exchange(_AllGather.apply, x, axis, _norm_dim(x, dim), tuple(sizes))
+    return run_exchange(_ShardCollective.apply, x, axis, _norm_dim(x, dim), tuple(sizes), fwd, bwd, op)
+
+
+def all_gather(x: torch.Tensor, axis: Axis, dim: int, sizes: Sequence[int]) -> torch.Tensor:
+    """Concatenate every rank's ``x`` along ``dim`` in axis order; shard ``k`` has ``sizes[k]``."""
+    return _shard_collective(x, axis, dim, sizes, _gather, _scatter_sum, "all_gather")
 
 
 def reduce_scatter(x: torch.Tensor, axis: Axis, dim: int, sizes: Sequence[int]) -> torch.Tensor:
     """Sum ``x`` over the axis and keep this rank's slice (``sizes`` split ``dim``)."""
-    if axis.size == 1:
-        return x
-    return run_exchange(_ReduceScatter.apply, x, axis, _norm_dim(x, dim), tuple(sizes))
+    return _shard_collective(x, axis, dim, sizes, _scatter_sum, _gather, "reduce_scatter")
 
 
 def all_reduce(x: torch.Tensor, axis: Axis) -> torch.Tensor:
