@@ -29,7 +29,7 @@ from ..distributed.mesh import DomainMesh
 from ..distributed.pair import matmul_pair, pair_bytes
 from ..distributed.tiles import TileGrid, split_offsets, split_sizes
 from ..layers.mlp import activation_grad
-from .registry import BF16_TOLERANCE, Record, compare, measure, register
+from .registry import BF16_TOLERANCE, Diff, Record, compare, measure, register
 
 GRIDS = [(8, 12), (7, 10), (13, 18)]  # divisible on small meshes, uneven, uneven and odd
 HALOS = [
@@ -200,6 +200,29 @@ def _token_ref(x: torch.Tensor, a: torch.Tensor, b: torch.Tensor | None) -> list
     return [a @ x + b.unsqueeze(-1) if b is not None else a @ x]
 
 
+def _matmul_record(op: str, mesh: DomainMesh, shape: str, expected: tuple[int, int]) -> Record:
+    """A record expecting ``expected`` (forward, backward) bytes, each also kept in ``extra``."""
+    extra = {"forward_bytes": expected[0], "backward_bytes": expected[1]}
+    return Record(op, _mesh_name(mesh), shape, expected_bytes=sum(expected), extra=extra)
+
+
+def _matmul_errors(
+    y: torch.Tensor, local: list, serial: tuple, terms: list[torch.Tensor], cuts: list
+) -> tuple[list[Diff], list[Diff]]:
+    """Forward and backward errors of a matmul case: the output ``y`` and the gradients of the
+    local ``(x, weight, bias)`` (skipped where there is none: no dX, no bias) against the serial
+    ``(y32, g32, y64, g64)`` and ``terms`` ``(y, dx, dw, db)``, cut to this rank by ``cuts``
+    ``(y, x, weight, bias)``."""
+    (y32,), g32, (y64,), g64 = serial
+    fwd = [compare(y, y64[cuts[0]], y32[cuts[0]], terms[0][cuts[0]])]
+    bwd = [
+        compare(t.grad, g64[i][cut], g32[i][cut], terms[i + 1][cut])
+        for i, (t, cut) in enumerate(zip(local, cuts[1:]))
+        if t is not None and t.requires_grad
+    ]
+    return fwd, bwd
+
+
 def _channel_case(
     mesh: DomainMesh,
     grid: TileGrid,
@@ -220,7 +243,7 @@ def _channel_case(
     w = torch.randn(cin, cout, generator=gen) / cin**0.5
     b = torch.randn(cout, generator=gen) if bias else None
     g = torch.randn(sum(counts), cout, generator=gen)
-    (y32,), g32, (y64,), g64 = serial_pair(_affine_ref, [x, w, b], [g])
+    serial = serial_pair(_affine_ref, [x, w, b], [g])
     ax, aw, ag = x.double().abs(), w.double().abs(), g.double().abs()
     terms = [ax @ aw, ag @ aw.T, ax.T @ ag, ag.sum(0)]  # y, dx, dw, db
 
@@ -232,22 +255,17 @@ def _channel_case(
     yl = matmul_channels(xl, wl, bl, axis, out_sizes, counts, strategy)  # type: ignore[arg-type]
     fwd_bytes = ledger.bytes_sent
     yl.backward(g[r])
-    errs_b = [compare(wl.grad, g64[1][:, c], g32[1][:, c], terms[2][:, c])]
-    if input_grad:
-        errs_b.append(compare(xl.grad, g64[0][r], g32[0][r], terms[1][r]))
-    if bias:
-        errs_b.append(compare(bl.grad, g64[2][c], g32[2][c], terms[3][c]))
+    errs = _matmul_errors(yl, [xl, wl, bl], serial, terms, [r, r, (slice(None), c), c])
     expected = channel_bytes(strategy, counts, cin, out_sizes, bias, input_grad=input_grad)
-    rec = Record(
+    rec = _matmul_record(
         f"matmul_channels.{strategy}",
-        _mesh_name(mesh),
+        mesh,
         f"grid{grid.n_lat}x{grid.n_lon} b{batch} {cin}->{cout}{' +bias' if bias else ''}"
         f"{'' if input_grad else ' no dX'}",
-        expected_bytes=sum(expected),
-        extra={"forward_bytes": expected[0], "backward_bytes": expected[1]},
+        expected,
     )
     total = torch.tensor([fwd_bytes], dtype=torch.float64)
-    rec = measure(rec, [compare(yl, y64[r], y32[r], terms[0][r])], errs_b, ledger.bytes_sent)
+    rec = measure(rec, *errs, ledger.bytes_sent)
     if torch.distributed.is_initialized():
         torch.distributed.all_reduce(total)
     rec.extra["measured_forward_bytes"] = int(total.item())
@@ -273,7 +291,7 @@ def _token_case(
     a = torch.randn(sum(out_counts), sum(in_counts), generator=gen) / 4
     b = torch.randn(sum(out_counts), generator=gen) if bias else None
     g = torch.randn(sum(out_counts), channels, generator=gen)
-    (y32,), g32, (y64,), g64 = serial_pair(_token_ref, [x, a, b], [g])
+    serial = serial_pair(_token_ref, [x, a, b], [g])
     ax, aa, ag = x.double().abs(), a.double().abs(), g.double().abs()
     terms = [aa @ ax, aa.T @ ag, ag @ ax.T, ag.sum(-1)]  # y, dx, da, db
 
@@ -284,21 +302,16 @@ def _token_case(
     ledger.reset()
     yl = matmul_tokens(xl, al, bl, axis, in_counts, out_counts, strategy)  # type: ignore[arg-type]
     yl.backward(g[sl_out])
-    errs_b = [compare(al.grad, g64[1][sl_out], g32[1][sl_out], terms[2][sl_out])]
-    if input_grad:
-        errs_b.append(compare(xl.grad, g64[0][sl_in], g32[0][sl_in], terms[1][sl_in]))
-    if bias:
-        errs_b.append(compare(bl.grad, g64[2][sl_out], g32[2][sl_out], terms[3][sl_out]))
+    errs = _matmul_errors(yl, [xl, al, bl], serial, terms, [sl_out, sl_in, sl_out, sl_out])
     expected = token_bytes(strategy, in_counts, out_counts, channels, input_grad=input_grad)
-    rec = Record(
+    rec = _matmul_record(
         f"matmul_tokens.{strategy}",
-        _mesh_name(mesh),
+        mesh,
         f"tokens {grid.n_lat}x{grid.n_lon}->{out_grid.n_lat}x{out_grid.n_lon} c{channels}"
         f"{' +bias' if bias else ''}{'' if input_grad else ' no dX'}",
-        expected_bytes=sum(expected),
-        extra={"forward_bytes": expected[0], "backward_bytes": expected[1]},
+        expected,
     )
-    return measure(rec, [compare(yl, y64[sl_out], y32[sl_out], terms[0][sl_out])], errs_b, ledger.bytes_sent)
+    return measure(rec, *errs, ledger.bytes_sent)
 
 
 @register("matmul")
@@ -378,6 +391,27 @@ def check_collectives(mesh: DomainMesh) -> Iterator[Record]:
         )
 
 
+def _measure_bf16(
+    op: str,
+    mesh: DomainMesh,
+    shape: str,
+    expected: tuple[int, ...],
+    y: torch.Tensor,
+    local: list,
+    serial,
+    cuts,
+) -> Record:
+    """Judge a bf16 case within ``BF16_TOLERANCE``: the output ``y`` and the gradients of ``local``
+    (which must come back in float32) against the serial ``(y32, g32, y64, g64)``, cut to this
+    rank by ``cuts`` ``(y, *local)``."""
+    (y32,), g32, (y64,), g64 = serial
+    rec = Record(op, _mesh_name(mesh), shape, tolerance=BF16_TOLERANCE, expected_bytes=sum(expected))
+    errs_b = [compare(t.grad, g64[i][cut], g32[i][cut]) for i, (t, cut) in enumerate(zip(local, cuts[1:]))]
+    if any(t.grad.dtype != torch.float32 for t in local):
+        errs_b = [compare(None, g64[0], None)]
+    return measure(rec, [compare(y.float(), y64[cuts[0]], y32[cuts[0]])], errs_b, ledger.bytes_sent)
+
+
 @register("matmul_bf16")
 def check_matmul_bf16(mesh: DomainMesh) -> Iterator[Record]:
     """Both forms and strategies under bf16 autocast, against the serial result (float64 and
@@ -401,7 +435,7 @@ def check_matmul_bf16(mesh: DomainMesh) -> Iterator[Record]:
             w = torch.randn(cin, cout, generator=gen)
             b = torch.randn(cout, generator=gen) if bias else None
             g = torch.randn(sum(counts), cout, generator=gen)
-            (y32,), g32, (y64,), g64 = serial_pair(_affine_ref, [x, w, b], [g])
+            serial = serial_pair(_affine_ref, [x, w, b], [g])
             xl = x[r].clone().requires_grad_(True)
             wl = w[:, c].clone().requires_grad_(True)
             bl = b[c].clone().requires_grad_(True) if bias else None
@@ -409,43 +443,38 @@ def check_matmul_bf16(mesh: DomainMesh) -> Iterator[Record]:
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 yl = matmul_channels(xl, wl, bl, axis, outs, counts, strategy)  # type: ignore[arg-type]
             yl.float().backward(g[r])
-            ok_dtype = wl.grad.dtype == torch.float32 and xl.grad.dtype == torch.float32
-            expected = channel_bytes(strategy, counts, cin, outs, bias, elsize=2)
-            rec = Record(
+            yield _measure_bf16(
                 f"matmul_channels_bf16.{strategy}",
-                _mesh_name(mesh),
+                mesh,
                 f"grid7x10 {cin}->{cout}{' +bias' if bias else ''}",
-                tolerance=BF16_TOLERANCE,
-                expected_bytes=sum(expected),
+                channel_bytes(strategy, counts, cin, outs, bias, elsize=2),
+                yl,
+                [xl, wl],  # the bias gradient is not judged here
+                serial,
+                [r, r, (slice(None), c)],
             )
-            errs_b = [compare(xl.grad, g64[0][r], g32[0][r]), compare(wl.grad, g64[1][:, c], g32[1][:, c])]
-            if not ok_dtype:
-                errs_b = [compare(None, g64[0], None)]
-            yield measure(rec, [compare(yl.float(), y64[r], y32[r])], errs_b, ledger.bytes_sent)
         n = sum(counts)
         x = torch.randn(n, 6, generator=gen)
         a = torch.randn(n, n, generator=gen).div(4)
         g = torch.randn(n, 6, generator=gen)
-        (y32,), g32, (y64,), g64 = serial_pair(lambda x, a: [a @ x], [x, a], [g])
+        serial = serial_pair(lambda x, a: [a @ x], [x, a], [g])
         xl = x[r].clone().requires_grad_(True)
         al = a[r].clone().requires_grad_(True)
         ledger.reset()
         with torch.autocast("cpu", dtype=torch.bfloat16):
             yl = matmul_tokens(xl, al, None, axis, counts, counts, strategy)  # type: ignore[arg-type]
         yl.float().backward(g[r])
-        ok_dtype = al.grad.dtype == torch.float32 and xl.grad.dtype == torch.float32
         expected = token_bytes(strategy, counts, counts, 6, elsize=2)
-        rec = Record(
+        yield _measure_bf16(
             f"matmul_tokens_bf16.{strategy}",
-            _mesh_name(mesh),
+            mesh,
             "tokens 7x10 c6",
-            tolerance=BF16_TOLERANCE,
-            expected_bytes=sum(expected),
+            expected,
+            yl,
+            [xl, al],
+            serial,
+            [r, r, r],
         )
-        errs_b = [compare(xl.grad, g64[0][r], g32[0][r]), compare(al.grad, g64[1][r], g32[1][r])]
-        if not ok_dtype:
-            errs_b = [compare(None, g64[0], None)]
-        yield measure(rec, [compare(yl.float(), y64[r], y32[r])], errs_b, ledger.bytes_sent)
 
 
 @register("matmul_pair_bf16")
@@ -472,7 +501,7 @@ def check_matmul_pair_bf16(mesh: DomainMesh) -> Iterator[Record]:
         full += [torch.randn(hid, generator=gen), torch.randn(hid, cout, generator=gen) / 4]
         full += [torch.randn(cout, generator=gen)]
         g = torch.randn(sum(counts), cout, generator=gen)
-        (y32,), g32, (y64,), g64 = serial_pair(ref, full, [g])
+        serial = serial_pair(ref, full, [g])
         mine = (r, (slice(None), h), h, h, o)
         local = [t[i].clone().requires_grad_(True) for t, i in zip(full, mine, strict=True)]
         ledger.reset()
@@ -480,14 +509,7 @@ def check_matmul_pair_bf16(mesh: DomainMesh) -> Iterator[Record]:
             yl = matmul_pair(*local, axis, hids, outs, counts, act, activation_grad("gelu"), strategy)
         yl.float().backward(g[r])
         expected = pair_bytes(strategy, counts, cin, hids, outs, elsize=2)
-        rec = Record(
-            f"matmul_pair_bf16.{strategy}",
-            _mesh_name(mesh),
-            f"grid7x10 {cin}->{hid}->{cout} gelu",
-            tolerance=BF16_TOLERANCE,
-            expected_bytes=sum(expected),
+        shape = f"grid7x10 {cin}->{hid}->{cout} gelu"
+        yield _measure_bf16(
+            f"matmul_pair_bf16.{strategy}", mesh, shape, expected, yl, local, serial, [r, *mine]
         )
-        errs_b = [compare(t.grad, a[i], b[i]) for t, a, b, i in zip(local, g64, g32, mine, strict=True)]
-        if any(t.grad.dtype != torch.float32 for t in local):
-            errs_b = [compare(None, g64[0], None)]
-        yield measure(rec, [compare(yl.float(), y64[r], y32[r])], errs_b, ledger.bytes_sent)
