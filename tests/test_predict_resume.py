@@ -33,6 +33,8 @@ import yaml
 
 from jigsaw_earth.distributed.spawn import free_port
 
+from .train_helpers import merge_sections, mixer_config
+
 STORE = {"n_lat": 12, "n_lon": 24, "start": "2020-01-01", "end": "2020-01-18", "levels": (500, 850),
          "upper_air": ("geopotential", "temperature"), "surface": ("2m_temperature",)}  # fmt: skip
 # one init per batch, 8 steps each
@@ -42,26 +44,13 @@ LAUNCH_S = 300
 
 
 def _config(root: Path, name: str, mesh: dict[str, int], stochastic: bool = False) -> dict:
-    raw = {
-        "run": {"dir": str(root / ("run-ens" if stochastic else "run")), "seed": 1},
-        "mesh": {"data": 1, "lat": 1, "lon": 1, "ensemble": 1, **mesh},
-        "data": {
-            "store": str(root / "data.zarr"),
-            "upper_air": list(STORE["upper_air"]),
-            "levels": list(STORE["levels"]),
-            "surface": list(STORE["surface"]),
-            "train_period": ["2020-01-01", "2020-01-10"],
-            "val_period": ["2020-01-11", "2020-01-15"],  # predict's --start/--end (torchrun takes --start)
-        },
-        "model": {"name": "weathermixer", "preset": "tiny", "overrides": {"patch": 2}},
-        "optim": {"warmup_steps": 1},
-        "training": {"steps": 2, "batch_size": 2},
-        "validation": {"lead_hours": [6], "max_samples": 2, "variables": ["geopotential@500"]},
-        "checkpoint": {"every": 0, "resume": "auto"},
-        "logging": {"progress": False, "wandb": {"mode": "disabled"}},
-        "distributed": {"timeout_s": 120},
-    }
+    # validation's period is predict's --start/--end (torchrun takes --start)
+    raw = merge_sections(
+        mixer_config(root, 2, "2020-01-15"),
+        {"mesh": {"ensemble": 1, **mesh}, "distributed": {"timeout_s": 120}},
+    )
     if stochastic:
+        raw["run"]["dir"] = str(root / "run-ens")
         raw["model"]["noise_channels"] = 2
         raw["training"]["members"] = 2
         raw["loss"] = {"kind": "fair_crps"}

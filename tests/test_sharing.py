@@ -50,6 +50,8 @@ from jigsaw_earth.sharing.folder import ModelFolder
 from jigsaw_earth.sharing.use import check_store
 from jigsaw_earth.training import run_training
 
+from .train_helpers import merge_sections, mixer_config
+
 SYNTH = SynthConfig(
     n_lat=12, n_lon=24, start="2020-01-01", end="2020-01-16", levels=(500, 850),
     upper_air=("geopotential", "temperature"), surface=("2m_temperature",),
@@ -59,25 +61,10 @@ PERIOD = ["--first-init", "2020-01-11", "--last-init", "2020-01-13", "--steps", 
 
 
 def _config(tmp: Path, mesh: tuple[int, int] = (1, 1), **extra: Any) -> dict[str, Any]:
-    return {
-        "run": {"dir": str(tmp / "run"), "seed": 1, "name": "tiny"},
-        "mesh": {"data": 1, "lat": mesh[0], "lon": mesh[1]},
-        "data": {
-            "store": str(tmp / "data.zarr"),
-            "upper_air": ["geopotential", "temperature"],
-            "levels": [500, 850],
-            "surface": ["2m_temperature"],
-            "train_period": ["2020-01-01", "2020-01-10"],
-            "val_period": ["2020-01-11", "2020-01-14"],
-        },
-        "model": {"name": "weathermixer", "preset": "tiny", "overrides": {"patch": 2}},
-        "optim": {"warmup_steps": 1},
-        "training": {"steps": 3, "batch_size": 2},
-        "validation": {"lead_hours": [6], "max_samples": 2, "variables": ["geopotential@500"]},
-        "checkpoint": {"every": 0, "resume": "auto"},
-        "logging": {"progress": False, "wandb": {"mode": "disabled"}},
-        **extra,
-    }
+    """The tiny run of these tests; a section in ``extra`` replaces the config's."""
+    raw = merge_sections(mixer_config(tmp, 3, "2020-01-14"), {"mesh": {"lat": mesh[0], "lon": mesh[1]}})
+    raw["run"]["name"] = "tiny"
+    return {**raw, **extra}
 
 
 def _export_on_mesh(mesh: DomainMesh, raw: dict[str, Any], ckpt: str, out: str, scores: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -139,6 +140,30 @@ TINY_YAML: dict[str, Any] = {
     "checkpoint": {"every": 2, "keep": 2, "resume": "auto"},
     "logging": {"every": 1, "progress": False, "wandb": {"mode": "disabled"}},
 }
+
+
+def mixer_config(root: Path, steps: int, val_end: str) -> dict[str, Any]:
+    """A tiny WeatherMixer (patch 2) trained ``steps`` steps on one rank on the synthetic two-level
+    store ``root/data.zarr`` (training 2020-01-01 to 01-10, validation from 01-11 to ``val_end``),
+    run folder ``root/run``, a checkpoint at the end only, no progress bar, no wandb."""
+    return {
+        "run": {"dir": str(root / "run"), "seed": 1},
+        "mesh": {"data": 1, "lat": 1, "lon": 1},
+        "data": {
+            "store": str(root / "data.zarr"),
+            "upper_air": ["geopotential", "temperature"],
+            "levels": [500, 850],
+            "surface": ["2m_temperature"],
+            "train_period": ["2020-01-01", "2020-01-10"],
+            "val_period": ["2020-01-11", val_end],
+        },
+        "model": {"name": "weathermixer", "preset": "tiny", "overrides": {"patch": 2}},
+        "optim": {"warmup_steps": 1},
+        "training": {"steps": steps, "batch_size": 2},
+        "validation": {"lead_hours": [6], "max_samples": 2, "variables": ["geopotential@500"]},
+        "checkpoint": {"every": 0, "resume": "auto"},
+        "logging": {"progress": False, "wandb": {"mode": "disabled"}},
+    }
 
 
 def merge_sections(base: dict[str, Any], change: dict[str, Any]) -> dict[str, Any]:
