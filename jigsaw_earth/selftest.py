@@ -55,6 +55,12 @@ log = logging.getLogger(__name__)
 
 STEPS, CHECKPOINT_AT = 8, 4
 GRID = (13, 28)  # 7 / 6 rows on two latitude ranks; 7-column tiles on four longitude ranks cut patches
+# the variables of the synthetic store: z and t at 2 levels, t2m
+FIELDS: dict[str, tuple] = {
+    "upper_air": ("geopotential", "temperature"),
+    "levels": (500, 850),
+    "surface": ("2m_temperature",),
+}
 # the models of the comparison (tiny presets) and what they send across tile edges
 MODELS: dict[str, dict[str, Any]] = {
     "weathermixer": {"patch": 2, "embed_dim": 32},  # patch embedding, token mixing's ring / exchange
@@ -117,9 +123,8 @@ def tiny_store(path: Path) -> None:
     """The synthetic store of the comparison: 13 × 28 points, 16 days, z and t at 2 levels, t2m."""
     from .data.synth import SynthConfig, synth_store
 
-    fields = dict(levels=(500, 850), upper_air=("geopotential", "temperature"), surface=("2m_temperature",))
     synth_store(
-        path, SynthConfig(n_lat=GRID[0], n_lon=GRID[1], start="2020-01-01", end="2020-01-16", **fields)
+        path, SynthConfig(n_lat=GRID[0], n_lon=GRID[1], start="2020-01-01", end="2020-01-16", **FIELDS)
     )
 
 
@@ -138,9 +143,7 @@ def tiny_config(
         "mesh": {"data": mesh.data, "ensemble": mesh.ensemble, "lat": mesh.lat, "lon": mesh.lon},
         "data": {
             "store": str(root / "data.zarr"),
-            "upper_air": ["geopotential", "temperature"],
-            "levels": [500, 850],
-            "surface": ["2m_temperature"],
+            **{name: list(values) for name, values in FIELDS.items()},
             "train_period": ["2020-01-01", "2020-01-10"],
             "val_period": ["2020-01-11", "2020-01-14"],
             "read_threads": 1,
