@@ -11,9 +11,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any, get_args, get_origin
 
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-__all__ = ["Section", "bare_type", "doc"]
+__all__ = ["Section", "bare_type", "doc", "is_time"]
 
 
 def doc(text: str, default: Any = ..., factory: Any = None, **limits: Any) -> Any:
@@ -28,6 +29,14 @@ def bare_type(tp: Any) -> Any:
     while get_origin(tp) is Annotated:
         tp = get_args(tp)[0]
     return tp
+
+
+def is_time(text: str) -> bool:
+    """Whether ``text`` reads as a time to the hour (``YYYY-MM-DD`` or ``YYYY-MM-DDTHH``)."""
+    try:
+        return not np.isnat(np.datetime64(text, "h"))
+    except ValueError:
+        return False
 
 
 class Section(BaseModel):

@@ -16,7 +16,7 @@ from pydantic import AfterValidator, BeforeValidator, Field
 
 from ..data.batch import DEFAULT_LEVELS, DEFAULT_STATIC, TRAIN_SURFACE, TRAIN_UPPER_AIR
 from ..distributed.mesh import MeshShape
-from .base import Section, doc
+from .base import Section, doc, is_time
 from .model_section import DEFAULT_MODEL, MODEL_SECTIONS, ModelConfig
 
 __all__ = [
@@ -44,11 +44,7 @@ def _unquoted_date(value: object) -> object:
 
 
 def _a_time(text: str) -> str:
-    try:
-        time = np.datetime64(text, "h")
-    except ValueError:
-        time = np.datetime64("NaT", "h")
-    if np.isnat(time):
+    if not is_time(text):
         raise ValueError(f"not a date; write YYYY-MM-DD or YYYY-MM-DDTHH, {_EXAMPLE}")
     return text
 

@@ -28,6 +28,7 @@ from pydantic import (
     model_validator,
 )
 
+from ..config.base import is_time
 from ..config.errors import one_line
 from .perturb import Perturbation
 from .scoring import ScoreRequest
@@ -73,11 +74,7 @@ def _field(text: str, option: str, default: Any = None, **more: Any) -> Any:
 
 
 def _is_time(option: str, text: str) -> None:
-    try:
-        time = np.datetime64(text, "h")
-    except ValueError:
-        time = np.datetime64("NaT", "h")
-    if np.isnat(time):
+    if not is_time(text):
         raise ValueError(f"{option} {text!r} is not a date; write YYYY-MM-DD or YYYY-MM-DDTHH")
 
 
