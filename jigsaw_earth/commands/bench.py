@@ -21,6 +21,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import statistics
@@ -45,7 +46,7 @@ from ..distributed.mesh import DomainMesh, parse_mesh
 from ..distributed.spawn import spawn
 from ..layers.base import Domain
 from ..ownership import check_file_output, text_with
-from .bench_compile import add_compile_parser, run_bench_compile
+from .bench_compile import add_compile_parser
 from .checked_write import check_json, write_json, write_text
 
 log = logging.getLogger(__name__)
@@ -238,6 +239,14 @@ JSON_KEYS = {
     "matmul": ("channels", "tokens"),
 }
 REPORT_MARK = "jigsaw-earth bench report"
+#: the benches run by a module of their own (imported when asked for): its name and function
+RUNNERS = {
+    "strategies": ("bench_strategies", "run_strategies"),
+    "scaling": ("bench_scaling", "run_bench_scaling"),
+    "forecast": ("bench_forecast", "run_bench_forecast"),
+    "compile": ("bench_compile", "run_bench_compile"),
+    "io": ("bench_io", "run_io"),
+}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -248,24 +257,9 @@ def run(args: argparse.Namespace) -> int:
         return _run_cases(args)
     if args.what == "report":
         return _run_report(args)
-    if args.what == "strategies":
-        from .bench_strategies import run_strategies
-
-        return run_strategies(args)
-    if args.what == "scaling":
-        from .bench_scaling import run_bench_scaling
-
-        return run_bench_scaling(args)
-    if args.what == "forecast":
-        from .bench_forecast import run_bench_forecast
-
-        return run_bench_forecast(args)
-    if args.what == "compile":
-        return run_bench_compile(args)
-    if args.what == "io":
-        from .bench_io import run_io
-
-        return run_io(args)
+    if args.what in RUNNERS:
+        module, function = RUNNERS[args.what]
+        return getattr(importlib.import_module(f".{module}", __package__), function)(args)
     if args.inputs:
         raise ValueError(f"bench {args.what} takes no positional files, got {[str(p) for p in args.inputs]}")
     if args.repeats < 1:
