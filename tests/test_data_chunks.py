@@ -54,23 +54,20 @@ def _write(
     return str(path)
 
 
+def _sharded(chunk: tuple[int, int], shard: tuple[int, int], times: int = 1, compressors=None, **kw) -> dict:
+    """A zarr v3 layout of ``chunk`` (latitude, longitude) points in shards of ``shard`` points and
+    ``times`` times, uncompressed unless ``compressors`` are given."""
+    shards = {"latitude": shard[0], "longitude": shard[1], **({"time": times} if times > 1 else {})}
+    chunks = {"latitude": chunk[0], "longitude": chunk[1]}
+    return dict(
+        fmt=3, chunks=chunks, shards=shards, compressors=[] if compressors is None else compressors, **kw
+    )
+
+
 LAYOUTS = {
-    "sharded_raw_morton": dict(
-        fmt=3, chunks={"latitude": 3, "longitude": 5}, shards={"latitude": 9, "longitude": 15}, compressors=[]
-    ),
-    "sharded_zstd_ascending": dict(
-        fmt=3,
-        chunks={"latitude": 2, "longitude": 4},
-        shards={"latitude": 6, "longitude": 16},
-        compressors=ZstdCodec(level=1),
-        ascending=True,
-    ),
-    "sharded_time_shard_3": dict(
-        fmt=3,
-        chunks={"latitude": 4, "longitude": 4},
-        shards={"time": 3, "latitude": 8, "longitude": 8},
-        compressors=[],
-    ),
+    "sharded_raw_morton": _sharded((3, 5), (9, 15)),
+    "sharded_zstd_ascending": _sharded((2, 4), (6, 16), compressors=ZstdCodec(level=1), ascending=True),
+    "sharded_time_shard_3": _sharded((4, 4), (8, 8), times=3),
     "v3_gzip_crc": dict(
         fmt=3, chunks={"latitude": 5, "longitude": 6}, compressors=[GzipCodec(level=1), Crc32cCodec()]
     ),
@@ -80,27 +77,10 @@ LAYOUTS = {
     ),
     "v2_zstd": dict(fmt=2, chunks={"latitude": 13, "longitude": 16}, compressors=numcodecs.Zstd(level=1)),
     # what prepare --for-mesh writes: chunks as wide as the shard, shards in row order (read with preadv)
-    "sharded_raw_rows": dict(
-        fmt=3,
-        chunks={"latitude": 3, "longitude": 16},
-        shards={"latitude": 9, "longitude": 16},
-        compressors=[],
-    ),
+    "sharded_raw_rows": _sharded((3, 16), (9, 16)),
     # two times per shard, one chunk per time: C order, so read (and replayed) directly
-    "sharded_raw_time_shard_2": dict(
-        fmt=3,
-        chunks={"latitude": 9, "longitude": 16},
-        shards={"time": 2, "latitude": 9, "longitude": 16},
-        compressors=[],
-    ),
-    "sharded_raw_rows_ascending_swapped": dict(
-        fmt=3,
-        chunks={"latitude": 2, "longitude": 8},
-        shards={"latitude": 6, "longitude": 8},
-        compressors=[],
-        ascending=True,
-        swap=True,
-    ),
+    "sharded_raw_time_shard_2": _sharded((9, 16), (9, 16), times=2),
+    "sharded_raw_rows_ascending_swapped": _sharded((2, 8), (6, 8), ascending=True, swap=True),
 }
 
 
