@@ -32,7 +32,7 @@ import torch.nn.functional as F
 
 from ..device import patch_conv_as_gemm
 from .comm import run_exchange
-from .matmul import _ACC, _RING, _as, _like, _send_recv
+from .matmul import _RING, _as, _like, _send_recv, ring_backward
 from .mesh import Axis
 
 __all__ = ["ConvSpec", "conv_ring", "conv_whole"]
@@ -168,49 +168,40 @@ class _ConvWeights(torch.autograd.Function):
         x0, w0, b0 = ctx.saved_tensors  # x0: the patch rows of a patch convolution
         x, w, b = _as(dy.dtype, x0, w0, b0)
         axis, out_sizes, spec, x_shape = ctx.args
-        P, q = axis.size, axis.index
         bias, transposed = b is not None, spec[2]
         need_dx = ctx.needs_input_grad[0]
         need_wb = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # a frozen weight: no dW ring
-        op = "conv.weights.backward"
         dys = [d.contiguous() for d in dy.split(list(out_sizes), dim=1)]
         patch = x.dim() == 2  # the saved patch rows
-        rows = x if patch else None
-        dx = None
-        cur = _message(w, b)
-        acc_in = None
-        grad = cur
-        for s in range(P):
-            kw, kg = (q + s) % P, (q - 1 - s) % P
-            w_next = None
-            if need_dx:
-                if s < P - 1:
-                    n = _msg_numel(w, out_sizes[(kw + 1) % P], bias, transposed)
-                    w_next = _send_recv(axis, -1, cur, 1, (n,), op=op, tag=_RING)
-                wk, _ = _unmessage(cur, _block_shape(w, out_sizes[kw], transposed), bias)
-                if wk.numel() and patch:
-                    dx = _add_patch_grad(dx, dys[kw], wk)
-                elif wk.numel():
-                    part_dx = _grad_input(dys[kw], x, wk, spec)
-                    dx = part_dx if dx is None else dx.add_(part_dx)
-            if need_wb:
-                shape = _block_shape(w, out_sizes[kg], transposed)
-                if not math.prod(shape):
-                    dw = dy.new_empty(shape)
-                elif rows is not None:
-                    dw = _patch_grad_weight(dys[kg], rows, shape)
-                else:
-                    dw = _grad_weight(dys[kg], x, shape, spec)
-                part = _message(dw, dys[kg].sum((0, 2, 3)) if bias else None)
-                if acc_in is not None:
-                    part = part + acc_in.wait()[0]
-                if s < P - 1:
-                    n = _msg_numel(w, out_sizes[(kg - 1) % P], bias, transposed)
-                    acc_in = _send_recv(axis, 1, part, -1, (n,), op=op, tag=_ACC)
-                else:
-                    grad = part
-            if w_next is not None:
-                cur = w_next.wait()[0]
+
+        def add_dx(dx: torch.Tensor | None, k: int, msg: torch.Tensor) -> torch.Tensor | None:
+            wk, _ = _unmessage(msg, _block_shape(w, out_sizes[k], transposed), bias)
+            if not wk.numel():
+                return dx
+            if patch:
+                return _add_patch_grad(dx, dys[k], wk)
+            part = _grad_input(dys[k], x, wk, spec)
+            return part if dx is None else dx.add_(part)
+
+        def grad_part(k: int) -> torch.Tensor:
+            shape = _block_shape(w, out_sizes[k], transposed)
+            if not math.prod(shape):
+                dw = dy.new_empty(shape)
+            elif patch:
+                dw = _patch_grad_weight(dys[k], x, shape)
+            else:
+                dw = _grad_weight(dys[k], x, shape, spec)
+            return _message(dw, dys[k].sum((0, 2, 3)) if bias else None)
+
+        dx, grad = ring_backward(
+            axis,
+            _message(w, b),
+            lambda k: (_msg_numel(w, out_sizes[k], bias, transposed),),
+            add_dx if need_dx else None,
+            grad_part if need_wb else None,
+            torch.add,
+            "conv.weights.backward",
+        )
         gw, gb = _unmessage(grad, tuple(w.shape), bias)
         gw, gb = (gw if ctx.needs_input_grad[1] else None), (gb if ctx.needs_input_grad[2] else None)
         if patch and dx is not None:

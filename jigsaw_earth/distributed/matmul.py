@@ -64,6 +64,46 @@ def _send_recv(axis: Axis, to: int, tensor: torch.Tensor, frm: int, shape, *, op
     )
 
 
+def ring_backward(
+    axis: Axis,
+    wb: torch.Tensor,
+    msg_shape: Callable[[int], tuple[int, ...]],
+    add_dx: Callable[[torch.Tensor | None, int, torch.Tensor], torch.Tensor | None] | None,
+    grad_part: Callable[[int], torch.Tensor] | None,
+    add: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    op: str,
+) -> tuple[torch.Tensor | None, torch.Tensor]:
+    """The backward of a weight ring on rank ``q`` of ``P``: ``(dx, gradient of wb)``.
+
+    At step ``s`` the weight block ``kw = q + s`` (this rank's ``wb`` first, then what came from
+    rank ``q + 1``) meets ``add_dx(dx, kw, block)`` and moves on to rank ``q - 1``; the partial
+    gradient of block ``kg = q - 1 - s`` (``grad_part(kg)``, added to the one from rank ``q - 1``
+    with ``add``) moves on to rank ``q + 1``, so after the last step this rank holds the whole
+    gradient of its own block. ``None`` skips a side (no dX; frozen weights: ``wb`` is returned).
+    ``msg_shape(k)``: the shape of block ``k``'s message.
+    """
+    P, q = axis.size, axis.index
+    dx, acc_in, cur, grad = None, None, wb, wb
+    for s in range(P):
+        kw, kg = (q + s) % P, (q - 1 - s) % P
+        w_next = None
+        if add_dx is not None:
+            if s < P - 1:
+                w_next = _send_recv(axis, -1, cur, 1, msg_shape((kw + 1) % P), op=op, tag=_RING)
+            dx = add_dx(dx, kw, cur)
+        if grad_part is not None:
+            part = grad_part(kg)
+            if acc_in is not None:
+                part = add(part, acc_in.wait()[0])
+            if s < P - 1:
+                acc_in = _send_recv(axis, 1, part, -1, msg_shape((kg - 1) % P), op=op, tag=_ACC)
+            else:
+                grad = part
+        if w_next is not None:
+            cur = w_next.wait()[0]
+    return dx, grad
+
+
 _LOW = (torch.bfloat16, torch.float16)
 
 
@@ -157,34 +197,20 @@ class _ChannelWeights(torch.autograd.Function):
         x0, w0, b0 = ctx.saved_tensors
         x, w, b, dy = _as(x0.dtype, x0, w0, b0, dy)
         axis, out_sizes = ctx.args
-        P, q = axis.size, axis.index
         cin, bias = w.shape[0], b is not None
         need_dx = ctx.needs_input_grad[0]  # the same on every rank (SPMD), so peers agree
         need_wb = ctx.needs_input_grad[1] or ctx.needs_input_grad[2]  # frozen weights: no dW ring
         dys = dy.split(list(out_sizes), dim=-1)
-        dx = None
-        cur = _with_bias(w, b)
-        acc_in = None
-        grad_wb = cur
-        for s in range(P):
-            kw, kg = (q + s) % P, (q - 1 - s) % P
-            w_next = None
-            if need_dx and s < P - 1:
-                shape = (cur.shape[0], out_sizes[(kw + 1) % P])
-                w_next = _send_recv(axis, -1, cur, 1, shape, op="matmul.weights.backward", tag=_RING)
-            if need_dx:
-                dx = _addmm_(dx, dys[kw], cur[:cin].T)
-            if need_wb:
-                part = _with_bias(x.T @ dys[kg], dys[kg].sum(0) if bias else None)
-                if acc_in is not None:
-                    part = _add(part, acc_in.wait()[0])
-                if s < P - 1:
-                    shape = (part.shape[0], out_sizes[(kg - 1) % P])
-                    acc_in = _send_recv(axis, 1, part, -1, shape, op="matmul.weights.backward", tag=_ACC)
-                else:
-                    grad_wb = part
-            if w_next is not None:
-                cur = w_next.wait()[0]
+        wb = _with_bias(w, b)
+        dx, grad_wb = ring_backward(
+            axis,
+            wb,
+            lambda k: (wb.shape[0], out_sizes[k]),
+            (lambda acc, k, wb_k: _addmm_(acc, dys[k], wb_k[:cin].T)) if need_dx else None,
+            (lambda k: _with_bias(x.T @ dys[k], dys[k].sum(0) if bias else None)) if need_wb else None,
+            _add,
+            "matmul.weights.backward",
+        )
         gw, gb = (grad_wb[:cin], grad_wb[cin]) if bias else (grad_wb, None)
         gw, gb = _needed(ctx, 1, gw), _needed(ctx, 2, gb)
         return _like(dx, x0), _like(gw, w0), _like(gb, b0), None, None
