@@ -26,7 +26,11 @@ from .conftest import CORE_MESHES, assert_records_pass
 CORE_OPS = ("halo_exchange", "gather_windows", "scatter_add_windows", "matmul", "collectives")
 
 
-@pytest.mark.parametrize("mesh", CORE_MESHES)
+DEFAULT_MESHES = ("2x2", "1x3")  # the default run's: one even 2-D mesh, one uneven; the rest are slow
+MESHES = [pytest.param(m, marks=[] if m in DEFAULT_MESHES else [pytest.mark.slow]) for m in CORE_MESHES]
+
+
+@pytest.mark.parametrize("mesh", MESHES)
 def test_core_ops_match_serial(mesh: str, records_for) -> None:
     records = records_for(mesh, CORE_OPS)
     ops = {r["op"].split(".")[0] for r in records}
@@ -36,12 +40,12 @@ def test_core_ops_match_serial(mesh: str, records_for) -> None:
     assert uneven, "uneven grids must be part of the cases"
 
 
-def test_matmul_strategies_both_directions_on_every_mesh(records_for) -> None:
-    for mesh in CORE_MESHES[1:]:
-        names = {r["op"] for r in records_for(mesh, CORE_OPS)}
-        for form in ("matmul_channels", "matmul_tokens", "matmul_pair_bf16"):
-            for strategy in ("weights", "activations"):
-                assert f"{form}.{strategy}" in names, (mesh, form, strategy)
+@pytest.mark.parametrize("mesh", [m for m in MESHES if m.values[0] != "1x1"])
+def test_matmul_strategies_both_directions_on_every_mesh(mesh: str, records_for) -> None:
+    names = {r["op"] for r in records_for(mesh, CORE_OPS)}
+    for form in ("matmul_channels", "matmul_tokens", "matmul_pair_bf16"):
+        for strategy in ("weights", "activations"):
+            assert f"{form}.{strategy}" in names, (mesh, form, strategy)
 
 
 # ------------------------------------------------------------------------------ tiles

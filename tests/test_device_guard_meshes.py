@@ -107,6 +107,7 @@ def _close(a: Any, b: Any, tol: float = 1e-4) -> bool:
     return a.shape == b.shape and bool(np.all(np.abs(a - b) <= tol * np.maximum(np.abs(b), 1e-6)))
 
 
+@pytest.mark.slow
 def test_meshes_ensembles_and_a_fine_tune_on_fake_gpus(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -46,6 +46,7 @@ def _selftest(tmp_path: Path, *args: str, **env: str) -> tuple[subprocess.Comple
     return run, [r for r in ranks if r["calls"]]
 
 
+@pytest.mark.slow
 def test_four_fake_gpus_train_and_forecast_as_the_cpu(tmp_path: Path) -> None:
     """The WeatherMixer, a UNet and a local-attention ViT on a 2 × 2 mesh of fake GPUs (uneven tiles:
     7 / 6 rows): training with validation and checkpoints, a resume on the CPU, predict --score, all
@@ -67,6 +68,7 @@ def test_four_fake_gpus_train_and_forecast_as_the_cpu(tmp_path: Path) -> None:
         assert {"allreduce_", "send", "recv_", "allgather_", "broadcast_", "barrier"} <= kinds, r["calls"]
 
 
+@pytest.mark.slow
 def test_ranks_sharing_one_fake_gpu_stage_their_messages(tmp_path: Path) -> None:
     """Two ranks on a host with one device: both on fakegpu:0, no NCCL group (it would refuse them),
     every message through pinned host memory (shared-memory rings and gloo); the same numbers."""

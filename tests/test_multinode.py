@@ -190,6 +190,7 @@ def _stops(log: str, host: str) -> dict[int, re.Match]:
     return {r: m[0] for r, m in found.items()}
 
 
+@pytest.mark.slow
 def test_a_killed_host_ends_the_job_and_it_resumes_on_the_other(
     store: Path, one_host: Path, tmp_path: Path
 ) -> None:

@@ -69,6 +69,7 @@ def _assembled(ranks: list[dict], name: str) -> np.ndarray:
     return full
 
 
+@pytest.mark.slow
 def test_every_scheme_perturbs_the_same_on_every_mesh(tmp_path: Path) -> None:
     """The members' initial states (each scheme, pairs and control included) on 1×4 and 2×2 equal the
     serial ones within 1e-6 of their size, and the perturbations within 1e-5 of theirs."""

@@ -224,7 +224,7 @@ def _stopped_then_resumed(trained: Path, reference, tmp_path: Path, case: str, p
     return stopped
 
 
-DEFAULT = {("det-2", "mid"), ("ens-2", "mid")}  # the rest: slow
+DEFAULT = {("det-2", "mid")}  # the rest: slow
 POINTS = [pytest.param(case, point, marks=[] if (case, point) in DEFAULT else [pytest.mark.slow])
           for case in CASES for point in POINT]  # fmt: skip
 
@@ -236,6 +236,7 @@ def test_sigterm_stops_every_rank_and_the_rerun_is_bit_identical(
     _stopped_then_resumed(trained, reference, tmp_path, case, point)
 
 
+@pytest.mark.slow
 def test_sigkill_loses_at_most_the_batch_in_flight(trained: Path, reference, tmp_path: Path) -> None:
     stopped = _stopped_then_resumed(trained, reference, tmp_path, "det-2", "mid", signal.SIGKILL)
     assert "stopped on" not in stopped

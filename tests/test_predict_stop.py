@@ -90,6 +90,7 @@ def _tree(root: Path) -> dict[str, str]:
     return {k: v for k, v in _files(root).items() if not k.endswith(".txt")}
 
 
+@pytest.mark.slow
 def test_sigterm_mid_batch_under_launch_stops_every_rank_resumes_and_reruns_as_a_no_op(
     trained: Path, tmp_path: Path
 ) -> None:

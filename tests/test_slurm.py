@@ -21,7 +21,8 @@ gets ``scancel --signal=TERM`` once 2 batches are recorded: every rank stops bef
 one file for file, byte for byte, and its scores exactly.
 
 Skipped with the reason where the cluster cannot start (``tests/slurm_cluster.py``: Slurm/MUNGE not
-installed, not root).
+installed, not root). Slow (``-m slow``): the default run's Slurm case is ``test_slurm_nodes.py``'s
+preempted two-node ``train.sbatch``.
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ from .slurm_jobs import (
     train_rows,
 )
 
+pytestmark = pytest.mark.slow
 log = logging.getLogger(__name__)
 STEPS = 20
 SIGNAL_AFTER_STEP = 3
