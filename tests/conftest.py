@@ -14,6 +14,12 @@ from jigsaw_earth.validation.registry import run_checks
 CORE_MESHES = ["1x1", "1x2", "2x1", "2x2", "1x4", "3x1", "1x3"]
 
 
+def slow_unless(values: list, default: tuple) -> list:
+    """``values`` as test parameters, those not in ``default`` marked slow: the default run keeps a
+    representative set (an even 2-D mesh and an uneven one), ``-m slow`` the rest."""
+    return [pytest.param(v, marks=[] if v in default else [pytest.mark.slow]) for v in values]
+
+
 @functools.cache
 def validator_records(mesh: str, ops: tuple[str, ...]) -> tuple[dict, ...]:
     """Run the validator's checks for ``ops`` on ``mesh`` once per test session."""

@@ -21,13 +21,12 @@ from jigsaw_earth.distributed.mesh import (
 )
 from jigsaw_earth.distributed.tiles import TileGrid, split_sizes
 
-from .conftest import CORE_MESHES, assert_records_pass
+from .conftest import CORE_MESHES, assert_records_pass, slow_unless
 
 CORE_OPS = ("halo_exchange", "gather_windows", "scatter_add_windows", "matmul", "collectives")
 
 
-DEFAULT_MESHES = ("2x2", "1x3")  # the default run's: one even 2-D mesh, one uneven; the rest are slow
-MESHES = [pytest.param(m, marks=[] if m in DEFAULT_MESHES else [pytest.mark.slow]) for m in CORE_MESHES]
+MESHES = slow_unless(CORE_MESHES, ("2x2", "1x3"))
 
 
 @pytest.mark.parametrize("mesh", MESHES)

@@ -219,6 +219,7 @@ def test_a_stop_while_converting_to_grib_resumes_to_the_same_files(
     assert code == 0 and _files(out) == _files(tmp_path / "ref"), text
 
 
+@pytest.mark.slow
 def test_a_rank_killed_under_launch_leaves_one_line_on_the_others(trained: Path, tmp_path: Path) -> None:
     config = _write_config(trained, tmp_path, {"lon": 2})
     out = tmp_path / "fc.zarr"

@@ -100,6 +100,7 @@ def _steps(run_dir: Path) -> list[int]:
     return [json.loads(x)["step"] for x in path.read_text().splitlines() if '"train"' in x]
 
 
+@pytest.mark.slow
 def test_kill_one_rank_restarts_and_finishes_like_a_clean_run(store: Path, tmp_path: Path) -> None:
     runs = {}
     for name in ("clean", "killed"):
